@@ -1,0 +1,153 @@
+//! Authorization decisions: actions, grants on a scope, and the decision for
+//! a request. A caller that can see nothing of a node's tenant or pool gets
+//! `NOT_FOUND`, so tenants never learn of each other's nodes; a caller that
+//! sees the node but lacks the action gets `FORBIDDEN`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{PoolId, TenantId};
+use crate::table::Verb;
+
+/// An action a grant allows.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
+pub enum Action {
+    #[serde(rename = "compute:nodes:provision")]
+    NodesProvision,
+    #[serde(rename = "compute:nodes:power")]
+    NodesPower,
+    #[serde(rename = "compute:nodes:read")]
+    NodesRead,
+    #[serde(rename = "compute:pools:enroll")]
+    PoolsEnroll,
+}
+
+impl Action {
+    /// Every action.
+    pub const ALL: [Action; 4] = [
+        Action::NodesProvision,
+        Action::NodesPower,
+        Action::NodesRead,
+        Action::PoolsEnroll,
+    ];
+
+    /// The wire name, e.g. `compute:nodes:provision`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Action::NodesProvision => "compute:nodes:provision",
+            Action::NodesPower => "compute:nodes:power",
+            Action::NodesRead => "compute:nodes:read",
+            Action::PoolsEnroll => "compute:pools:enroll",
+        }
+    }
+
+    /// Parses the wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+
+    /// The action a verb is decided as: `power` is `compute:nodes:power`,
+    /// every other verb `compute:nodes:provision` on the node.
+    pub const fn for_verb(verb: Verb) -> Action {
+        match verb {
+            Verb::Power => Action::NodesPower,
+            _ => Action::NodesProvision,
+        }
+    }
+}
+
+/// What a grant covers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[serde(tag = "kind", content = "id", rename_all = "lowercase")]
+pub enum Scope {
+    /// Everything (the bootstrap admin).
+    Global,
+    /// Every pool and node of a tenant.
+    Tenant(TenantId),
+    /// One pool and its nodes.
+    Pool(PoolId),
+}
+
+/// One action on one scope.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+pub struct Grant {
+    pub action: Action,
+    pub scope: Scope,
+}
+
+/// Where a resource sits: its tenant and pool (the authorization projection).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub tenant: TenantId,
+    pub pool: PoolId,
+}
+
+/// The outcome of an authorization check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// The caller sees the resource but lacks the action.
+    Forbidden,
+    /// The caller sees nothing of the resource's tenant or pool.
+    NotFound,
+}
+
+impl Scope {
+    /// Whether this scope covers a resource placed at `at`.
+    pub fn covers(&self, at: &Placement) -> bool {
+        match self {
+            Scope::Global => true,
+            Scope::Tenant(t) => *t == at.tenant,
+            Scope::Pool(p) => *p == at.pool,
+        }
+    }
+}
+
+/// Decides `action` on a resource placed at `at` for a caller with `grants`.
+pub fn decide(grants: &[Grant], action: Action, at: &Placement) -> Decision {
+    if grants.iter().any(|g| g.action == action && g.scope.covers(at)) {
+        Decision::Allow
+    } else if grants.iter().any(|g| g.scope.covers(at)) {
+        Decision::Forbidden
+    } else {
+        Decision::NotFound
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(t: &str, p: &str) -> Placement {
+        Placement {
+            tenant: t.parse().expect("tenant"),
+            pool: p.parse().expect("pool"),
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        let grants = vec![
+            Grant { action: Action::NodesRead, scope: Scope::Tenant("a".parse().expect("t")) },
+            Grant { action: Action::NodesProvision, scope: Scope::Pool("a-gpu".parse().expect("p")) },
+        ];
+        assert_eq!(decide(&grants, Action::NodesProvision, &at("a", "a-gpu")), Decision::Allow);
+        assert_eq!(decide(&grants, Action::NodesProvision, &at("a", "a-cpu")), Decision::Forbidden);
+        assert_eq!(decide(&grants, Action::NodesPower, &at("a", "a-gpu")), Decision::Forbidden);
+        assert_eq!(decide(&grants, Action::NodesRead, &at("b", "b-gpu")), Decision::NotFound);
+        let admin = vec![Grant { action: Action::NodesPower, scope: Scope::Global }];
+        assert_eq!(decide(&admin, Action::NodesPower, &at("b", "x")), Decision::Allow);
+        assert_eq!(Action::for_verb(Verb::Power), Action::NodesPower);
+        assert_eq!(Action::for_verb(Verb::Release), Action::NodesProvision);
+    }
+}

@@ -1,0 +1,19 @@
+//! Domain types and rules of Better Compute Metal, with no I/O.
+//!
+//! This crate owns the one provision state table ([`table`]), the typed ids
+//! ([`ids`]), the error codes every edge maps to ([`error`]) and the
+//! authorization decisions ([`authz`]). Everything that asks "is this move
+//! legal" reads [`table::apply`]; no other crate decides it.
+
+pub mod authz;
+pub mod error;
+pub mod ids;
+pub mod node;
+pub mod state;
+pub mod table;
+
+pub use error::ErrorCode;
+pub use ids::{CommandId, IdError, NodeId, PoolId, SiteId, TenantId, WorkflowId};
+pub use node::{BmcDriver, PowerAction, PowerState, WipeMode};
+pub use state::ProvisionState;
+pub use table::{apply, Move, MoveError, NodeFacts, Transition, Verb};

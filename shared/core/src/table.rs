@@ -1,0 +1,340 @@
+//! The one provision state table: every verb's legal-from set and target,
+//! the recover table by `failedFrom`, and the reconciler's internal moves.
+//!
+//! [`apply`] is a pure function from the facts of a node and a move to the
+//! transition it makes, or the error the spec names. The API, the reconciler
+//! and the tests all call it; nothing else decides whether a move is legal.
+
+use serde::{Deserialize, Serialize};
+
+use crate::state::ProvisionState::{self, *};
+
+/// An operator verb of the metal API group (the spec's "Verb" column; `power`
+/// is the power-axis method, which never moves the provision state).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Verb {
+    Manage,
+    Inspect,
+    Provide,
+    Deploy,
+    /// `metal.undeploy`.
+    Release,
+    Rescue,
+    Unrescue,
+    Abort,
+    Recover,
+    Retire,
+    Power,
+}
+
+impl Verb {
+    /// Every verb, for table tests.
+    pub const ALL: [Verb; 11] = [
+        Verb::Manage,
+        Verb::Inspect,
+        Verb::Provide,
+        Verb::Deploy,
+        Verb::Release,
+        Verb::Rescue,
+        Verb::Unrescue,
+        Verb::Abort,
+        Verb::Recover,
+        Verb::Retire,
+        Verb::Power,
+    ];
+
+    /// The verb's name as the API and the audit trail spell it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Verb::Manage => "manage",
+            Verb::Inspect => "inspect",
+            Verb::Provide => "provide",
+            Verb::Deploy => "deploy",
+            Verb::Release => "release",
+            Verb::Rescue => "rescue",
+            Verb::Unrescue => "unrescue",
+            Verb::Abort => "abort",
+            Verb::Recover => "recover",
+            Verb::Retire => "retire",
+            Verb::Power => "power",
+        }
+    }
+
+    /// The states this verb is legal from, exactly as the spec's table says.
+    /// `recover` is further decided by `failedFrom` (see [`recover_target`]).
+    pub fn legal_from(self) -> &'static [ProvisionState] {
+        match self {
+            Verb::Manage | Verb::Inspect | Verb::Provide | Verb::Deploy => &[Ready],
+            Verb::Release => &[Deployed, Rescue],
+            Verb::Rescue => &[Deployed],
+            Verb::Unrescue => &[Rescue],
+            Verb::Abort => &[Enrolling, Inspecting, Commissioning, Deploying, Releasing],
+            Verb::Recover => &[Failed],
+            Verb::Retire => &[Adopting, Adopted, Enrolling, Ready, Failed],
+            Verb::Power => &[
+                Adopting, Adopted, Enrolling, Ready, Deployed, Rescue, Failed, Retiring, Retired,
+            ],
+        }
+    }
+}
+
+/// `metal.recover` target by `failedFrom`: the last stable point, never `ready`.
+pub const fn recover_target(failed_from: ProvisionState) -> Option<ProvisionState> {
+    match failed_from {
+        Enrolling | Inspecting | Commissioning => Some(Enrolling),
+        Deploying | Releasing => Some(Releasing),
+        Rescue => Some(Deployed),
+        Retiring => Some(Retiring),
+        _ => None,
+    }
+}
+
+/// The state a succeeded workflow moves a node to (`complete`). `releasing`
+/// additionally needs a verified wipe; `rescue` stays put (the rescue ramdisk
+/// is up) until `unrescue` succeeds.
+const fn complete_target(from: ProvisionState) -> Option<ProvisionState> {
+    match from {
+        Adopting => Some(Adopted),
+        Enrolling => Some(Inspecting),
+        Inspecting => Some(Commissioning),
+        Commissioning => Some(Ready),
+        Deploying => Some(Deployed),
+        Releasing => Some(Ready),
+        Rescue => Some(Rescue),
+        Retiring => Some(Retired),
+        _ => None,
+    }
+}
+
+/// A move: an operator verb, or one of the reconciler's internal moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Move {
+    /// An operator verb from the API.
+    Verb(Verb),
+    /// The state's workflow succeeded. `wipe_verified` says whether every
+    /// disk's wipe result was node-signed and passed read-back; it matters
+    /// only for `releasing`.
+    Complete { wipe_verified: bool },
+    /// The state's workflow failed or was cancelled.
+    Fail,
+    /// The `metal-unrescue` workflow succeeded: the installed OS is back.
+    Unrescued,
+}
+
+/// What the table needs to know of a node to decide a move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub state: ProvisionState,
+    pub failed_from: Option<ProvisionState>,
+    /// `metal.unrescue` was accepted and its workflow has not ended.
+    pub unrescue_pending: bool,
+    /// The `metal-rescue` workflow (booting the rescue ramdisk) still runs.
+    pub rescue_booting: bool,
+}
+
+impl NodeFacts {
+    /// Facts of a node in `state` with nothing pending.
+    pub const fn at(state: ProvisionState) -> Self {
+        Self {
+            state,
+            failed_from: None,
+            unrescue_pending: false,
+            rescue_booting: false,
+        }
+    }
+}
+
+/// What a legal move does to a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    pub from: ProvisionState,
+    pub to: ProvisionState,
+    /// The node's `failedFrom` after the move (set only in `failed`).
+    pub failed_from: Option<ProvisionState>,
+    /// `Some(true)` turns maintenance on; `None` leaves it alone.
+    pub maintenance: Option<bool>,
+    /// The node's unrescue-pending flag after the move.
+    pub unrescue_pending: bool,
+    /// Whether the node row changes (version bump, events). A `power` call or
+    /// a repeated `unrescue` changes nothing.
+    pub changed: bool,
+    /// The event kind the move publishes, if any.
+    pub event: Option<MoveEvent>,
+}
+
+/// The event a move publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveEvent {
+    /// `node.provision.<state>` of the target state.
+    Provision(ProvisionState),
+    /// `node.provision.unrescuing`.
+    Unrescuing,
+}
+
+/// Why a move is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MoveError {
+    #[error("{mv} is not legal from provision state {from}")]
+    InvalidState { from: ProvisionState, mv: MoveName },
+    #[error("the rescue ramdisk is still booting; unrescue once it is up")]
+    RescueBooting,
+    #[error("the release's wipe was not verified (unsigned result or a disk failed read-back)")]
+    UnverifiedWipe,
+}
+
+impl MoveError {
+    /// The spec's error code for this refusal.
+    pub const fn code(&self) -> crate::ErrorCode {
+        match self {
+            MoveError::InvalidState { .. } => crate::ErrorCode::InvalidState,
+            MoveError::RescueBooting => crate::ErrorCode::Conflict,
+            MoveError::UnverifiedWipe => crate::ErrorCode::UnverifiedWipe,
+        }
+    }
+}
+
+/// A printable name of a move, for errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoveName(&'static str);
+
+impl std::fmt::Display for MoveName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl Move {
+    /// The move's name, for errors and logs.
+    pub const fn name(self) -> MoveName {
+        match self {
+            Move::Verb(v) => MoveName(v.as_str()),
+            Move::Complete { .. } => MoveName("complete"),
+            Move::Fail => MoveName("fail"),
+            Move::Unrescued => MoveName("unrescue (workflow succeeded)"),
+        }
+    }
+}
+
+fn moved(facts: NodeFacts, to: ProvisionState) -> Transition {
+    Transition {
+        from: facts.state,
+        to,
+        failed_from: None,
+        maintenance: None,
+        unrescue_pending: false,
+        changed: true,
+        event: Some(MoveEvent::Provision(to)),
+    }
+}
+
+fn unchanged(facts: NodeFacts) -> Transition {
+    Transition {
+        from: facts.state,
+        to: facts.state,
+        failed_from: facts.failed_from,
+        maintenance: None,
+        unrescue_pending: facts.unrescue_pending,
+        changed: false,
+        event: None,
+    }
+}
+
+fn to_failed(facts: NodeFacts) -> Transition {
+    Transition {
+        failed_from: Some(facts.state),
+        maintenance: Some(true),
+        ..moved(facts, Failed)
+    }
+}
+
+/// Decides `mv` for a node with `facts`: the transition it makes, or why not.
+pub fn apply(facts: NodeFacts, mv: Move) -> Result<Transition, MoveError> {
+    let from = facts.state;
+    let invalid = MoveError::InvalidState {
+        from,
+        mv: mv.name(),
+    };
+    match mv {
+        Move::Verb(verb) => {
+            if !verb.legal_from().contains(&from) {
+                return Err(invalid);
+            }
+            Ok(match verb {
+                Verb::Manage => moved(facts, Enrolling),
+                Verb::Inspect => moved(facts, Inspecting),
+                Verb::Provide => moved(facts, Commissioning),
+                Verb::Deploy => moved(facts, Deploying),
+                Verb::Release => moved(facts, Releasing),
+                Verb::Rescue => moved(facts, Rescue),
+                Verb::Retire => moved(facts, Retiring),
+                Verb::Abort => to_failed(facts),
+                Verb::Power => unchanged(facts),
+                Verb::Recover => {
+                    let target = facts.failed_from.and_then(recover_target).ok_or(invalid)?;
+                    moved(facts, target)
+                }
+                Verb::Unrescue => {
+                    if facts.unrescue_pending {
+                        unchanged(facts)
+                    } else if facts.rescue_booting {
+                        return Err(MoveError::RescueBooting);
+                    } else {
+                        Transition {
+                            unrescue_pending: true,
+                            event: Some(MoveEvent::Unrescuing),
+                            ..unchanged(facts)
+                        }
+                        .with_change()
+                    }
+                }
+            })
+        }
+        Move::Complete { wipe_verified } => {
+            let to = complete_target(from).ok_or(invalid)?;
+            if from == Releasing && !wipe_verified {
+                return Err(MoveError::UnverifiedWipe);
+            }
+            if from == Rescue {
+                // The rescue ramdisk is up; the node stays in `rescue`.
+                return Ok(unchanged(facts));
+            }
+            Ok(moved(facts, to))
+        }
+        Move::Fail => {
+            if from.is_workflow_driven() || from == Adopting {
+                Ok(to_failed(facts))
+            } else {
+                Err(invalid)
+            }
+        }
+        Move::Unrescued => {
+            if from == Rescue && facts.unrescue_pending {
+                Ok(moved(facts, Deployed))
+            } else {
+                Err(invalid)
+            }
+        }
+    }
+}
+
+impl Transition {
+    const fn with_change(mut self) -> Self {
+        self.changed = true;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests;
