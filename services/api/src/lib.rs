@@ -1,1 +1,267 @@
-//! placeholder
+//! The `api` service: the metal API group over HTTP (axum), node views,
+//! administration of tenants, sites, pools and tokens, and the outbox relay
+//! that publishes what the API commits.
+//!
+//! `main.rs` only parses arguments and loads [`ApiConfig`]; [`run`] does the
+//! rest, so tests and the all-in-one binary start the service in-process.
+
+pub mod admin;
+pub mod auth;
+pub mod error;
+pub mod extract;
+pub mod openapi;
+pub mod outbox;
+pub mod reads;
+pub mod relay;
+pub mod verbs;
+pub mod views;
+
+use axum::routing::{get, post, put};
+use axum::Router;
+use bcm_bus::{Bus, BusConfig};
+use bcm_db::Db;
+use bcm_seal::{KeyConfig, Sealer};
+use bcm_telemetry::TelemetryConfig;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Configuration of the api service. Every field is documented; unknown
+/// fields are refused.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct ApiConfig {
+    /// Address the HTTP API listens on.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Postgres URL, e.g. `postgres://postgres@127.0.0.1:5432/bcm`.
+    pub database_url: String,
+    /// Connection pool size.
+    #[serde(default = "default_db_connections")]
+    pub database_max_connections: u32,
+    /// NATS JetStream.
+    pub bus: BusConfig,
+    /// Sealing keys for BMC credentials; the first seals, all open.
+    pub sealing_keys: Vec<KeyConfig>,
+    /// The bootstrap admin's bearer token.
+    pub admin_token: SecretString,
+    /// How long a verb waits for a node's row lock before `CONFLICT`.
+    #[serde(default = "default_lock_timeout_ms")]
+    pub lock_timeout_ms: u32,
+    /// The outbox relay.
+    #[serde(default)]
+    pub relay: relay::RelayConfig,
+    /// Logs, traces and metrics.
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+    /// Tenants, sites and pools to create at start-up if missing.
+    #[serde(default)]
+    pub seed: Seed,
+}
+
+/// Declarative tenancy created at start-up.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Seed {
+    #[serde(default)]
+    pub tenants: Vec<SeedNamed>,
+    #[serde(default)]
+    pub sites: Vec<SeedNamed>,
+    #[serde(default)]
+    pub pools: Vec<SeedPool>,
+}
+
+/// A tenant or site to create.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedNamed {
+    pub id: String,
+    pub name: String,
+}
+
+/// A pool to create.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedPool {
+    pub id: String,
+    pub tenant: String,
+    pub site: String,
+    pub hardware_profile: String,
+    #[serde(default = "default_agent_mode")]
+    pub agent_mode: String,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+fn default_db_connections() -> u32 {
+    16
+}
+fn default_lock_timeout_ms() -> u32 {
+    2000
+}
+fn default_agent_mode() -> String {
+    "bcd".to_owned()
+}
+
+impl ApiConfig {
+    /// Loads from an optional TOML file, then `BCM_*` environment variables
+    /// (`BCM_DATABASE_URL`, `BCM_BUS__URL`, …).
+    pub fn load(path: Option<&std::path::Path>) -> Result<Self, Box<figment::Error>> {
+        use figment::providers::{Env, Format, Toml};
+        let mut fig = figment::Figment::new();
+        if let Some(p) = path {
+            fig = fig.merge(Toml::file_exact(p));
+        }
+        fig.merge(Env::prefixed("BCM_").split("__")).extract().map_err(Box::new)
+    }
+}
+
+/// Errors that stop the service from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("database: {0}")]
+    Db(#[from] bcm_db::DbError),
+    #[error("bus: {0}")]
+    Bus(#[from] bcm_bus::BusError),
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct AppState {
+    pub inner: Arc<Inner>,
+}
+
+/// What the handlers share.
+pub struct Inner {
+    pub db: Db,
+    pub bus: Bus,
+    pub sealer: Sealer,
+    pub admin_token_hash: Vec<u8>,
+    pub lock_timeout_ms: u32,
+}
+
+/// The router of the service, for tests and the all-in-one binary.
+pub fn router(state: AppState) -> Router {
+    let metal = Router::new()
+        .route("/enroll", post(verbs::enroll))
+        .route("/manage", post(verbs::manage))
+        .route("/inspect", post(verbs::inspect))
+        .route("/provide", post(verbs::provide))
+        .route("/deploy", post(verbs::deploy))
+        .route("/undeploy", post(verbs::undeploy))
+        .route("/rescue", post(verbs::rescue))
+        .route("/unrescue", post(verbs::unrescue))
+        .route("/abort", post(verbs::abort))
+        .route("/recover", post(verbs::recover))
+        .route("/retire", post(verbs::retire))
+        .route("/power", post(verbs::power))
+        .route("/nodes", get(reads::list_nodes))
+        .route("/nodes/{node_id}", get(reads::get_node));
+    let admin = Router::new()
+        .route("/tenants/{id}", put(admin::put_tenant))
+        .route("/sites/{id}", put(admin::put_site))
+        .route("/pools/{id}", put(admin::put_pool))
+        .route("/tokens", post(admin::create_token));
+    Router::new()
+        .nest("/api/compute/metal", metal)
+        .nest("/api/compute/admin", admin)
+        .route("/api/openapi.json", get(|| async { axum::Json(openapi::document()) }))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(|| async { bcm_telemetry::render_metrics() }))
+        .fallback(|| async { error::ApiError::new(bcm_core::ErrorCode::NotFound, "no such endpoint") })
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
+                let span = tracing::info_span!("http", method = %req.method(), path = %req.uri().path());
+                let tp = req.headers().get(bcm_telemetry::TRACEPARENT).and_then(|v| v.to_str().ok());
+                bcm_telemetry::set_remote_parent(&span, tp);
+                span
+            }),
+        )
+        .with_state(state)
+}
+
+async fn readyz(axum::extract::State(app): axum::extract::State<AppState>) -> Result<&'static str, error::ApiError> {
+    app.inner.db.ping().await?;
+    if app.inner.bus.client().connection_state() != async_nats_state::Connected {
+        return Err(error::ApiError::new(bcm_core::ErrorCode::Unavailable, "NATS is not connected"));
+    }
+    Ok("ready")
+}
+
+use bcm_bus::ConnectionState as async_nats_state;
+
+/// Connects, migrates, seeds and builds the handlers' state.
+pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
+    let sealer = Sealer::new(&cfg.sealing_keys).map_err(|e| StartError::Config(e.to_string()))?;
+    if cfg.admin_token.expose_secret().len() < 16 {
+        return Err(StartError::Config("admin_token must be at least 16 characters".into()));
+    }
+    let db = Db::connect(&cfg.database_url, cfg.database_max_connections).await?;
+    db.migrate().await?;
+    seed(&db, &cfg.seed).await?;
+    let bus = Bus::connect(&cfg.bus).await?;
+    Ok(AppState {
+        inner: Arc::new(Inner {
+            db,
+            bus,
+            sealer,
+            admin_token_hash: auth::token_hash(cfg.admin_token.expose_secret()),
+            lock_timeout_ms: cfg.lock_timeout_ms,
+        }),
+    })
+}
+
+async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {
+    let bad = |e: bcm_core::IdError| StartError::Config(format!("seed: {e}"));
+    for t in &seed.tenants {
+        bcm_db::tenancy::tenant_upsert(db, &t.id.parse().map_err(bad)?, &t.name).await?;
+    }
+    for s in &seed.sites {
+        bcm_db::tenancy::site_upsert(db, &s.id.parse().map_err(bad)?, &s.name).await?;
+    }
+    for p in &seed.pools {
+        let pool = bcm_db::tenancy::Pool {
+            id: p.id.parse().map_err(bad)?,
+            tenant_id: p.tenant.parse().map_err(bad)?,
+            site_id: p.site.parse().map_err(bad)?,
+            name: p.id.clone(),
+            hardware_profile: p.hardware_profile.clone(),
+            agent_mode: p.agent_mode.clone(),
+        };
+        bcm_db::tenancy::pool_upsert(db, &pool).await?;
+    }
+    Ok(())
+}
+
+/// Runs the service on `listener` until `shutdown`: the HTTP API and, when
+/// enabled, the outbox relay.
+pub async fn run(cfg: ApiConfig, listener: tokio::net::TcpListener, shutdown: CancellationToken) -> Result<(), StartError> {
+    let state = prepare(&cfg).await?;
+    let relay = cfg.relay.enabled.then(|| {
+        tokio::spawn(relay::run(
+            state.inner.db.clone(),
+            state.inner.bus.clone(),
+            cfg.relay.clone(),
+            relay::RelayFaults::default(),
+            shutdown.clone(),
+        ))
+    });
+    tracing::info!(addr = %listener.local_addr()?, "metal API listening");
+    let app = router(state.clone());
+    let stop = shutdown.clone();
+    axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await?;
+    shutdown.cancel();
+    if let Some(r) = relay {
+        let _ = r.await;
+    }
+    state.inner.db.close().await;
+    Ok(())
+}

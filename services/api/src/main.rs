@@ -1,1 +1,29 @@
-fn main() {}
+//! `bcm-api`: the metal API service.
+
+use clap::Parser;
+
+/// The metal API: verbs, node views, administration and the outbox relay.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// A TOML configuration file; `BCM_*` environment variables override it.
+    #[arg(long, env = "BCM_CONFIG")]
+    config: Option<std::path::PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let cfg = bcm_api::ApiConfig::load(args.config.as_deref())?;
+    bcm_telemetry::init("bcm-api", &cfg.telemetry)?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+    let result = bcm_api::run(cfg, listener, shutdown).await;
+    bcm_telemetry::shutdown();
+    Ok(result?)
+}

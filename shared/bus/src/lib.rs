@@ -1,1 +1,160 @@
-//! placeholder
+//! The bus: NATS JetStream for events, work and commands.
+//!
+//! This crate owns every subject string ([`subjects`]), every stream
+//! configuration ([`streams`]), the CloudEvents envelope and the closed set
+//! of message types ([`messages`]), and W3C trace-context propagation
+//! through NATS headers. No other crate spells a subject.
+
+pub mod contracts;
+pub mod messages;
+pub mod streams;
+pub mod subjects;
+
+use async_nats::jetstream;
+use async_nats::HeaderMap;
+use bytes::Bytes;
+
+pub use async_nats::connection::State as ConnectionState;
+pub use subjects::Subjects;
+
+/// The header JetStream dedupes publishes by.
+pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// Errors of the bus.
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    #[error("cannot connect to NATS at {url}: {why}")]
+    Connect { url: String, why: String },
+    #[error("stream {stream}: {why}")]
+    Stream { stream: String, why: String },
+    #[error("stream {stream} exists with an incompatible configuration ({why}); it was left as it is")]
+    IncompatibleStream { stream: String, why: String },
+    #[error("publish to {subject}: {why}")]
+    Publish { subject: String, why: String },
+    #[error("consumer: {0}")]
+    Consumer(String),
+}
+
+/// How to reach NATS.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BusConfig {
+    /// e.g. `nats://127.0.0.1:4222`.
+    pub url: String,
+    /// Prefix of every subject and stream, so several control planes (or
+    /// test runs) share one NATS server. Empty by default.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Number of reconcile shards (`work.reconcile.<shard>.<nodeId>`).
+    #[serde(default = "default_shards")]
+    pub shards: u32,
+}
+
+fn default_shards() -> u32 {
+    16
+}
+
+impl BusConfig {
+    /// A config for `url` with no namespace and the default shard count.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self { url: url.into(), namespace: None, shards: default_shards() }
+    }
+}
+
+/// A connection to NATS with its JetStream context and subjects.
+#[derive(Clone, Debug)]
+pub struct Bus {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    subjects: Subjects,
+}
+
+impl Bus {
+    /// Connects and ensures every stream exists with a compatible
+    /// configuration.
+    pub async fn connect(cfg: &BusConfig) -> Result<Self, BusError> {
+        let client = async_nats::ConnectOptions::new()
+            .name("bcm")
+            .retry_on_initial_connect()
+            .connection_timeout(std::time::Duration::from_secs(5))
+            .connect(&cfg.url)
+            .await
+            .map_err(|e| BusError::Connect { url: cfg.url.clone(), why: e.to_string() })?;
+        let js = jetstream::new(client.clone());
+        let subjects = Subjects::new(cfg.namespace.clone(), cfg.shards);
+        let bus = Self { client, js, subjects };
+        streams::ensure_all(&bus).await?;
+        Ok(bus)
+    }
+
+    /// The subjects of this bus (namespace applied).
+    pub fn subjects(&self) -> &Subjects {
+        &self.subjects
+    }
+
+    /// The JetStream context.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// The core NATS client.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// Publishes `payload` to a stream subject with `Nats-Msg-Id = msg_id`
+    /// and the given headers, and returns once JetStream has stored it (or
+    /// recognised it as a duplicate).
+    pub async fn publish_durable(
+        &self,
+        subject: &str,
+        msg_id: &str,
+        headers: &[(String, String)],
+        payload: Bytes,
+    ) -> Result<(), BusError> {
+        let ack = self.publish_pipelined(subject, msg_id, headers, payload).await?;
+        ack.await
+    }
+
+    /// Sends a publish and returns a future of its acknowledgement, so a
+    /// caller can keep several in flight and await them in order.
+    pub async fn publish_pipelined(
+        &self,
+        subject: &str,
+        msg_id: &str,
+        headers: &[(String, String)],
+        payload: Bytes,
+    ) -> Result<impl std::future::Future<Output = Result<(), BusError>>, BusError> {
+        let mut map = HeaderMap::new();
+        map.insert(MSG_ID_HEADER, msg_id);
+        for (k, v) in headers {
+            map.insert(k.as_str(), v.as_str());
+        }
+        let err = |e: String| BusError::Publish { subject: subject.to_owned(), why: e };
+        let ack = self
+            .js
+            .publish_with_headers(subject.to_owned(), map, payload)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let subject = subject.to_owned();
+        Ok(async move {
+            ack.await
+                .map(|_| ())
+                .map_err(|e| BusError::Publish { subject, why: e.to_string() })
+        })
+    }
+}
+
+/// The `traceparent` header of a message, if any.
+pub fn traceparent_of(headers: Option<&HeaderMap>) -> Option<String> {
+    headers
+        .and_then(|h| h.get(bcm_telemetry::TRACEPARENT))
+        .map(|v| v.as_str().to_owned())
+}
+
+/// The current span's trace context as NATS headers, for publishing.
+pub fn trace_headers() -> Vec<(String, String)> {
+    bcm_telemetry::current_traceparent()
+        .map(|tp| vec![(bcm_telemetry::TRACEPARENT.to_owned(), tp)])
+        .unwrap_or_default()
+}

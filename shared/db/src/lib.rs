@@ -1,1 +1,84 @@
-//! placeholder
+//! The Postgres record of Better Compute Metal. This crate owns the
+//! connection pool, the migrations (applied at start-up) and one module of
+//! queries per aggregate. No SQL exists outside it.
+//!
+//! Functions are named resource first (`node_fetch`, `outbox_insert_in_txn`);
+//! an `_in_txn` function runs inside the caller's transaction, so a verb's
+//! node update, authorization projection and outbox rows commit together.
+
+pub mod commands;
+pub mod error;
+pub mod nodes;
+pub mod outbox;
+pub mod secrets;
+pub mod tenancy;
+pub mod tokens;
+pub mod workflows;
+
+pub use error::DbError;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres, Transaction};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A transaction on the record.
+pub type Tx<'a> = Transaction<'a, Postgres>;
+
+/// The migrations embedded in every binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// The record: a pool of connections to one Postgres database.
+#[derive(Clone, Debug)]
+pub struct Db {
+    pool: PgPool,
+}
+
+impl Db {
+    /// Connects to `url` with at most `max_connections`.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, DbError> {
+        let opts = PgConnectOptions::from_str(url)?.application_name("bcm");
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(opts)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    /// Applies every pending migration. Safe to run from several processes
+    /// at once (sqlx takes an advisory lock).
+    pub async fn migrate(&self) -> Result<(), DbError> {
+        MIGRATOR.run(&self.pool).await.map_err(|e| DbError::Migrate(e.to_string()))
+    }
+
+    /// Starts a transaction.
+    pub async fn begin(&self) -> Result<Tx<'static>, DbError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// Checks the database answers.
+    pub async fn ping(&self) -> Result<(), DbError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The underlying pool, for the modules of this crate.
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// Bounds how long a transaction waits for a row lock; a verb that waits
+/// longer answers `CONFLICT` instead of piling up.
+pub async fn lock_timeout_in_txn(tx: &mut Tx<'_>, millis: u32) -> Result<(), DbError> {
+    sqlx::query(&format!("SET LOCAL lock_timeout = '{millis}ms'"))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

@@ -1,1 +1,371 @@
-//! placeholder
+//! The test harness: each test gets a fresh Postgres database and a private
+//! JetStream namespace on the servers named by `DATABASE_URL` and
+//! `NATS_URL` (`.ci/run` and `deploy/dev/stack.sh` start throwaway ones),
+//! and the api service in-process on an ephemeral port.
+//!
+//! Waiting is on conditions with a deadline, never on fixed sleeps.
+
+use anyhow::{bail, Context as _};
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use bcm_api::relay::{RelayConfig, RelayFaults};
+use bcm_api::{ApiConfig, AppState};
+use bcm_bus::messages::CloudEvent;
+use bcm_bus::subjects::StreamKind;
+use bcm_bus::BusConfig;
+use bcm_core::{NodeId, ProvisionState};
+use futures::StreamExt as _;
+use serde_json::{json, Value};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Options of a test environment.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Start the outbox relay with the API.
+    pub relay: bool,
+    /// Row lock wait before `CONFLICT`.
+    pub lock_timeout_ms: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { relay: true, lock_timeout_ms: 2000 }
+    }
+}
+
+/// A running api service on a fresh database and namespace.
+pub struct TestEnv {
+    pub db: bcm_db::Db,
+    pub database_url: String,
+    pub bus_config: BusConfig,
+    pub state: AppState,
+    pub base: String,
+    pub admin_token: String,
+    pub http: reqwest::Client,
+    shutdown: CancellationToken,
+}
+
+fn env_url(name: &str) -> anyhow::Result<String> {
+    std::env::var(name).with_context(|| {
+        format!("{name} is not set: run the tests through .ci/run, or `eval \"$(deploy/dev/stack.sh env)\"` first")
+    })
+}
+
+fn random_suffix() -> String {
+    ulid::Ulid::new().to_string().to_lowercase()
+}
+
+/// Creates an empty database on the `DATABASE_URL` server and returns its URL.
+pub async fn fresh_database() -> anyhow::Result<String> {
+    use sqlx::Connection as _;
+    let server = env_url("DATABASE_URL")?;
+    let name = format!("bcm_t_{}", random_suffix());
+    let mut conn = sqlx::PgConnection::connect(&server).await.context("connect to DATABASE_URL")?;
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await?;
+    conn.close().await?;
+    let base = server.split('?').next().unwrap_or(&server);
+    let cut = base.rfind('/').filter(|i| *i > "postgres://".len()).unwrap_or(base.len());
+    Ok(format!("{}/{name}", &base[..cut]))
+}
+
+impl TestEnv {
+    /// Starts with default options.
+    pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(Options::default()).await
+    }
+
+    /// Starts the api on a fresh database and namespace, seeded with
+    /// tenants `a` and `b`, site `s1`, pools `a-pool` and `b-pool`.
+    pub async fn start_with(opts: Options) -> anyhow::Result<Self> {
+        let _ = bcm_telemetry::init("bcm-test", &Default::default());
+        let database_url = fresh_database().await?;
+        let bus_config = BusConfig {
+            url: env_url("NATS_URL")?,
+            namespace: Some(format!("t{}", random_suffix())),
+            shards: 16,
+        };
+        let admin_token = format!("admin-{}", random_suffix());
+        let seed: bcm_api::Seed = serde_json::from_value(json!({
+            "tenants": [{"id": "a", "name": "Tenant A"}, {"id": "b", "name": "Tenant B"}],
+            "sites": [{"id": "s1", "name": "Site 1"}],
+            "pools": [
+                {"id": "a-pool", "tenant": "a", "site": "s1", "hardware_profile": "gpu-redfish"},
+                {"id": "b-pool", "tenant": "b", "site": "s1", "hardware_profile": "gpu-redfish"}
+            ]
+        }))?;
+        let cfg = ApiConfig {
+            listen: "127.0.0.1:0".parse()?,
+            database_url: database_url.clone(),
+            database_max_connections: 10,
+            bus: bus_config.clone(),
+            sealing_keys: vec![bcm_seal::KeyConfig::generate("test-1")],
+            admin_token: admin_token.clone().into(),
+            lock_timeout_ms: opts.lock_timeout_ms,
+            relay: RelayConfig { enabled: opts.relay, batch: 64, poll_ms: 200 },
+            telemetry: Default::default(),
+            seed,
+        };
+        let state = bcm_api::prepare(&cfg).await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let shutdown = CancellationToken::new();
+        let app = bcm_api::router(state.clone());
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let _ = axum_serve(listener, app, stop).await;
+        });
+        let env = Self {
+            db: state.inner.db.clone(),
+            database_url,
+            bus_config,
+            state,
+            base,
+            admin_token,
+            http: reqwest::Client::new(),
+            shutdown,
+        };
+        if opts.relay {
+            env.spawn_relay(RelayFaults::default());
+        }
+        Ok(env)
+    }
+
+    /// Starts a relay (another one may already run; one leads at a time).
+    pub fn spawn_relay(&self, faults: RelayFaults) -> tokio::task::JoinHandle<()> {
+        self.spawn_relay_with(RelayConfig { enabled: true, batch: 64, poll_ms: 200 }, faults)
+    }
+
+    /// Starts a relay with its own settings.
+    pub fn spawn_relay_with(&self, cfg: RelayConfig, faults: RelayFaults) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(bcm_api::relay::run(
+            self.state.inner.db.clone(),
+            self.state.inner.bus.clone(),
+            cfg,
+            faults,
+            self.shutdown.child_token(),
+        ))
+    }
+
+    /// `POST` JSON with a bearer token; returns the status and the body.
+    pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> anyhow::Result<(u16, Value)> {
+        let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        Self::answer(req).await
+    }
+
+    /// `POST` a raw body (for malformed JSON).
+    pub async fn post_raw(&self, path: &str, token: Option<&str>, body: &str) -> anyhow::Result<(u16, Value)> {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        Self::answer(req).await
+    }
+
+    /// `GET` with a bearer token.
+    pub async fn get(&self, path: &str, token: Option<&str>) -> anyhow::Result<(u16, Value)> {
+        let mut req = self.http.get(format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        Self::answer(req).await
+    }
+
+    /// `PUT` JSON with a bearer token.
+    pub async fn put(&self, path: &str, token: Option<&str>, body: &Value) -> anyhow::Result<(u16, Value)> {
+        let mut req = self.http.put(format!("{}{path}", self.base)).json(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        Self::answer(req).await
+    }
+
+    async fn answer(req: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> {
+        let res = req.send().await?;
+        let status = res.status().as_u16();
+        let text = res.text().await?;
+        let body = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+        Ok((status, body))
+    }
+
+    /// Mints a token with `grants` (`[(action, scope kind, scope id)]`).
+    pub async fn token(&self, principal: &str, grants: &[(&str, &str, &str)]) -> anyhow::Result<String> {
+        let grants: Vec<Value> = grants
+            .iter()
+            .map(|(action, kind, id)| {
+                if *kind == "global" {
+                    json!({"action": action, "scope": {"kind": "global"}})
+                } else {
+                    json!({"action": action, "scope": {"kind": kind, "id": id}})
+                }
+            })
+            .collect();
+        let (status, body) = self
+            .post("/api/compute/admin/tokens", Some(&self.admin_token), &json!({"principal": principal, "grants": grants}))
+            .await?;
+        if status != 200 {
+            bail!("minting a token: {status} {body}");
+        }
+        Ok(body["token"].as_str().context("token")?.to_owned())
+    }
+
+    /// Enrolls a node in `pool` of `tenant` as the admin, with a unique BMC.
+    pub async fn enroll(&self, tenant: &str, pool: &str) -> anyhow::Result<Value> {
+        let (status, body) = self
+            .post(
+                "/api/compute/metal/enroll",
+                Some(&self.admin_token),
+                &json!({
+                    "tenantId": tenant, "poolId": pool,
+                    "bmc": {"driver": "redfish", "address": format!("https://bmc-{}.test", random_suffix()),
+                            "username": "root", "password": "calvin-secret"}
+                }),
+            )
+            .await?;
+        if status != 200 {
+            bail!("enroll: {status} {body}");
+        }
+        Ok(body)
+    }
+
+    /// Puts a node into `state` as the reconciler would have (test set-up
+    /// only), through the db crate's guarded update. Returns the version.
+    pub async fn force_state(&self, node: &NodeId, state: ProvisionState, failed_from: Option<ProvisionState>) -> anyhow::Result<i64> {
+        let mut tx = self.db.begin().await?;
+        let n = bcm_db::nodes::node_fetch_for_update_in_txn(&mut tx, node).await?;
+        let next = bcm_db::nodes::Node {
+            provision_state: state,
+            failed_from,
+            maintenance: failed_from.is_some() || n.maintenance,
+            ..n
+        };
+        let v = bcm_db::nodes::node_update_guarded_in_txn(&mut tx, &next).await?;
+        tx.commit().await?;
+        Ok(v)
+    }
+
+    /// Reads a node from the record.
+    pub async fn node(&self, id: &NodeId) -> anyhow::Result<bcm_db::nodes::Node> {
+        Ok(bcm_db::nodes::node_fetch(&self.db, id).await?)
+    }
+
+    /// A durable pull consumer over this env's events matching `filter`
+    /// (relative to the namespace, e.g. `events.a.>`).
+    pub async fn events_consumer(&self, durable: &str, filter: &str) -> anyhow::Result<EventReader> {
+        let subjects = self.state.inner.bus.subjects();
+        let stream = self
+            .state
+            .inner
+            .bus
+            .jetstream()
+            .get_stream(subjects.stream(StreamKind::Events))
+            .await?;
+        let ns = self.bus_config.namespace.clone().map(|n| format!("{n}.")).unwrap_or_default();
+        let consumer = stream
+            .get_or_create_consumer(
+                durable,
+                pull::Config {
+                    durable_name: Some(durable.to_owned()),
+                    filter_subject: format!("{ns}{filter}"),
+                    deliver_policy: DeliverPolicy::All,
+                    ack_policy: AckPolicy::Explicit,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        Ok(EventReader { consumer })
+    }
+
+    /// Stops the api and its relays.
+    pub fn stop(&self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router, stop: CancellationToken) -> std::io::Result<()> {
+    axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await
+}
+
+/// An event as read from JetStream, with its headers.
+#[derive(Debug, Clone)]
+pub struct ReadEvent {
+    pub subject: String,
+    pub event: CloudEvent<Value>,
+    pub traceparent: Option<String>,
+}
+
+/// Reads events from a durable consumer, acking each.
+pub struct EventReader {
+    consumer: async_nats::jetstream::consumer::Consumer<pull::Config>,
+}
+
+impl EventReader {
+    /// Reads until `n` events arrived or `within` passed; returns what came.
+    pub async fn read(&self, n: usize, within: Duration) -> anyhow::Result<Vec<ReadEvent>> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut out = vec![];
+        while out.len() < n && tokio::time::Instant::now() < deadline {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let mut batch = self
+                .consumer
+                .fetch()
+                .max_messages(n - out.len())
+                .expires(left.min(Duration::from_secs(2)).max(Duration::from_millis(100)))
+                .messages()
+                .await?;
+            while let Some(msg) = batch.next().await {
+                let msg = msg.map_err(|e| anyhow::anyhow!("{e}"))?;
+                let event: CloudEvent<Value> = serde_json::from_slice(&msg.payload)?;
+                out.push(ReadEvent {
+                    subject: msg.subject.to_string(),
+                    traceparent: bcm_bus::traceparent_of(msg.headers.as_ref()),
+                    event,
+                });
+                msg.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads until nothing more arrives for `quiet`.
+    pub async fn drain(&self, quiet: Duration) -> anyhow::Result<Vec<ReadEvent>> {
+        let mut out = vec![];
+        loop {
+            let got = self.read(1000, quiet).await?;
+            if got.is_empty() {
+                return Ok(out);
+            }
+            out.extend(got);
+        }
+    }
+}
+
+/// Polls `check` until it returns `Some` or `within` passes.
+pub async fn eventually<T, F, Fut>(within: Duration, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("condition not met within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

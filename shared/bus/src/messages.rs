@@ -1,0 +1,152 @@
+//! The closed set of messages on the bus, each with a type name, wrapped in
+//! a CloudEvents 1.0 envelope. `proto/schemas/` is generated from these
+//! types and CI fails when it drifts.
+
+use bcm_core::{BmcDriver, NodeId, PoolId, ProvisionState, SiteId, TenantId};
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The CloudEvents `source` of the control plane.
+pub const SOURCE: &str = "/better-compute/metal";
+
+/// A CloudEvents 1.0 envelope (structured JSON mode).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CloudEvent<T> {
+    /// Always `1.0`.
+    pub specversion: String,
+    /// Unique per event; also the `Nats-Msg-Id` and the outbox row id.
+    pub id: String,
+    pub source: String,
+    /// e.g. `node.provision.ready`.
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// The node id for node events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    pub time: DateTime<Utc>,
+    pub datacontenttype: String,
+    /// Extension: the node's version after the change, for ordering and
+    /// dedupe by subscribers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodeversion: Option<i64>,
+    pub data: T,
+}
+
+impl<T> CloudEvent<T> {
+    /// Wraps `data` as an event of type `ty` about `subject`.
+    pub fn new(id: String, ty: String, subject: Option<String>, nodeversion: Option<i64>, data: T) -> Self {
+        Self {
+            specversion: "1.0".to_owned(),
+            id,
+            source: SOURCE.to_owned(),
+            ty,
+            subject,
+            time: Utc::now(),
+            datacontenttype: "application/json".to_owned(),
+            nodeversion,
+            data,
+        }
+    }
+}
+
+/// `node.enrolled`: a node was created by `metal.enroll`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeEnrolled {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub pool_id: PoolId,
+    pub site_id: SiteId,
+    pub bmc_driver: BmcDriver,
+    pub bmc_address: String,
+    pub hardware_profile: String,
+    pub version: i64,
+}
+
+/// `node.provision.<state>`: the node moved to `provisionState`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeProvisionChanged {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub pool_id: PoolId,
+    pub site_id: SiteId,
+    pub provision_state: ProvisionState,
+    /// The state before the move; absent for the first state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_state: Option<ProvisionState>,
+    /// The verb or internal move (`complete`, `fail`) that made it.
+    #[serde(rename = "move")]
+    pub move_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_from: Option<ProvisionState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    pub maintenance: bool,
+    pub version: i64,
+}
+
+/// `node.provision.unrescuing`: `metal.unrescue` started its workflow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeUnrescuing {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_id: Option<String>,
+    pub version: i64,
+}
+
+/// `node.power.requested`: `metal.power` queued a BMC power command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodePowerRequested {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub action: bcm_core::PowerAction,
+    pub command_id: String,
+    pub version: i64,
+}
+
+/// A reconcile request for the metal reconciler (`work.reconcile.<shard>.<nodeId>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReconcileRequest {
+    pub node_id: NodeId,
+    /// The node version that asked; the reconciler re-reads the row anyway.
+    pub version: i64,
+    /// Why: the verb or event that asked.
+    pub reason: String,
+}
+
+/// A command to a site service (`cmd.<siteId>.<kind>`), e.g. `bmc.power`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommandEnvelope {
+    /// The executors' dedupe key.
+    pub command_id: String,
+    pub kind: String,
+    pub site_id: SiteId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<NodeId>,
+    pub params: serde_json::Value,
+    pub issued_at: DateTime<Utc>,
+}
+
+/// Event type names.
+pub mod types {
+    use bcm_core::ProvisionState;
+
+    /// `node.enrolled`.
+    pub const NODE_ENROLLED: &str = "node.enrolled";
+    /// `node.provision.unrescuing`.
+    pub const NODE_UNRESCUING: &str = "node.provision.unrescuing";
+    /// `node.power.requested`.
+    pub const NODE_POWER_REQUESTED: &str = "node.power.requested";
+
+    /// `node.provision.<state>`.
+    pub fn node_provision(state: ProvisionState) -> String {
+        format!("node.provision.{state}")
+    }
+}

@@ -1,0 +1,72 @@
+//! Stream configurations as data, ensured at start-up. An existing stream
+//! whose subjects, retention or storage differ stops the service with a
+//! clear error; it is never deleted or changed.
+
+use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, StorageType};
+use std::time::Duration;
+
+use crate::subjects::StreamKind;
+use crate::{Bus, BusError};
+
+/// The configuration of `kind` under the bus's namespace.
+pub fn config(bus_subjects: &crate::Subjects, kind: StreamKind) -> Config {
+    let base = Config {
+        name: bus_subjects.stream(kind),
+        subjects: bus_subjects.stream_subjects(kind),
+        storage: StorageType::File,
+        // Publishers retry with the same Nats-Msg-Id within this window.
+        duplicate_window: Duration::from_secs(15 * 60),
+        ..Default::default()
+    };
+    match kind {
+        StreamKind::Events => Config {
+            retention: RetentionPolicy::Limits,
+            max_age: Duration::from_secs(30 * 24 * 3600),
+            discard: DiscardPolicy::Old,
+            ..base
+        },
+        StreamKind::Work | StreamKind::Commands => Config {
+            retention: RetentionPolicy::WorkQueue,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            ..base
+        },
+        StreamKind::Results => Config {
+            retention: RetentionPolicy::Limits,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            ..base
+        },
+    }
+}
+
+/// Why `existing` cannot serve as `wanted`, if it cannot.
+pub fn incompatibility(existing: &Config, wanted: &Config) -> Option<String> {
+    if existing.subjects != wanted.subjects {
+        return Some(format!("subjects {:?}, want {:?}", existing.subjects, wanted.subjects));
+    }
+    if existing.retention != wanted.retention {
+        return Some(format!("retention {:?}, want {:?}", existing.retention, wanted.retention));
+    }
+    if existing.storage != wanted.storage {
+        return Some(format!("storage {:?}, want {:?}", existing.storage, wanted.storage));
+    }
+    None
+}
+
+/// Creates every missing stream and checks existing ones.
+pub async fn ensure_all(bus: &Bus) -> Result<(), BusError> {
+    for kind in StreamKind::ALL {
+        let wanted = config(bus.subjects(), kind);
+        let name = wanted.name.clone();
+        let err = |why: String| BusError::Stream { stream: name.clone(), why };
+        let mut stream = bus
+            .jetstream()
+            .get_or_create_stream(wanted.clone())
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let info = stream.info().await.map_err(|e| err(e.to_string()))?;
+        if let Some(why) = incompatibility(&info.config, &wanted) {
+            return Err(BusError::IncompatibleStream { stream: name, why });
+        }
+    }
+    Ok(())
+}

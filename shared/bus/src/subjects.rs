@@ -1,0 +1,158 @@
+//! Every subject and stream name, in one place. Subjects may carry a
+//! namespace prefix so several control planes share a NATS server.
+//!
+//! - events: `events.<tenantId>.node.enrolled`, `events.<tenantId>.node.provision.<state>`
+//! - work: `work.reconcile.<shard>.<nodeId>`
+//! - commands: `cmd.<siteId>.<kind>`, results `result.<siteId>.<commandId>`
+
+use bcm_core::{CommandId, NodeId, SiteId, TenantId};
+
+/// The logical streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// Events for subscribers: limits retention.
+    Events,
+    /// Reconcile and workflow work: work-queue retention.
+    Work,
+    /// Commands to site services: work-queue retention.
+    Commands,
+    /// Results of commands.
+    Results,
+}
+
+impl StreamKind {
+    /// Every stream.
+    pub const ALL: [StreamKind; 4] = [StreamKind::Events, StreamKind::Work, StreamKind::Commands, StreamKind::Results];
+
+    const fn base_name(self) -> &'static str {
+        match self {
+            StreamKind::Events => "EVENTS",
+            StreamKind::Work => "WORK",
+            StreamKind::Commands => "COMMANDS",
+            StreamKind::Results => "RESULTS",
+        }
+    }
+
+    const fn root(self) -> &'static str {
+        match self {
+            StreamKind::Events => "events",
+            StreamKind::Work => "work",
+            StreamKind::Commands => "cmd",
+            StreamKind::Results => "result",
+        }
+    }
+}
+
+/// Subject and stream names under an optional namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subjects {
+    namespace: Option<String>,
+    shards: u32,
+}
+
+impl Subjects {
+    /// Names under `namespace` (a subject-safe token) with `shards`
+    /// reconcile shards.
+    pub fn new(namespace: Option<String>, shards: u32) -> Self {
+        Self { namespace: namespace.filter(|n| !n.is_empty()), shards: shards.max(1) }
+    }
+
+    fn p(&self, s: String) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{ns}.{s}"),
+            None => s,
+        }
+    }
+
+    /// The stream name of `kind`, e.g. `BCM_EVENTS`.
+    pub fn stream(&self, kind: StreamKind) -> String {
+        match &self.namespace {
+            Some(ns) => format!("BCM_{}_{}", ns.to_uppercase().replace(['-', '.'], "_"), kind.base_name()),
+            None => format!("BCM_{}", kind.base_name()),
+        }
+    }
+
+    /// The subjects a stream captures, e.g. `events.>`.
+    pub fn stream_subjects(&self, kind: StreamKind) -> Vec<String> {
+        vec![self.p(format!("{}.>", kind.root()))]
+    }
+
+    /// An event of `tenant`, e.g. `events.root.node.provision.ready`; `ty`
+    /// is the event type (`node.provision.ready`).
+    pub fn event(&self, tenant: &TenantId, ty: &str) -> String {
+        self.p(format!("events.{tenant}.{ty}"))
+    }
+
+    /// Every event of one tenant.
+    pub fn events_of_tenant(&self, tenant: &TenantId) -> String {
+        self.p(format!("events.{tenant}.>"))
+    }
+
+    /// Every event.
+    pub fn events_all(&self) -> String {
+        self.p("events.>".to_owned())
+    }
+
+    /// The number of reconcile shards.
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// The reconcile work subject of a node.
+    pub fn reconcile(&self, node: &NodeId) -> String {
+        self.p(format!("work.reconcile.{}.{node}", shard_of(node, self.shards)))
+    }
+
+    /// Every reconcile request of one shard.
+    pub fn reconcile_shard(&self, shard: u32) -> String {
+        self.p(format!("work.reconcile.{shard}.*"))
+    }
+
+    /// A command of `kind` (e.g. `bmc.power`) to the services of `site`.
+    pub fn command(&self, site: &SiteId, kind: &str) -> String {
+        self.p(format!("cmd.{site}.{kind}"))
+    }
+
+    /// The result of a command.
+    pub fn result(&self, site: &SiteId, command: &CommandId) -> String {
+        self.p(format!("result.{site}.{command}"))
+    }
+}
+
+/// The shard of a node: FNV-1a of its id, modulo `shards`. Stable across
+/// processes, builds and versions.
+pub fn shard_of(node: &NodeId, shards: u32) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in node.to_string().bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % shards.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_with_and_without_namespace() {
+        let t: TenantId = "root".parse().expect("tenant");
+        let plain = Subjects::new(None, 16);
+        assert_eq!(plain.event(&t, "node.provision.ready"), "events.root.node.provision.ready");
+        assert_eq!(plain.stream(StreamKind::Events), "BCM_EVENTS");
+        let ns = Subjects::new(Some("t-1".into()), 16);
+        assert_eq!(ns.event(&t, "node.enrolled"), "t-1.events.root.node.enrolled");
+        assert_eq!(ns.stream(StreamKind::Work), "BCM_T_1_WORK");
+        assert_eq!(ns.stream_subjects(StreamKind::Commands), vec!["t-1.cmd.>".to_owned()]);
+    }
+
+    #[test]
+    fn shards_are_stable_and_in_range() {
+        let n: NodeId = "node_01jq7x1v1v1v1v1v1v1v1v1v1v".parse().expect("node");
+        let s = shard_of(&n, 16);
+        assert!(s < 16);
+        assert_eq!(s, shard_of(&n, 16));
+        let subject = Subjects::new(None, 16).reconcile(&n);
+        assert_eq!(subject, format!("work.reconcile.{s}.{n}"));
+    }
+}

@@ -1,0 +1,52 @@
+//! Errors of the record, with constraint violations told apart so the edges
+//! can map them (`CONFLICT`, `NOT_FOUND`) without reading SQL states.
+
+/// An error of the db crate.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("not found")]
+    NotFound,
+    /// The row changed since it was read (version guard) or a lock wait
+    /// timed out.
+    #[error("the row was changed concurrently")]
+    Stale,
+    /// A unique constraint refused the write.
+    #[error("already exists ({constraint})")]
+    Duplicate { constraint: String },
+    /// A foreign key refused the write.
+    #[error("refers to a missing row ({constraint})")]
+    MissingReference { constraint: String },
+    #[error("stored data is invalid: {0}")]
+    Corrupt(String),
+    #[error("migration failed: {0}")]
+    Migrate(String),
+    #[error("database: {0}")]
+    Sqlx(sqlx::Error),
+}
+
+impl From<sqlx::Error> for DbError {
+    fn from(e: sqlx::Error) -> Self {
+        if let sqlx::Error::RowNotFound = e {
+            return DbError::NotFound;
+        }
+        if let Some(db) = e.as_database_error() {
+            let constraint = db.constraint().unwrap_or_default().to_owned();
+            match db.code().as_deref() {
+                Some("23505") => return DbError::Duplicate { constraint },
+                Some("23503") => return DbError::MissingReference { constraint },
+                // lock_not_available, serialization_failure
+                Some("55P03") | Some("40001") | Some("40P01") => return DbError::Stale,
+                _ => {}
+            }
+        }
+        DbError::Sqlx(e)
+    }
+}
+
+impl DbError {
+    /// Whether retrying the same operation may succeed.
+    pub fn retryable(&self) -> bool {
+        matches!(self, DbError::Stale)
+            || matches!(self, DbError::Sqlx(e) if matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)))
+    }
+}

@@ -1,0 +1,266 @@
+//! Nodes and their authorization projection (`node_placements`).
+
+use bcm_core::{BmcDriver, NodeId, PoolId, PowerState, ProvisionState, SiteId, TenantId, WipeMode, WorkflowId};
+use chrono::{DateTime, Utc};
+
+use crate::{DbError, Tx};
+
+/// A node as the record holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub id: NodeId,
+    pub tenant_id: TenantId,
+    pub pool_id: PoolId,
+    pub site_id: SiteId,
+    pub provision_state: ProvisionState,
+    pub failed_from: Option<ProvisionState>,
+    pub last_error: Option<String>,
+    pub maintenance: bool,
+    pub power: PowerState,
+    pub role: Option<String>,
+    pub bmc_driver: BmcDriver,
+    pub bmc_address: String,
+    /// The sealed credentials' id; `None` once forgotten (retired).
+    pub bmc_secret_id: Option<String>,
+    pub macs: Vec<String>,
+    pub hardware_profile: String,
+    pub workflow_id: Option<WorkflowId>,
+    /// The profile a `deploy` asked for (id, version, user data inputs).
+    pub deploy_profile: Option<serde_json::Value>,
+    /// The wipe mode of the current release.
+    pub release_wipe: Option<WipeMode>,
+    pub unrescue_pending: bool,
+    pub version: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(sqlx::FromRow)]
+struct NodeRow {
+    id: String,
+    tenant_id: String,
+    pool_id: String,
+    site_id: String,
+    provision_state: String,
+    failed_from: Option<String>,
+    last_error: Option<String>,
+    maintenance: bool,
+    power: String,
+    role: Option<String>,
+    bmc_driver: String,
+    bmc_address: String,
+    bmc_secret_id: Option<String>,
+    macs: Vec<String>,
+    hardware_profile: String,
+    workflow_id: Option<String>,
+    deploy_profile: Option<serde_json::Value>,
+    release_wipe: Option<String>,
+    unrescue_pending: bool,
+    version: i64,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+fn corrupt(what: &str, v: &str) -> DbError {
+    DbError::Corrupt(format!("{what} {v:?}"))
+}
+
+fn state(v: &str) -> Result<ProvisionState, DbError> {
+    ProvisionState::parse(v).ok_or_else(|| corrupt("provision state", v))
+}
+
+impl TryFrom<NodeRow> for Node {
+    type Error = DbError;
+    fn try_from(r: NodeRow) -> Result<Self, DbError> {
+        Ok(Node {
+            id: r.id.parse().map_err(|_| corrupt("node id", &r.id))?,
+            tenant_id: r.tenant_id.parse().map_err(|_| corrupt("tenant id", &r.tenant_id))?,
+            pool_id: r.pool_id.parse().map_err(|_| corrupt("pool id", &r.pool_id))?,
+            site_id: r.site_id.parse().map_err(|_| corrupt("site id", &r.site_id))?,
+            provision_state: state(&r.provision_state)?,
+            failed_from: r.failed_from.as_deref().map(state).transpose()?,
+            last_error: r.last_error,
+            maintenance: r.maintenance,
+            power: PowerState::parse(&r.power).ok_or_else(|| corrupt("power", &r.power))?,
+            role: r.role,
+            bmc_driver: BmcDriver::parse(&r.bmc_driver).ok_or_else(|| corrupt("bmc driver", &r.bmc_driver))?,
+            bmc_address: r.bmc_address,
+            bmc_secret_id: r.bmc_secret_id,
+            macs: r.macs,
+            hardware_profile: r.hardware_profile,
+            workflow_id: r
+                .workflow_id
+                .as_deref()
+                .map(|w| w.parse().map_err(|_| corrupt("workflow id", w)))
+                .transpose()?,
+            deploy_profile: r.deploy_profile,
+            release_wipe: r
+                .release_wipe
+                .as_deref()
+                .map(|w| WipeMode::parse(w).ok_or_else(|| corrupt("wipe mode", w)))
+                .transpose()?,
+            unrescue_pending: r.unrescue_pending,
+            version: r.version,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+const COLUMNS: &str = "id, tenant_id, pool_id, site_id, provision_state, failed_from, last_error, \
+    maintenance, power, role, bmc_driver, bmc_address, bmc_secret_id, macs, hardware_profile, \
+    workflow_id, deploy_profile, release_wipe, unrescue_pending, version, created_at, updated_at";
+
+/// Inserts a new node (version 1) and its placement.
+pub async fn node_insert_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO nodes (id, tenant_id, pool_id, site_id, provision_state, maintenance, power, \
+         bmc_driver, bmc_address, bmc_secret_id, macs, hardware_profile, version) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+    )
+    .bind(n.id.to_string())
+    .bind(n.tenant_id.as_str())
+    .bind(n.pool_id.as_str())
+    .bind(n.site_id.as_str())
+    .bind(n.provision_state.as_str())
+    .bind(n.maintenance)
+    .bind(n.power.as_str())
+    .bind(n.bmc_driver.as_str())
+    .bind(&n.bmc_address)
+    .bind(&n.bmc_secret_id)
+    .bind(&n.macs)
+    .bind(&n.hardware_profile)
+    .bind(n.version)
+    .execute(&mut **tx)
+    .await?;
+    placement_refresh_in_txn(tx, n).await
+}
+
+/// Reads a node.
+pub async fn node_fetch(db: &crate::Db, id: &NodeId) -> Result<Node, DbError> {
+    let row: NodeRow = sqlx::query_as(&format!("SELECT {COLUMNS} FROM nodes WHERE id = $1"))
+        .bind(id.to_string())
+        .fetch_one(db.pool())
+        .await?;
+    row.try_into()
+}
+
+/// Reads and locks a node for the rest of the transaction.
+pub async fn node_fetch_for_update_in_txn(tx: &mut Tx<'_>, id: &NodeId) -> Result<Node, DbError> {
+    let row: NodeRow = sqlx::query_as(&format!("SELECT {COLUMNS} FROM nodes WHERE id = $1 FOR UPDATE"))
+        .bind(id.to_string())
+        .fetch_one(&mut **tx)
+        .await?;
+    row.try_into()
+}
+
+/// Writes every mutable field of `n` if the stored version is still
+/// `n.version` (compare-and-swap), bumps the version, refreshes the
+/// placement and returns the new version. A stale version is
+/// [`DbError::Stale`].
+pub async fn node_update_guarded_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<i64, DbError> {
+    let new_version: Option<i64> = sqlx::query_scalar(
+        "UPDATE nodes SET provision_state = $2, failed_from = $3, last_error = $4, maintenance = $5, \
+         power = $6, role = $7, bmc_secret_id = $8, macs = $9, workflow_id = $10, deploy_profile = $11, \
+         release_wipe = $12, unrescue_pending = $13, version = version + 1, updated_at = now() \
+         WHERE id = $1 AND version = $14 RETURNING version",
+    )
+    .bind(n.id.to_string())
+    .bind(n.provision_state.as_str())
+    .bind(n.failed_from.map(|s| s.as_str()))
+    .bind(&n.last_error)
+    .bind(n.maintenance)
+    .bind(n.power.as_str())
+    .bind(&n.role)
+    .bind(&n.bmc_secret_id)
+    .bind(&n.macs)
+    .bind(n.workflow_id.map(|w| w.to_string()))
+    .bind(&n.deploy_profile)
+    .bind(n.release_wipe.map(|w| w.as_str()))
+    .bind(n.unrescue_pending)
+    .bind(n.version)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let version = new_version.ok_or(DbError::Stale)?;
+    placement_refresh_in_txn(tx, &Node { version, ..n.clone() }).await?;
+    Ok(version)
+}
+
+/// Refreshes the node's authorization projection.
+pub async fn placement_refresh_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO node_placements (node_id, tenant_id, pool_id, version) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (node_id) DO UPDATE SET tenant_id = $2, pool_id = $3, version = $4",
+    )
+    .bind(n.id.to_string())
+    .bind(n.tenant_id.as_str())
+    .bind(n.pool_id.as_str())
+    .bind(n.version)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Where a node sits, from the authorization projection.
+pub async fn placement_fetch(db: &crate::Db, id: &NodeId) -> Result<(TenantId, PoolId), DbError> {
+    let (t, p): (String, String) =
+        sqlx::query_as("SELECT tenant_id, pool_id FROM node_placements WHERE node_id = $1")
+            .bind(id.to_string())
+            .fetch_one(db.pool())
+            .await?;
+    Ok((
+        t.parse().map_err(|_| corrupt("tenant id", &t))?,
+        p.parse().map_err(|_| corrupt("pool id", &p))?,
+    ))
+}
+
+/// Which nodes a list may return.
+#[derive(Debug, Clone, Default)]
+pub struct NodeFilter {
+    pub tenant: Option<TenantId>,
+    pub pool: Option<PoolId>,
+    pub state: Option<ProvisionState>,
+    /// Return ids after this one (the page token).
+    pub after: Option<NodeId>,
+    /// Restrict to these tenants or pools; `None` means no restriction.
+    pub visible: Option<(Vec<TenantId>, Vec<PoolId>)>,
+    pub limit: i64,
+}
+
+/// Lists nodes in id order.
+pub async fn node_list(db: &crate::Db, f: &NodeFilter) -> Result<Vec<Node>, DbError> {
+    let (all, tenants, pools) = match &f.visible {
+        None => (true, vec![], vec![]),
+        Some((t, p)) => (
+            false,
+            t.iter().map(|t| t.as_str().to_owned()).collect::<Vec<_>>(),
+            p.iter().map(|p| p.as_str().to_owned()).collect::<Vec<_>>(),
+        ),
+    };
+    let rows: Vec<NodeRow> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM nodes WHERE ($1::text IS NULL OR tenant_id = $1) \
+         AND ($2::text IS NULL OR pool_id = $2) AND ($3::text IS NULL OR provision_state = $3) \
+         AND ($4::text IS NULL OR id > $4) \
+         AND ($5 OR tenant_id = ANY($6) OR pool_id = ANY($7)) ORDER BY id LIMIT $8"
+    ))
+    .bind(f.tenant.as_ref().map(|t| t.as_str()))
+    .bind(f.pool.as_ref().map(|p| p.as_str()))
+    .bind(f.state.map(|s| s.as_str()))
+    .bind(f.after.map(|a| a.to_string()))
+    .bind(all)
+    .bind(&tenants)
+    .bind(&pools)
+    .bind(f.limit)
+    .fetch_all(db.pool())
+    .await?;
+    rows.into_iter().map(Node::try_from).collect()
+}
+
+/// Counts nodes by provision state (for metrics and the CLI).
+pub async fn node_count_by_state(db: &crate::Db) -> Result<Vec<(ProvisionState, i64)>, DbError> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT provision_state, count(*) FROM nodes GROUP BY provision_state ORDER BY 1")
+            .fetch_all(db.pool())
+            .await?;
+    rows.into_iter().map(|(s, c)| Ok((state(&s)?, c))).collect()
+}

@@ -1,0 +1,159 @@
+//! The transactional outbox: messages inserted in the transaction of the
+//! change that caused them, published by one relay at a time (an advisory
+//! lock), in sequence order, and marked published afterwards.
+
+use sqlx::postgres::PgListener;
+use sqlx::Connection as _;
+
+use crate::{Db, DbError, Tx};
+
+/// The channel a commit with new outbox rows notifies.
+pub const NOTIFY_CHANNEL: &str = "bcm_outbox";
+
+/// A message to publish once the transaction commits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewOutboxMessage {
+    /// The message id: the CloudEvents id and the `Nats-Msg-Id`.
+    pub id: String,
+    pub subject: String,
+    pub payload: serde_json::Value,
+    /// NATS headers to publish with (e.g. `traceparent`).
+    pub headers: serde_json::Map<String, serde_json::Value>,
+    pub node_id: Option<String>,
+}
+
+/// A stored, unpublished message.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OutboxMessage {
+    pub seq: i64,
+    pub id: String,
+    pub subject: String,
+    pub payload: serde_json::Value,
+    pub headers: serde_json::Value,
+}
+
+/// Inserts messages and notifies the relay on commit.
+pub async fn outbox_insert_in_txn(tx: &mut Tx<'_>, msgs: &[NewOutboxMessage]) -> Result<(), DbError> {
+    if msgs.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
+    let subjects: Vec<&str> = msgs.iter().map(|m| m.subject.as_str()).collect();
+    let payloads: Vec<serde_json::Value> = msgs.iter().map(|m| m.payload.clone()).collect();
+    let headers: Vec<serde_json::Value> =
+        msgs.iter().map(|m| serde_json::Value::Object(m.headers.clone())).collect();
+    let nodes: Vec<Option<&str>> = msgs.iter().map(|m| m.node_id.as_deref()).collect();
+    sqlx::query(
+        "INSERT INTO outbox (id, subject, payload, headers, node_id) \
+         SELECT id, subject, payload, headers, node_id FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::jsonb[], $5::text[]) \
+         WITH ORDINALITY AS t(id, subject, payload, headers, node_id, ord) ORDER BY ord",
+    )
+    .bind(&ids)
+    .bind(&subjects)
+    .bind(&payloads)
+    .bind(&headers)
+    .bind(&nodes)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(NOTIFY_CHANNEL)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// The oldest unpublished messages, in sequence order.
+pub async fn outbox_fetch_unpublished(db: &Db, limit: i64) -> Result<Vec<OutboxMessage>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT seq, id, subject, payload, headers FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(db.pool())
+    .await?)
+}
+
+/// Marks messages published.
+pub async fn outbox_mark_published(db: &Db, seqs: &[i64]) -> Result<(), DbError> {
+    sqlx::query("UPDATE outbox SET published_at = now() WHERE seq = ANY($1)")
+        .bind(seqs)
+        .execute(db.pool())
+        .await?;
+    Ok(())
+}
+
+/// How many messages wait to be published.
+pub async fn outbox_backlog(db: &Db) -> Result<i64, DbError> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+        .fetch_one(db.pool())
+        .await?)
+}
+
+/// Deletes published messages older than `keep`, returning how many.
+pub async fn outbox_prune(db: &Db, keep: std::time::Duration) -> Result<u64, DbError> {
+    let secs = keep.as_secs_f64();
+    Ok(sqlx::query(
+        "DELETE FROM outbox WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1)",
+    )
+    .bind(secs)
+    .execute(db.pool())
+    .await?
+    .rows_affected())
+}
+
+const RELAY_LOCK_KEY: i64 = 0x6263_6d5f_6f75_7462; // "bcm_outb"
+
+/// Held by the one relay that publishes. The lock lives on a connection of
+/// its own, detached from the pool, so it is released when the lease drops
+/// or the process dies.
+pub struct RelayLease {
+    conn: sqlx::PgConnection,
+}
+
+impl std::fmt::Debug for RelayLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RelayLease")
+    }
+}
+
+impl RelayLease {
+    /// Tries to become the relay; `None` when another relay holds the lease.
+    pub async fn try_acquire(db: &Db) -> Result<Option<Self>, DbError> {
+        let mut conn = db.pool().acquire().await?.detach();
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(RELAY_LOCK_KEY)
+            .fetch_one(&mut conn)
+            .await?;
+        if got {
+            Ok(Some(Self { conn }))
+        } else {
+            let _ = conn.close().await;
+            Ok(None)
+        }
+    }
+
+    /// Checks the lease's connection is alive (the lock with it).
+    pub async fn check(&mut self) -> Result<(), DbError> {
+        self.conn.ping().await?;
+        Ok(())
+    }
+}
+
+/// Wakes the relay when a commit added outbox rows.
+pub struct OutboxListener {
+    inner: PgListener,
+}
+
+impl OutboxListener {
+    /// Waits for the next notification.
+    pub async fn notified(&mut self) -> Result<(), DbError> {
+        self.inner.recv().await?;
+        Ok(())
+    }
+}
+
+/// Listens for commits that added outbox rows.
+pub async fn outbox_listener(db: &Db) -> Result<OutboxListener, DbError> {
+    let mut inner = PgListener::connect_with(db.pool()).await?;
+    inner.listen(NOTIFY_CHANNEL).await?;
+    Ok(OutboxListener { inner })
+}

@@ -1,0 +1,49 @@
+//! Sealed secrets. Only ciphertext, nonce and key id are stored.
+
+use crate::{Db, DbError, Tx};
+
+/// A sealed value as stored.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct SealedSecretRow {
+    pub id: String,
+    pub owner: String,
+    pub purpose: String,
+    pub key_id: String,
+    pub nonce: Vec<u8>,
+    pub ciphertext: Vec<u8>,
+}
+
+/// Stores a sealed value.
+pub async fn secret_insert_in_txn(tx: &mut Tx<'_>, s: &SealedSecretRow) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO sealed_secrets (id, owner, purpose, key_id, nonce, ciphertext) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(&s.id)
+    .bind(&s.owner)
+    .bind(&s.purpose)
+    .bind(&s.key_id)
+    .bind(&s.nonce)
+    .bind(&s.ciphertext)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Reads a sealed value.
+pub async fn secret_fetch(db: &Db, id: &str) -> Result<SealedSecretRow, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT id, owner, purpose, key_id, nonce, ciphertext FROM sealed_secrets WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(db.pool())
+    .await?)
+}
+
+/// Forgets a sealed value (the node must no longer refer to it).
+pub async fn secret_delete_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<(), DbError> {
+    sqlx::query("DELETE FROM sealed_secrets WHERE id = $1")
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! Tenants, sites and pools (with their policy).
+
+use bcm_core::{PoolId, SiteId, TenantId};
+
+use crate::{Db, DbError};
+
+/// A pool and its policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool {
+    pub id: PoolId,
+    pub tenant_id: TenantId,
+    pub site_id: SiteId,
+    pub name: String,
+    pub hardware_profile: String,
+    /// `bcd` (the ramdisk agent runs) or `none` (agentless).
+    pub agent_mode: String,
+}
+
+/// Creates or renames a tenant.
+pub async fn tenant_upsert(db: &Db, id: &TenantId, name: &str) -> Result<(), DbError> {
+    sqlx::query("INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET name = $2")
+        .bind(id.as_str())
+        .bind(name)
+        .execute(db.pool())
+        .await?;
+    Ok(())
+}
+
+/// Creates or renames a site.
+pub async fn site_upsert(db: &Db, id: &SiteId, name: &str) -> Result<(), DbError> {
+    sqlx::query("INSERT INTO sites (id, name) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET name = $2")
+        .bind(id.as_str())
+        .bind(name)
+        .execute(db.pool())
+        .await?;
+    Ok(())
+}
+
+/// Creates a pool or updates its policy. A pool never changes tenant.
+pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
+    let n = sqlx::query(
+        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode) VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (id) DO UPDATE SET site_id = $3, name = $4, hardware_profile = $5, agent_mode = $6 \
+         WHERE pools.tenant_id = $2",
+    )
+    .bind(p.id.as_str())
+    .bind(p.tenant_id.as_str())
+    .bind(p.site_id.as_str())
+    .bind(&p.name)
+    .bind(&p.hardware_profile)
+    .bind(&p.agent_mode)
+    .execute(db.pool())
+    .await?
+    .rows_affected();
+    if n == 0 {
+        return Err(DbError::Duplicate { constraint: "pools_pkey".into() });
+    }
+    Ok(())
+}
+
+#[derive(sqlx::FromRow)]
+struct PoolRow {
+    id: String,
+    tenant_id: String,
+    site_id: String,
+    name: String,
+    hardware_profile: String,
+    agent_mode: String,
+}
+
+/// Reads a pool.
+pub async fn pool_fetch(db: &Db, id: &PoolId) -> Result<Pool, DbError> {
+    let r: PoolRow = sqlx::query_as(
+        "SELECT id, tenant_id, site_id, name, hardware_profile, agent_mode FROM pools WHERE id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_one(db.pool())
+    .await?;
+    let bad = |w: &str| DbError::Corrupt(format!("pool {w}"));
+    Ok(Pool {
+        id: r.id.parse().map_err(|_| bad("id"))?,
+        tenant_id: r.tenant_id.parse().map_err(|_| bad("tenant"))?,
+        site_id: r.site_id.parse().map_err(|_| bad("site"))?,
+        name: r.name,
+        hardware_profile: r.hardware_profile,
+        agent_mode: r.agent_mode,
+    })
+}
