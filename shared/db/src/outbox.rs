@@ -157,3 +157,11 @@ pub async fn outbox_listener(db: &Db) -> Result<OutboxListener, DbError> {
     inner.listen(NOTIFY_CHANNEL).await?;
     Ok(OutboxListener { inner })
 }
+
+/// How many outbox rows a node has, published or not.
+pub async fn outbox_count_for_node(db: &Db, node_id: &str) -> Result<i64, DbError> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM outbox WHERE node_id = $1")
+        .bind(node_id)
+        .fetch_one(db.pool())
+        .await?)
+}
