@@ -54,7 +54,8 @@ pub struct TokenCreated {
 }
 
 fn parse<T: std::str::FromStr<Err = bcm_core::IdError>>(s: &str) -> Result<T, ApiError> {
-    s.parse().map_err(|e: bcm_core::IdError| ApiError::invalid(e.to_string()))
+    s.parse()
+        .map_err(|e: bcm_core::IdError| ApiError::invalid(e.to_string()))
 }
 
 fn check_name(n: &str) -> Result<(), ApiError> {
@@ -67,7 +68,12 @@ fn check_name(n: &str) -> Result<(), ApiError> {
 /// `PUT /api/compute/admin/tenants/{id}`.
 #[utoipa::path(put, path = "/api/compute/admin/tenants/{id}", tag = "admin", request_body = NamedRequest,
     params(("id" = String, Path)), responses((status = 204), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
-pub async fn put_tenant(State(app): State<AppState>, who: Principal, Path(id): Path<String>, Body(req): Body<NamedRequest>) -> Result<axum::http::StatusCode, ApiError> {
+pub async fn put_tenant(
+    State(app): State<AppState>,
+    who: Principal,
+    Path(id): Path<String>,
+    Body(req): Body<NamedRequest>,
+) -> Result<axum::http::StatusCode, ApiError> {
     who.require_admin()?;
     check_name(&req.name)?;
     bcm_db::tenancy::tenant_upsert(&app.inner.db, &parse::<TenantId>(&id)?, &req.name).await?;
@@ -77,7 +83,12 @@ pub async fn put_tenant(State(app): State<AppState>, who: Principal, Path(id): P
 /// `PUT /api/compute/admin/sites/{id}`.
 #[utoipa::path(put, path = "/api/compute/admin/sites/{id}", tag = "admin", request_body = NamedRequest,
     params(("id" = String, Path)), responses((status = 204), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
-pub async fn put_site(State(app): State<AppState>, who: Principal, Path(id): Path<String>, Body(req): Body<NamedRequest>) -> Result<axum::http::StatusCode, ApiError> {
+pub async fn put_site(
+    State(app): State<AppState>,
+    who: Principal,
+    Path(id): Path<String>,
+    Body(req): Body<NamedRequest>,
+) -> Result<axum::http::StatusCode, ApiError> {
     who.require_admin()?;
     check_name(&req.name)?;
     bcm_db::tenancy::site_upsert(&app.inner.db, &parse::<SiteId>(&id)?, &req.name).await?;
@@ -87,7 +98,12 @@ pub async fn put_site(State(app): State<AppState>, who: Principal, Path(id): Pat
 /// `PUT /api/compute/admin/pools/{id}`.
 #[utoipa::path(put, path = "/api/compute/admin/pools/{id}", tag = "admin", request_body = PoolRequest,
     params(("id" = String, Path)), responses((status = 204), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
-pub async fn put_pool(State(app): State<AppState>, who: Principal, Path(id): Path<String>, Body(req): Body<PoolRequest>) -> Result<axum::http::StatusCode, ApiError> {
+pub async fn put_pool(
+    State(app): State<AppState>,
+    who: Principal,
+    Path(id): Path<String>,
+    Body(req): Body<PoolRequest>,
+) -> Result<axum::http::StatusCode, ApiError> {
     who.require_admin()?;
     let id = parse::<PoolId>(&id)?;
     let agent_mode = req.agent_mode.unwrap_or_else(|| "bcd".to_owned());
@@ -95,7 +111,9 @@ pub async fn put_pool(State(app): State<AppState>, who: Principal, Path(id): Pat
         return Err(ApiError::invalid("agentMode must be bcd or none"));
     }
     if req.hardware_profile.trim().is_empty() || req.hardware_profile.len() > 128 {
-        return Err(ApiError::invalid("hardwareProfile must be 1-128 characters"));
+        return Err(ApiError::invalid(
+            "hardwareProfile must be 1-128 characters",
+        ));
     }
     let pool = bcm_db::tenancy::Pool {
         name: req.name.unwrap_or_else(|| id.to_string()),
@@ -105,17 +123,26 @@ pub async fn put_pool(State(app): State<AppState>, who: Principal, Path(id): Pat
         hardware_profile: req.hardware_profile,
         agent_mode,
     };
-    bcm_db::tenancy::pool_upsert(&app.inner.db, &pool).await.map_err(|e| match e {
-        bcm_db::DbError::Duplicate { .. } => ApiError::new(bcm_core::ErrorCode::Conflict, "the pool belongs to another tenant"),
-        other => other.into(),
-    })?;
+    bcm_db::tenancy::pool_upsert(&app.inner.db, &pool)
+        .await
+        .map_err(|e| match e {
+            bcm_db::DbError::Duplicate { .. } => ApiError::new(
+                bcm_core::ErrorCode::Conflict,
+                "the pool belongs to another tenant",
+            ),
+            other => other.into(),
+        })?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 
 /// `POST /api/compute/admin/tokens`: mints a bearer token with grants.
 #[utoipa::path(post, path = "/api/compute/admin/tokens", tag = "admin", request_body = TokenRequest,
     responses((status = 200, body = TokenCreated), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
-pub async fn create_token(State(app): State<AppState>, who: Principal, Body(req): Body<TokenRequest>) -> Result<Json<TokenCreated>, ApiError> {
+pub async fn create_token(
+    State(app): State<AppState>,
+    who: Principal,
+    Body(req): Body<TokenRequest>,
+) -> Result<Json<TokenCreated>, ApiError> {
     who.require_admin()?;
     check_name(&req.principal)?;
     if req.grants.is_empty() || req.grants.len() > 256 {
@@ -128,7 +155,9 @@ pub async fn create_token(State(app): State<AppState>, who: Principal, Body(req)
         token_hash: token_hash(&secret),
         principal: req.principal,
         grants: serde_json::to_value(&req.grants).map_err(ApiError::internal)?,
-        expires_at: req.ttl_seconds.map(|s| chrono::Utc::now() + chrono::Duration::seconds(i64::from(s))),
+        expires_at: req
+            .ttl_seconds
+            .map(|s| chrono::Utc::now() + chrono::Duration::seconds(i64::from(s))),
         revoked_at: None,
     };
     bcm_db::tokens::api_token_insert(&app.inner.db, &row).await?;

@@ -23,14 +23,22 @@ pub struct Principal {
 impl Principal {
     /// Checks `action` on a resource at `at`: `NOT_FOUND` when the caller
     /// sees nothing there, `FORBIDDEN` when it lacks the action.
-    pub fn require(&self, action: Action, at: &Placement, what: impl FnOnce() -> String) -> Result<(), ApiError> {
+    pub fn require(
+        &self,
+        action: Action,
+        at: &Placement,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), ApiError> {
         match decide(&self.grants, action, at) {
             Decision::Allow => Ok(()),
             Decision::Forbidden => Err(ApiError::new(
                 ErrorCode::Forbidden,
                 format!("{} lacks {} on {}", self.name, action.as_str(), what()),
             )),
-            Decision::NotFound => Err(ApiError::new(ErrorCode::NotFound, format!("{} not found", what()))),
+            Decision::NotFound => Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!("{} not found", what()),
+            )),
         }
     }
 
@@ -53,7 +61,10 @@ impl Principal {
         if self.admin {
             Ok(())
         } else {
-            Err(ApiError::new(ErrorCode::Forbidden, format!("{} is not an administrator", self.name)))
+            Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!("{} is not an administrator", self.name),
+            ))
         }
     }
 }
@@ -85,22 +96,37 @@ impl FromRequestParts<AppState> for Principal {
             .and_then(|h| h.strip_prefix("Bearer "))
             .map(str::trim)
             .filter(|s| !s.is_empty() && s.len() <= 256)
-            .ok_or_else(|| unauthenticated("malformed Authorization header; expected Bearer <token>"))?;
+            .ok_or_else(|| {
+                unauthenticated("malformed Authorization header; expected Bearer <token>")
+            })?;
         let hash = token_hash(secret);
         if hash == state.inner.admin_token_hash {
             return Ok(Principal {
                 name: "admin".to_owned(),
-                grants: Action::ALL.iter().map(|a| Grant { action: *a, scope: Scope::Global }).collect(),
+                grants: Action::ALL
+                    .iter()
+                    .map(|a| Grant {
+                        action: *a,
+                        scope: Scope::Global,
+                    })
+                    .collect(),
                 admin: true,
             });
         }
         match bcm_db::tokens::api_token_fetch_live_by_hash(&state.inner.db, &hash).await {
             Ok(row) => {
-                let grants: Vec<Grant> = serde_json::from_value(row.grants)
-                    .map_err(|e| ApiError::internal(format!("token {} has bad grants: {e}", row.id)))?;
-                Ok(Principal { name: row.principal, grants, admin: false })
+                let grants: Vec<Grant> = serde_json::from_value(row.grants).map_err(|e| {
+                    ApiError::internal(format!("token {} has bad grants: {e}", row.id))
+                })?;
+                Ok(Principal {
+                    name: row.principal,
+                    grants,
+                    admin: false,
+                })
             }
-            Err(bcm_db::DbError::NotFound) => Err(unauthenticated("unknown, expired or revoked token")),
+            Err(bcm_db::DbError::NotFound) => {
+                Err(unauthenticated("unknown, expired or revoked token"))
+            }
             Err(e) => Err(e.into()),
         }
     }

@@ -26,7 +26,10 @@ pub struct ApiError {
 impl ApiError {
     /// An error with `code` and `message`.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into() }
+        Self {
+            code,
+            message: message.into(),
+        }
     }
 
     /// `INVALID_ARGUMENT`.
@@ -48,9 +51,18 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        metrics::counter!("bcm_api_errors_total", "code" => format!("{:?}", self.code)).increment(1);
-        (status, axum::Json(ApiErrorBody { code: self.code, message: self.message })).into_response()
+        let status = StatusCode::from_u16(self.code.http_status())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        metrics::counter!("bcm_api_errors_total", "code" => format!("{:?}", self.code))
+            .increment(1);
+        (
+            status,
+            axum::Json(ApiErrorBody {
+                code: self.code,
+                message: self.message,
+            }),
+        )
+            .into_response()
     }
 }
 
@@ -72,15 +84,20 @@ impl From<DbError> for ApiError {
                 ErrorCode::Conflict,
                 "a node with this BMC address is already enrolled in the site",
             ),
-            DbError::Duplicate { constraint } => {
-                Self::new(ErrorCode::Conflict, format!("already exists ({constraint})"))
-            }
-            DbError::MissingReference { constraint } => {
-                Self::new(ErrorCode::NotFound, format!("a referenced resource does not exist ({constraint})"))
-            }
+            DbError::Duplicate { constraint } => Self::new(
+                ErrorCode::Conflict,
+                format!("already exists ({constraint})"),
+            ),
+            DbError::MissingReference { constraint } => Self::new(
+                ErrorCode::NotFound,
+                format!("a referenced resource does not exist ({constraint})"),
+            ),
             other if other.retryable() => {
                 tracing::warn!(error = %other, "database unavailable");
-                Self::new(ErrorCode::Unavailable, "the database is unavailable; retry later")
+                Self::new(
+                    ErrorCode::Unavailable,
+                    "the database is unavailable; retry later",
+                )
             }
             other => Self::internal(other),
         }

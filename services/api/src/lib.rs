@@ -115,7 +115,9 @@ impl ApiConfig {
         if let Some(p) = path {
             fig = fig.merge(Toml::file_exact(p));
         }
-        fig.merge(Env::prefixed("BCM_").split("__")).extract().map_err(Box::new)
+        fig.merge(Env::prefixed("BCM_").split("__"))
+            .extract()
+            .map_err(Box::new)
     }
 }
 
@@ -188,10 +190,15 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn readyz(axum::extract::State(app): axum::extract::State<AppState>) -> Result<&'static str, error::ApiError> {
+async fn readyz(
+    axum::extract::State(app): axum::extract::State<AppState>,
+) -> Result<&'static str, error::ApiError> {
     app.inner.db.ping().await?;
     if app.inner.bus.client().connection_state() != async_nats_state::Connected {
-        return Err(error::ApiError::new(bcm_core::ErrorCode::Unavailable, "NATS is not connected"));
+        return Err(error::ApiError::new(
+            bcm_core::ErrorCode::Unavailable,
+            "NATS is not connected",
+        ));
     }
     Ok("ready")
 }
@@ -202,7 +209,9 @@ use bcm_bus::ConnectionState as async_nats_state;
 pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
     let sealer = Sealer::new(&cfg.sealing_keys).map_err(|e| StartError::Config(e.to_string()))?;
     if cfg.admin_token.expose_secret().len() < 16 {
-        return Err(StartError::Config("admin_token must be at least 16 characters".into()));
+        return Err(StartError::Config(
+            "admin_token must be at least 16 characters".into(),
+        ));
     }
     let db = Db::connect(&cfg.database_url, cfg.database_max_connections).await?;
     db.migrate().await?;
@@ -243,7 +252,11 @@ async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {
 
 /// Runs the service on `listener` until `shutdown`: the HTTP API and, when
 /// enabled, the outbox relay.
-pub async fn run(cfg: ApiConfig, listener: tokio::net::TcpListener, shutdown: CancellationToken) -> Result<(), StartError> {
+pub async fn run(
+    cfg: ApiConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
     let state = prepare(&cfg).await?;
     let relay = cfg.relay.enabled.then(|| {
         tokio::spawn(relay::run(
@@ -257,7 +270,9 @@ pub async fn run(cfg: ApiConfig, listener: tokio::net::TcpListener, shutdown: Ca
     tracing::info!(addr = %listener.local_addr()?, "metal API listening");
     let app = router(state.clone());
     let stop = shutdown.clone();
-    axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await?;
     shutdown.cancel();
     if let Some(r) = relay {
         let _ = r.await;

@@ -11,7 +11,10 @@ struct Bearer;
 impl Modify for Bearer {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         let components = doc.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
 }
 

@@ -17,7 +17,13 @@ fn headers() -> serde_json::Map<String, serde_json::Value> {
 
 fn row<T: Serialize>(subject: String, node: &Node, ty: &str, data: T) -> NewOutboxMessage {
     let id = ulid::Ulid::new().to_string().to_lowercase();
-    let event = CloudEvent::new(id.clone(), ty.to_owned(), Some(node.id.to_string()), Some(node.version), data);
+    let event = CloudEvent::new(
+        id.clone(),
+        ty.to_owned(),
+        Some(node.id.to_string()),
+        Some(node.version),
+        data,
+    );
     NewOutboxMessage {
         id,
         subject,
@@ -28,12 +34,22 @@ fn row<T: Serialize>(subject: String, node: &Node, ty: &str, data: T) -> NewOutb
 }
 
 /// An event of the node's tenant, of type `ty`.
-pub fn event<T: Serialize>(subjects: &Subjects, node: &Node, ty: &str, data: T) -> NewOutboxMessage {
+pub fn event<T: Serialize>(
+    subjects: &Subjects,
+    node: &Node,
+    ty: &str,
+    data: T,
+) -> NewOutboxMessage {
     row(subjects.event(&node.tenant_id, ty), node, ty, data)
 }
 
 /// `node.provision.<state>` for the node as it is now.
-pub fn provision_event(subjects: &Subjects, node: &Node, previous: Option<bcm_core::ProvisionState>, move_name: &str) -> NewOutboxMessage {
+pub fn provision_event(
+    subjects: &Subjects,
+    node: &Node,
+    previous: Option<bcm_core::ProvisionState>,
+    move_name: &str,
+) -> NewOutboxMessage {
     event(
         subjects,
         node,
@@ -59,12 +75,25 @@ pub fn reconcile(subjects: &Subjects, node: &Node, reason: &str) -> NewOutboxMes
     row(
         subjects.reconcile(&node.id),
         node,
-        "work.reconcile",
-        ReconcileRequest { node_id: node.id, version: node.version, reason: reason.to_owned() },
+        messages::types::WORK_RECONCILE,
+        ReconcileRequest {
+            node_id: node.id,
+            version: node.version,
+            reason: reason.to_owned(),
+        },
     )
 }
 
 /// A command to the node's site.
-pub fn command(subjects: &Subjects, node: &Node, cmd: &messages::CommandEnvelope) -> NewOutboxMessage {
-    row(subjects.command(&node.site_id, &cmd.kind), node, &format!("cmd.{}", cmd.kind), cmd.clone())
+pub fn command(
+    subjects: &Subjects,
+    node: &Node,
+    cmd: &messages::CommandEnvelope,
+) -> NewOutboxMessage {
+    row(
+        subjects.command(&node.site_id, &cmd.kind),
+        node,
+        &messages::types::command(&cmd.kind),
+        cmd.clone(),
+    )
 }

@@ -20,14 +20,22 @@ pub const MAX_PAGE: u32 = 1000;
 #[utoipa::path(get, path = "/api/compute/metal/nodes/{nodeId}", tag = "metal",
     params(("nodeId" = String, Path, description = "The node id")),
     responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
-pub async fn get_node(State(app): State<AppState>, who: Principal, Path(id): Path<String>) -> Result<Json<NodeView>, ApiError> {
-    let id: NodeId = id.parse().map_err(|e: bcm_core::IdError| ApiError::invalid(e.to_string()))?;
+pub async fn get_node(
+    State(app): State<AppState>,
+    who: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<NodeView>, ApiError> {
+    let id: NodeId = id
+        .parse()
+        .map_err(|e: bcm_core::IdError| ApiError::invalid(e.to_string()))?;
     let (tenant, pool) = match nodes::placement_fetch(&app.inner.db, &id).await {
         Ok(p) => p,
         Err(bcm_db::DbError::NotFound) => return Err(ApiError::node_not_found(id)),
         Err(e) => return Err(e.into()),
     };
-    who.require(Action::NodesRead, &Placement { tenant, pool }, || format!("node {id}"))?;
+    who.require(Action::NodesRead, &Placement { tenant, pool }, || {
+        format!("node {id}")
+    })?;
     let node = nodes::node_fetch(&app.inner.db, &id).await?;
     Ok(Json(NodeView::from(&node)))
 }
@@ -50,7 +58,11 @@ pub struct ListParams {
 /// `GET /api/compute/metal/nodes`: nodes the caller may read, in id order.
 #[utoipa::path(get, path = "/api/compute/metal/nodes", tag = "metal", params(ListParams),
     responses((status = 200, body = NodePage), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
-pub async fn list_nodes(State(app): State<AppState>, who: Principal, Query(q): Query<ListParams>) -> Result<Json<NodePage>, ApiError> {
+pub async fn list_nodes(
+    State(app): State<AppState>,
+    who: Principal,
+    Query(q): Query<ListParams>,
+) -> Result<Json<NodePage>, ApiError> {
     let limit = q.limit.unwrap_or(100);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::invalid(format!("limit must be 1-{MAX_PAGE}")));
@@ -58,7 +70,10 @@ pub async fn list_nodes(State(app): State<AppState>, who: Principal, Query(q): Q
     let after = q
         .page_token
         .as_deref()
-        .map(|t| t.parse::<NodeId>().map_err(|_| ApiError::invalid("pageToken is not one this API issued")))
+        .map(|t| {
+            t.parse::<NodeId>()
+                .map_err(|_| ApiError::invalid("pageToken is not one this API issued"))
+        })
         .transpose()?;
     let filter = NodeFilter {
         tenant: q.tenant_id,
@@ -71,6 +86,13 @@ pub async fn list_nodes(State(app): State<AppState>, who: Principal, Query(q): Q
     let mut found = nodes::node_list(&app.inner.db, &filter).await?;
     let more = found.len() > limit as usize;
     found.truncate(limit as usize);
-    let next_page_token = if more { found.last().map(|n| n.id.to_string()) } else { None };
-    Ok(Json(NodePage { items: found.iter().map(NodeView::from).collect(), next_page_token }))
+    let next_page_token = if more {
+        found.last().map(|n| n.id.to_string())
+    } else {
+        None
+    };
+    Ok(Json(NodePage {
+        items: found.iter().map(NodeView::from).collect(),
+        next_page_token,
+    }))
 }

@@ -36,7 +36,11 @@ fn default_poll_ms() -> u64 {
 
 impl Default for RelayConfig {
     fn default() -> Self {
-        Self { enabled: true, batch: default_batch(), poll_ms: default_poll_ms() }
+        Self {
+            enabled: true,
+            batch: default_batch(),
+            poll_ms: default_poll_ms(),
+        }
     }
 }
 
@@ -60,7 +64,13 @@ enum RoundError {
 
 /// Runs the relay until `shutdown`. Returns early only when a fault
 /// injection halts it.
-pub async fn run(db: Db, bus: Bus, cfg: RelayConfig, faults: RelayFaults, shutdown: CancellationToken) {
+pub async fn run(
+    db: Db,
+    bus: Bus,
+    cfg: RelayConfig,
+    faults: RelayFaults,
+    shutdown: CancellationToken,
+) {
     let mut published_batches = 0u32;
     while !shutdown.is_cancelled() {
         let lease = match bcm_db::outbox::RelayLease::try_acquire(&db).await {
@@ -77,7 +87,17 @@ pub async fn run(db: Db, bus: Bus, cfg: RelayConfig, faults: RelayFaults, shutdo
             }
         };
         tracing::info!("outbox relay is the active publisher");
-        match lead(&db, &bus, &cfg, faults, &mut published_batches, lease, &shutdown).await {
+        match lead(
+            &db,
+            &bus,
+            &cfg,
+            faults,
+            &mut published_batches,
+            lease,
+            &shutdown,
+        )
+        .await
+        {
             Err(RoundError::Halted) => {
                 tracing::warn!("outbox relay halted by fault injection");
                 return;
@@ -127,16 +147,26 @@ async fn lead(
             let headers: Vec<(String, String)> = row
                 .headers
                 .as_object()
-                .map(|m| m.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned()))).collect())
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+                        .collect()
+                })
                 .unwrap_or_default();
             let payload = serde_json::to_vec(&row.payload).unwrap_or_default();
-            acks.push(bus.publish_pipelined(&row.subject, &row.id, &headers, payload.into()).await?);
+            acks.push(
+                bus.publish_pipelined(&row.subject, &row.id, &headers, payload.into())
+                    .await?,
+            );
         }
         for ack in acks {
             ack.await?;
         }
         *published_batches += 1;
-        if faults.halt_after_publishing_batches.is_some_and(|n| *published_batches >= n) {
+        if faults
+            .halt_after_publishing_batches
+            .is_some_and(|n| *published_batches >= n)
+        {
             return Err(RoundError::Halted);
         }
         let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
@@ -144,4 +174,3 @@ async fn lead(
         metrics::counter!("bcm_outbox_published_total").increment(rows.len() as u64);
     }
 }
-

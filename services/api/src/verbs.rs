@@ -8,7 +8,10 @@ use axum::Json;
 use bcm_bus::messages::{self, CommandEnvelope};
 use bcm_core::authz::{Action, Placement};
 use bcm_core::table::{MoveEvent, NodeFacts};
-use bcm_core::{apply, BmcDriver, ErrorCode, Move, NodeId, PoolId, PowerAction, PowerState, ProvisionState, TenantId, Verb, WipeMode};
+use bcm_core::{
+    apply, BmcDriver, ErrorCode, Move, NodeId, PoolId, PowerAction, PowerState, ProvisionState,
+    TenantId, Verb, WipeMode,
+};
 use bcm_db::nodes::{self, Node};
 use bcm_db::outbox::NewOutboxMessage;
 use secrecy::{ExposeSecret, SecretString};
@@ -104,17 +107,24 @@ pub struct PowerRequest {
 fn check_mac(mac: &str) -> Result<String, ApiError> {
     let lower = mac.to_ascii_lowercase();
     let parts: Vec<&str> = lower.split(':').collect();
-    let ok = parts.len() == 6 && parts.iter().all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()));
+    let ok = parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()));
     if ok {
         Ok(lower)
     } else {
-        Err(ApiError::invalid(format!("{mac:?} is not a MAC address (aa:bb:cc:dd:ee:ff)")))
+        Err(ApiError::invalid(format!(
+            "{mac:?} is not a MAC address (aa:bb:cc:dd:ee:ff)"
+        )))
     }
 }
 
 fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
     if v.trim().is_empty() || v.chars().count() > max || v.chars().any(char::is_control) {
-        return Err(ApiError::invalid(format!("{field} must be 1-{max} printable characters")));
+        return Err(ApiError::invalid(format!(
+            "{field} must be 1-{max} printable characters"
+        )));
     }
     Ok(())
 }
@@ -123,29 +133,52 @@ fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
 #[utoipa::path(post, path = "/api/compute/metal/enroll", request_body = EnrollRequest, tag = "metal",
     responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)),
     security(("bearer" = [])))]
-pub async fn enroll(State(app): State<AppState>, who: Principal, Body(req): Body<EnrollRequest>) -> Result<Json<NodeView>, ApiError> {
+pub async fn enroll(
+    State(app): State<AppState>,
+    who: Principal,
+    Body(req): Body<EnrollRequest>,
+) -> Result<Json<NodeView>, ApiError> {
     let a = &app.inner;
     let pool = match bcm_db::tenancy::pool_fetch(&a.db, &req.pool_id).await {
         Ok(p) if p.tenant_id == req.tenant_id => p,
         Ok(_) | Err(bcm_db::DbError::NotFound) => {
-            return Err(ApiError::new(ErrorCode::NotFound, format!("pool {} not found in tenant {}", req.pool_id, req.tenant_id)))
+            return Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!("pool {} not found in tenant {}", req.pool_id, req.tenant_id),
+            ))
         }
         Err(e) => return Err(e.into()),
     };
-    who.require(Action::PoolsEnroll, &Placement { tenant: pool.tenant_id.clone(), pool: pool.id.clone() }, || {
-        format!("pool {}", pool.id)
-    })?;
+    who.require(
+        Action::PoolsEnroll,
+        &Placement {
+            tenant: pool.tenant_id.clone(),
+            pool: pool.id.clone(),
+        },
+        || format!("pool {}", pool.id),
+    )?;
     check_text("bmc.address", &req.bmc.address, 255)?;
     check_text("bmc.username", req.bmc.username.expose_secret(), 255)?;
-    if req.bmc.password.expose_secret().is_empty() || req.bmc.password.expose_secret().len() > 1024 {
+    if req.bmc.password.expose_secret().is_empty() || req.bmc.password.expose_secret().len() > 1024
+    {
         return Err(ApiError::invalid("bmc.password must be 1-1024 bytes"));
     }
-    let hardware_profile = req.hardware_profile.clone().unwrap_or(pool.hardware_profile.clone());
+    let hardware_profile = req
+        .hardware_profile
+        .clone()
+        .unwrap_or(pool.hardware_profile.clone());
     check_text("hardwareProfile", &hardware_profile, 128)?;
-    let macs = req.macs.iter().map(|m| check_mac(m)).collect::<Result<Vec<_>, _>>()?;
+    let macs = req
+        .macs
+        .iter()
+        .map(|m| check_mac(m))
+        .collect::<Result<Vec<_>, _>>()?;
 
     let id = NodeId::generate();
-    let creds = bcm_seal::BmcCredentials { username: req.bmc.username, password: req.bmc.password };
+    let creds = bcm_seal::BmcCredentials {
+        username: req.bmc.username,
+        password: req.bmc.password,
+    };
     let sealed = a.sealer.seal_credentials(&creds, &id.to_string())?;
     let secret = bcm_db::secrets::SealedSecretRow {
         id: format!("sec_{}", ulid::Ulid::new().to_string().to_lowercase()),
@@ -196,7 +229,11 @@ pub async fn enroll(State(app): State<AppState>, who: Principal, Body(req): Body
             version: node.version,
         },
     );
-    let rows = vec![enrolled, outbox::provision_event(s, &node, None, "enroll"), outbox::reconcile(s, &node, "enroll")];
+    let rows = vec![
+        enrolled,
+        outbox::provision_event(s, &node, None, "enroll"),
+        outbox::reconcile(s, &node, "enroll"),
+    ];
     let mut tx = a.db.begin().await?;
     bcm_db::secrets::secret_insert_in_txn(&mut tx, &secret).await?;
     nodes::node_insert_in_txn(&mut tx, &node).await?;
@@ -211,28 +248,49 @@ pub async fn enroll(State(app): State<AppState>, who: Principal, Body(req): Body
 #[derive(Debug, Clone)]
 enum Extra {
     None,
-    Deploy { profile_id: String, profile_version: u32 },
-    Release { wipe: WipeMode },
-    Abort { reason: Option<String> },
-    Power { action: PowerAction },
+    Deploy {
+        profile_id: String,
+        profile_version: u32,
+    },
+    Release {
+        wipe: WipeMode,
+    },
+    Abort {
+        reason: Option<String>,
+    },
+    Power {
+        action: PowerAction,
+    },
 }
 
 /// Runs `verb` on a node in one transaction and returns its view.
-async fn run_verb(app: &AppState, who: &Principal, tenant: &TenantId, node_id: &NodeId, verb: Verb, extra: Extra) -> Result<NodeView, ApiError> {
+async fn run_verb(
+    app: &AppState,
+    who: &Principal,
+    tenant: &TenantId,
+    node_id: &NodeId,
+    verb: Verb,
+    extra: Extra,
+) -> Result<NodeView, ApiError> {
     let a = &app.inner;
     let placement = match nodes::placement_fetch(&a.db, node_id).await {
         Ok((t, p)) if t == *tenant => Placement { tenant: t, pool: p },
         Ok(_) | Err(bcm_db::DbError::NotFound) => return Err(ApiError::node_not_found(node_id)),
         Err(e) => return Err(e.into()),
     };
-    who.require(Action::for_verb(verb), &placement, || format!("node {node_id}"))?;
+    who.require(Action::for_verb(verb), &placement, || {
+        format!("node {node_id}")
+    })?;
 
     let mut tx = a.db.begin().await?;
     bcm_db::lock_timeout_in_txn(&mut tx, a.lock_timeout_ms).await?;
     let node = nodes::node_fetch_for_update_in_txn(&mut tx, node_id).await?;
     let rescue_booting = match (node.provision_state, node.workflow_id) {
         (ProvisionState::Rescue, Some(wf)) if !node.unrescue_pending => {
-            bcm_db::workflows::workflow_status_in_txn(&mut tx, &wf.to_string()).await?.as_deref() == Some("running")
+            bcm_db::workflows::workflow_status_in_txn(&mut tx, &wf.to_string())
+                .await?
+                .as_deref()
+                == Some("running")
         }
         _ => false,
     };
@@ -300,8 +358,13 @@ async fn run_verb(app: &AppState, who: &Principal, tenant: &TenantId, node_id: &
             next.workflow_id = None;
         }
         match extra {
-            Extra::Deploy { profile_id, profile_version } => {
-                next.deploy_profile = Some(serde_json::json!({ "profileId": profile_id, "profileVersion": profile_version }));
+            Extra::Deploy {
+                profile_id,
+                profile_version,
+            } => {
+                next.deploy_profile = Some(
+                    serde_json::json!({ "profileId": profile_id, "profileVersion": profile_version }),
+                );
             }
             Extra::Release { wipe } => next.release_wipe = Some(wipe),
             Extra::Abort { reason } => {
@@ -315,12 +378,22 @@ async fn run_verb(app: &AppState, who: &Principal, tenant: &TenantId, node_id: &
         let version = nodes::node_update_guarded_in_txn(&mut tx, &next).await?;
         let next = Node { version, ..next };
         match t.event {
-            Some(MoveEvent::Provision(_)) => rows.push(outbox::provision_event(s, &next, Some(t.from), verb.as_str())),
+            Some(MoveEvent::Provision(_)) => rows.push(outbox::provision_event(
+                s,
+                &next,
+                Some(t.from),
+                verb.as_str(),
+            )),
             Some(MoveEvent::Unrescuing) => rows.push(outbox::event(
                 s,
                 &next,
                 messages::types::NODE_UNRESCUING,
-                messages::NodeUnrescuing { node_id: next.id, tenant_id: next.tenant_id.clone(), workflow_id: None, version },
+                messages::NodeUnrescuing {
+                    node_id: next.id,
+                    tenant_id: next.tenant_id.clone(),
+                    workflow_id: None,
+                    version,
+                },
             )),
             None => {}
         }
@@ -333,15 +406,24 @@ async fn run_verb(app: &AppState, who: &Principal, tenant: &TenantId, node_id: &
     Ok(NodeView::from(&result))
 }
 
-async fn verb_endpoint(app: AppState, who: Principal, tenant: TenantId, node: NodeId, verb: Verb, extra: Extra) -> Result<Json<NodeView>, ApiError> {
+async fn verb_endpoint(
+    app: AppState,
+    who: Principal,
+    tenant: TenantId,
+    node: NodeId,
+    verb: Verb,
+    extra: Extra,
+) -> Result<Json<NodeView>, ApiError> {
     let started = std::time::Instant::now();
     let out = run_verb(&app, &who, &tenant, &node, verb, extra).await;
     let outcome = match &out {
         Ok(_) => "ok".to_owned(),
         Err(e) => format!("{:?}", e.code),
     };
-    metrics::counter!("bcm_api_verbs_total", "verb" => verb.as_str(), "outcome" => outcome).increment(1);
-    metrics::histogram!("bcm_api_verb_seconds", "verb" => verb.as_str()).record(started.elapsed().as_secs_f64());
+    metrics::counter!("bcm_api_verbs_total", "verb" => verb.as_str(), "outcome" => outcome)
+        .increment(1);
+    metrics::histogram!("bcm_api_verb_seconds", "verb" => verb.as_str())
+        .record(started.elapsed().as_secs_f64());
     out.map(Json)
 }
 
@@ -357,48 +439,128 @@ macro_rules! node_verb {
     };
 }
 
-node_verb!(manage, "/api/compute/metal/manage", Verb::Manage, "`metal.manage`: `ready` → `enrolling` (re-verifies the BMC).");
-node_verb!(inspect, "/api/compute/metal/inspect", Verb::Inspect, "`metal.inspect`: `ready` → `inspecting`.");
-node_verb!(provide, "/api/compute/metal/provide", Verb::Provide, "`metal.provide`: `ready` → `commissioning`.");
-node_verb!(rescue, "/api/compute/metal/rescue", Verb::Rescue, "`metal.rescue`: `deployed` → `rescue`.");
-node_verb!(unrescue, "/api/compute/metal/unrescue", Verb::Unrescue, "`metal.unrescue`: starts `metal-unrescue`; the node stays in `rescue` until it succeeds.");
-node_verb!(recover, "/api/compute/metal/recover", Verb::Recover, "`metal.recover`: `failed` → the recover target of `failedFrom`.");
-node_verb!(retire, "/api/compute/metal/retire", Verb::Retire, "`metal.retire`: → `retiring`.");
+node_verb!(
+    manage,
+    "/api/compute/metal/manage",
+    Verb::Manage,
+    "`metal.manage`: `ready` → `enrolling` (re-verifies the BMC)."
+);
+node_verb!(
+    inspect,
+    "/api/compute/metal/inspect",
+    Verb::Inspect,
+    "`metal.inspect`: `ready` → `inspecting`."
+);
+node_verb!(
+    provide,
+    "/api/compute/metal/provide",
+    Verb::Provide,
+    "`metal.provide`: `ready` → `commissioning`."
+);
+node_verb!(
+    rescue,
+    "/api/compute/metal/rescue",
+    Verb::Rescue,
+    "`metal.rescue`: `deployed` → `rescue`."
+);
+node_verb!(
+    unrescue,
+    "/api/compute/metal/unrescue",
+    Verb::Unrescue,
+    "`metal.unrescue`: starts `metal-unrescue`; the node stays in `rescue` until it succeeds."
+);
+node_verb!(
+    recover,
+    "/api/compute/metal/recover",
+    Verb::Recover,
+    "`metal.recover`: `failed` → the recover target of `failedFrom`."
+);
+node_verb!(
+    retire,
+    "/api/compute/metal/retire",
+    Verb::Retire,
+    "`metal.retire`: → `retiring`."
+);
 
 /// `metal.deploy`: `ready` → `deploying` with a profile.
 #[utoipa::path(post, path = "/api/compute/metal/deploy", request_body = DeployRequest, tag = "metal",
     responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
-pub async fn deploy(State(app): State<AppState>, who: Principal, Body(req): Body<DeployRequest>) -> Result<Json<NodeView>, ApiError> {
+pub async fn deploy(
+    State(app): State<AppState>,
+    who: Principal,
+    Body(req): Body<DeployRequest>,
+) -> Result<Json<NodeView>, ApiError> {
     check_text("profileId", &req.profile_id, 128)?;
     if req.profile_version == 0 {
         return Err(ApiError::invalid("profileVersion must be 1 or more"));
     }
-    let extra = Extra::Deploy { profile_id: req.profile_id, profile_version: req.profile_version };
+    let extra = Extra::Deploy {
+        profile_id: req.profile_id,
+        profile_version: req.profile_version,
+    };
     verb_endpoint(app, who, req.tenant_id, req.node_id, Verb::Deploy, extra).await
 }
 
 /// `metal.undeploy` (verb `release`): `deployed`/`rescue` → `releasing`.
 #[utoipa::path(post, path = "/api/compute/metal/undeploy", request_body = UndeployRequest, tag = "metal",
     responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
-pub async fn undeploy(State(app): State<AppState>, who: Principal, Body(req): Body<UndeployRequest>) -> Result<Json<NodeView>, ApiError> {
-    verb_endpoint(app, who, req.tenant_id, req.node_id, Verb::Release, Extra::Release { wipe: req.wipe }).await
+pub async fn undeploy(
+    State(app): State<AppState>,
+    who: Principal,
+    Body(req): Body<UndeployRequest>,
+) -> Result<Json<NodeView>, ApiError> {
+    verb_endpoint(
+        app,
+        who,
+        req.tenant_id,
+        req.node_id,
+        Verb::Release,
+        Extra::Release { wipe: req.wipe },
+    )
+    .await
 }
 
 /// `metal.abort`: a running workflow's state → `failed`.
 #[utoipa::path(post, path = "/api/compute/metal/abort", request_body = AbortRequest, tag = "metal",
     responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
-pub async fn abort(State(app): State<AppState>, who: Principal, Body(req): Body<AbortRequest>) -> Result<Json<NodeView>, ApiError> {
+pub async fn abort(
+    State(app): State<AppState>,
+    who: Principal,
+    Body(req): Body<AbortRequest>,
+) -> Result<Json<NodeView>, ApiError> {
     if let Some(r) = &req.reason {
         if r.chars().count() > MAX_REASON {
-            return Err(ApiError::invalid(format!("reason must be at most {MAX_REASON} characters")));
+            return Err(ApiError::invalid(format!(
+                "reason must be at most {MAX_REASON} characters"
+            )));
         }
     }
-    verb_endpoint(app, who, req.tenant_id, req.node_id, Verb::Abort, Extra::Abort { reason: req.reason }).await
+    verb_endpoint(
+        app,
+        who,
+        req.tenant_id,
+        req.node_id,
+        Verb::Abort,
+        Extra::Abort { reason: req.reason },
+    )
+    .await
 }
 
 /// `metal.power`: queues a BMC power command; the provision state is unchanged.
 #[utoipa::path(post, path = "/api/compute/metal/power", request_body = PowerRequest, tag = "metal",
     responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
-pub async fn power(State(app): State<AppState>, who: Principal, Body(req): Body<PowerRequest>) -> Result<Json<NodeView>, ApiError> {
-    verb_endpoint(app, who, req.tenant_id, req.node_id, Verb::Power, Extra::Power { action: req.action }).await
+pub async fn power(
+    State(app): State<AppState>,
+    who: Principal,
+    Body(req): Body<PowerRequest>,
+) -> Result<Json<NodeView>, ApiError> {
+    verb_endpoint(
+        app,
+        who,
+        req.tenant_id,
+        req.node_id,
+        Verb::Power,
+        Extra::Power { action: req.action },
+    )
+    .await
 }

@@ -4,6 +4,7 @@
 
 use bcm_api::relay::{RelayConfig, RelayFaults};
 use bcm_core::{NodeId, ProvisionState};
+use bcm_testkit::tenant_a;
 use bcm_testkit::{eventually, Options, TestEnv};
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
@@ -11,32 +12,67 @@ use std::time::Duration;
 
 #[tokio::test]
 async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_order() {
-    let env = TestEnv::start_with(Options { relay: false, ..Default::default() }).await.expect("env");
-    let reader = env.events_consumer("crash", "events.a.>").await.expect("consumer");
+    let env = TestEnv::start_with(Options {
+        relay: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let reader = env
+        .events_consumer("crash", &env.subjects().events_of_tenant(&tenant_a()))
+        .await
+        .expect("consumer");
     let mut events = 0;
     for _ in 0..10 {
         let node = env.enroll("a", "a-pool").await.expect("enroll");
         events += 2; // node.enrolled, node.provision.enrolling
         let id: NodeId = node["nodeId"].as_str().expect("id").parse().expect("id");
-        env.force_state(&id, ProvisionState::Ready, None).await.expect("ready");
+        env.force_state(&id, ProvisionState::Ready, None)
+            .await
+            .expect("ready");
         for verb in ["provide", "abort", "recover"] {
             let (s, b) = env
-                .post(&format!("/api/compute/metal/{verb}"), Some(&env.admin_token), &json!({"tenantId": "a", "nodeId": id.to_string()}))
+                .post(
+                    &format!("/api/compute/metal/{verb}"),
+                    Some(&env.admin_token),
+                    &json!({"tenantId": "a", "nodeId": id.to_string()}),
+                )
                 .await
                 .expect("post");
             assert_eq!(s, 200, "{verb}: {b}");
             events += 1;
         }
     }
-    let backlog = bcm_db::outbox::outbox_backlog(&env.db).await.expect("backlog");
-    assert_eq!(backlog, events as i64 + 40, "events plus one reconcile request per verb, nothing published yet");
+    let backlog = bcm_db::outbox::outbox_backlog(&env.db)
+        .await
+        .expect("backlog");
+    assert_eq!(
+        backlog,
+        events as i64 + 40,
+        "events plus one reconcile request per verb, nothing published yet"
+    );
 
     // The first relay publishes two batches and dies before marking the second.
-    let small = RelayConfig { enabled: true, batch: 7, poll_ms: 50 };
-    let crashed = env.spawn_relay_with(small.clone(), RelayFaults { halt_after_publishing_batches: Some(2) });
+    let small = RelayConfig {
+        enabled: true,
+        batch: 7,
+        poll_ms: 50,
+    };
+    let crashed = env.spawn_relay_with(
+        small.clone(),
+        RelayFaults {
+            halt_after_publishing_batches: Some(2),
+        },
+    );
     crashed.await.expect("relay task");
-    let left = bcm_db::outbox::outbox_backlog(&env.db).await.expect("backlog");
-    assert_eq!(left, backlog - 7, "only the first batch was marked; the second was published but not marked");
+    let left = bcm_db::outbox::outbox_backlog(&env.db)
+        .await
+        .expect("backlog");
+    assert_eq!(
+        left,
+        backlog - 7,
+        "only the first batch was marked; the second was published but not marked"
+    );
 
     // A new relay republishes from the first unmarked row.
     let _relay = env.spawn_relay_with(small, RelayFaults::default());
@@ -46,8 +82,14 @@ async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_or
     .await
     .expect("backlog drains");
 
-    let got = reader.read(events, Duration::from_secs(30)).await.expect("events");
-    let extra = reader.read(1, Duration::from_millis(500)).await.expect("events");
+    let got = reader
+        .read(events, Duration::from_secs(30))
+        .await
+        .expect("events");
+    let extra = reader
+        .read(1, Duration::from_millis(500))
+        .await
+        .expect("events");
     assert!(extra.is_empty(), "a duplicate arrived: {extra:?}");
     assert_eq!(got.len(), events);
     let ids: HashSet<&str> = got.iter().map(|e| e.event.id.as_str()).collect();
@@ -63,31 +105,68 @@ async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_or
 
 #[tokio::test]
 async fn a_rolled_back_enroll_leaves_no_event_and_no_secret() {
-    let env = TestEnv::start_with(Options { relay: false, ..Default::default() }).await.expect("env");
+    let env = TestEnv::start_with(Options {
+        relay: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
     let body = json!({"tenantId": "a", "poolId": "a-pool",
         "bmc": {"driver": "ipmi", "address": "10.1.1.1:623", "username": "u", "password": "p"}});
-    let (s, b) = env.post("/api/compute/metal/enroll", Some(&env.admin_token), &body).await.expect("post");
+    let (s, b) = env
+        .post("/api/compute/metal/enroll", Some(&env.admin_token), &body)
+        .await
+        .expect("post");
     assert_eq!(s, 200, "{b}");
-    let backlog = bcm_db::outbox::outbox_backlog(&env.db).await.expect("backlog");
-    let secrets = bcm_db::secrets::secret_count(&env.db).await.expect("secrets");
+    let backlog = bcm_db::outbox::outbox_backlog(&env.db)
+        .await
+        .expect("backlog");
+    let secrets = bcm_db::secrets::secret_count(&env.db)
+        .await
+        .expect("secrets");
     // The same BMC again: the node insert fails after the secret insert, and
     // the whole transaction rolls back.
-    let (s, b) = env.post("/api/compute/metal/enroll", Some(&env.admin_token), &body).await.expect("post");
+    let (s, b) = env
+        .post("/api/compute/metal/enroll", Some(&env.admin_token), &body)
+        .await
+        .expect("post");
     assert_eq!(s, 409, "{b}");
     assert_eq!(b["code"], "CONFLICT");
-    assert_eq!(bcm_db::outbox::outbox_backlog(&env.db).await.expect("backlog"), backlog, "no event");
-    assert_eq!(bcm_db::secrets::secret_count(&env.db).await.expect("secrets"), secrets, "no orphan secret");
+    assert_eq!(
+        bcm_db::outbox::outbox_backlog(&env.db)
+            .await
+            .expect("backlog"),
+        backlog,
+        "no event"
+    );
+    assert_eq!(
+        bcm_db::secrets::secret_count(&env.db)
+            .await
+            .expect("secrets"),
+        secrets,
+        "no orphan secret"
+    );
 }
 
 #[tokio::test]
 async fn two_relays_publish_each_event_once() {
     let env = TestEnv::start().await.expect("env"); // one relay running already
     let _second = env.spawn_relay(RelayFaults::default());
-    let reader = env.events_consumer("two", "events.a.>").await.expect("consumer");
+    let reader = env
+        .events_consumer("two", &env.subjects().events_of_tenant(&tenant_a()))
+        .await
+        .expect("consumer");
     for _ in 0..20 {
         env.enroll("a", "a-pool").await.expect("enroll");
     }
-    let got = reader.read(40, Duration::from_secs(30)).await.expect("events");
+    let got = reader
+        .read(40, Duration::from_secs(30))
+        .await
+        .expect("events");
     assert_eq!(got.len(), 40);
-    assert!(reader.read(1, Duration::from_millis(500)).await.expect("events").is_empty());
+    assert!(reader
+        .read(1, Duration::from_millis(500))
+        .await
+        .expect("events")
+        .is_empty());
 }

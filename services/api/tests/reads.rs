@@ -15,9 +15,14 @@ async fn list_filters_paginates_and_respects_grants() {
         env.enroll("b", "b-pool").await.expect("enroll");
     }
     let first: bcm_core::NodeId = a_ids[0].parse().expect("id");
-    env.force_state(&first, ProvisionState::Ready, None).await.expect("ready");
+    env.force_state(&first, ProvisionState::Ready, None)
+        .await
+        .expect("ready");
 
-    let reader = env.token("a-reader", &[("compute:nodes:read", "tenant", "a")]).await.expect("token");
+    let reader = env
+        .token("a-reader", &[("compute:nodes:read", "tenant", "a")])
+        .await
+        .expect("token");
     let mut seen = vec![];
     let mut token: Option<String> = None;
     let mut pages = 0;
@@ -41,19 +46,46 @@ async fn list_filters_paginates_and_respects_grants() {
     assert_eq!(pages, 3);
     assert_eq!(seen, a_ids, "every node of A once, in id order");
 
-    let (_, ready) = env.get("/api/compute/metal/nodes?state=ready", Some(&reader)).await.expect("list");
+    let (_, ready) = env
+        .get("/api/compute/metal/nodes?state=ready", Some(&reader))
+        .await
+        .expect("list");
     assert_eq!(ready["items"].as_array().map(Vec::len), Some(1));
     assert_eq!(ready["items"][0]["nodeId"], a_ids[0]);
 
-    let (_, all) = env.get("/api/compute/metal/nodes?limit=1000", Some(&env.admin_token)).await.expect("list");
+    let (_, all) = env
+        .get(
+            "/api/compute/metal/nodes?limit=1000",
+            Some(&env.admin_token),
+        )
+        .await
+        .expect("list");
     assert_eq!(all["items"].as_array().map(Vec::len), Some(7));
-    let (_, b_only) = env.get("/api/compute/metal/nodes?tenantId=b", Some(&env.admin_token)).await.expect("list");
+    let (_, b_only) = env
+        .get(
+            "/api/compute/metal/nodes?tenantId=b",
+            Some(&env.admin_token),
+        )
+        .await
+        .expect("list");
     assert_eq!(b_only["items"].as_array().map(Vec::len), Some(2));
 
-    let pool_reader = env.token("pool-reader", &[("compute:nodes:read", "pool", "b-pool")]).await.expect("token");
-    let (_, pool) = env.get("/api/compute/metal/nodes", Some(&pool_reader)).await.expect("list");
+    let pool_reader = env
+        .token("pool-reader", &[("compute:nodes:read", "pool", "b-pool")])
+        .await
+        .expect("token");
+    let (_, pool) = env
+        .get("/api/compute/metal/nodes", Some(&pool_reader))
+        .await
+        .expect("list");
     assert_eq!(pool["items"].as_array().map(Vec::len), Some(2));
-    let (s, one) = env.get(&format!("/api/compute/metal/nodes/{}", a_ids[1]), Some(&reader)).await.expect("get");
+    let (s, one) = env
+        .get(
+            &format!("/api/compute/metal/nodes/{}", a_ids[1]),
+            Some(&reader),
+        )
+        .await
+        .expect("get");
     assert_eq!(s, 200);
     assert_eq!(one["provisionState"], "enrolling");
     assert_eq!(one["macs"], serde_json::json!([]));

@@ -4,6 +4,7 @@
 //! and change nothing (row, version, outbox).
 
 use bcm_core::{NodeId, ProvisionState};
+use bcm_testkit::tenant_a;
 use bcm_testkit::TestEnv;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -19,12 +20,34 @@ fn spec(verb: &str) -> (&'static [&'static str], Option<&'static str>) {
         "undeploy" => (&["deployed", "rescue"], Some("releasing")),
         "rescue" => (&["deployed"], Some("rescue")),
         "unrescue" => (&["rescue"], None),
-        "abort" => (&["enrolling", "inspecting", "commissioning", "deploying", "releasing"], Some("failed")),
+        "abort" => (
+            &[
+                "enrolling",
+                "inspecting",
+                "commissioning",
+                "deploying",
+                "releasing",
+            ],
+            Some("failed"),
+        ),
         // failedFrom is `deploying` in this test: recover goes to releasing.
         "recover" => (&["failed"], Some("releasing")),
-        "retire" => (&["adopting", "adopted", "enrolling", "ready", "failed"], Some("retiring")),
+        "retire" => (
+            &["adopting", "adopted", "enrolling", "ready", "failed"],
+            Some("retiring"),
+        ),
         "power" => (
-            &["adopting", "adopted", "enrolling", "ready", "deployed", "rescue", "failed", "retiring", "retired"],
+            &[
+                "adopting",
+                "adopted",
+                "enrolling",
+                "ready",
+                "deployed",
+                "rescue",
+                "failed",
+                "retiring",
+                "retired",
+            ],
             None,
         ),
         other => panic!("unknown verb {other}"),
@@ -33,7 +56,9 @@ fn spec(verb: &str) -> (&'static [&'static str], Option<&'static str>) {
 
 fn body(verb: &str, node: &str) -> Value {
     match verb {
-        "deploy" => json!({"tenantId": "a", "nodeId": node, "profileId": "ubuntu-24.04-gpu-host", "profileVersion": 1}),
+        "deploy" => {
+            json!({"tenantId": "a", "nodeId": node, "profileId": "ubuntu-24.04-gpu-host", "profileVersion": 1})
+        }
         "undeploy" => json!({"tenantId": "a", "nodeId": node, "wipe": "secure-erase"}),
         "abort" => json!({"tenantId": "a", "nodeId": node, "reason": "operator test"}),
         "power" => json!({"tenantId": "a", "nodeId": node, "action": "cycle"}),
@@ -42,13 +67,20 @@ fn body(verb: &str, node: &str) -> Value {
 }
 
 const VERBS: [&str; 11] = [
-    "manage", "inspect", "provide", "deploy", "undeploy", "rescue", "unrescue", "abort", "recover", "retire", "power",
+    "manage", "inspect", "provide", "deploy", "undeploy", "rescue", "unrescue", "abort", "recover",
+    "retire", "power",
 ];
 
 #[tokio::test]
 async fn every_state_and_verb_pair_follows_the_spec() {
     let env = TestEnv::start().await.expect("env");
-    let reader = env.events_consumer("table", "events.a.node.provision.>").await.expect("consumer");
+    let reader = env
+        .events_consumer(
+            "table",
+            &env.subjects().provision_events_of_tenant(&tenant_a()),
+        )
+        .await
+        .expect("consumer");
     let mut expected_events = 0usize;
     let mut pairs = 0;
     for state in ProvisionState::ALL {
@@ -56,18 +88,30 @@ async fn every_state_and_verb_pair_follows_the_spec() {
             let node = env.enroll("a", "a-pool").await.expect("enroll");
             expected_events += 1; // node.provision.enrolling
             let id: NodeId = node["nodeId"].as_str().expect("id").parse().expect("id");
-            let failed_from = (state == ProvisionState::Failed).then_some(ProvisionState::Deploying);
-            env.force_state(&id, state, failed_from).await.expect("force");
+            let failed_from =
+                (state == ProvisionState::Failed).then_some(ProvisionState::Deploying);
+            env.force_state(&id, state, failed_from)
+                .await
+                .expect("force");
             let before = env.node(&id).await.expect("node");
-            let backlog_before = bcm_db::outbox::outbox_count_for_node(&env.db, &id.to_string()).await.expect("count");
+            let backlog_before = bcm_db::outbox::outbox_count_for_node(&env.db, &id.to_string())
+                .await
+                .expect("count");
 
             let (legal_from, target) = spec(verb);
             let (status, answer) = env
-                .post(&format!("/api/compute/metal/{verb}"), Some(&env.admin_token), &body(verb, &id.to_string()))
+                .post(
+                    &format!("/api/compute/metal/{verb}"),
+                    Some(&env.admin_token),
+                    &body(verb, &id.to_string()),
+                )
                 .await
                 .expect("post");
             let after = env.node(&id).await.expect("node");
-            let rows = bcm_db::outbox::outbox_count_for_node(&env.db, &id.to_string()).await.expect("count") - backlog_before;
+            let rows = bcm_db::outbox::outbox_count_for_node(&env.db, &id.to_string())
+                .await
+                .expect("count")
+                - backlog_before;
             if legal_from.contains(&state.as_str()) {
                 assert_eq!(status, 200, "{verb} from {state}: {answer}");
                 let want = target.unwrap_or(state.as_str());
@@ -75,7 +119,10 @@ async fn every_state_and_verb_pair_follows_the_spec() {
                 assert_eq!(after.provision_state.as_str(), want, "{verb} from {state}");
                 match (verb, target) {
                     ("power", _) => {
-                        assert_eq!(after.version, before.version, "power does not move the node");
+                        assert_eq!(
+                            after.version, before.version,
+                            "power does not move the node"
+                        );
                         assert_eq!(rows, 2, "power queues one command and one event");
                     }
                     ("unrescue", _) => {
@@ -94,10 +141,15 @@ async fn every_state_and_verb_pair_follows_the_spec() {
                 if verb == "abort" {
                     assert_eq!(answer["failedFrom"], state.as_str());
                     assert_eq!(answer["maintenance"], true);
-                    assert!(answer["lastError"].as_str().is_some_and(|e| e.contains("operator test")));
+                    assert!(answer["lastError"]
+                        .as_str()
+                        .is_some_and(|e| e.contains("operator test")));
                 }
                 if verb == "recover" {
-                    assert!(answer.get("failedFrom").is_none(), "recover clears failedFrom");
+                    assert!(
+                        answer.get("failedFrom").is_none(),
+                        "recover clears failedFrom"
+                    );
                     assert_eq!(answer["maintenance"], true, "recover leaves maintenance on");
                 }
             } else {
@@ -110,8 +162,21 @@ async fn every_state_and_verb_pair_follows_the_spec() {
         }
     }
     assert_eq!(pairs, 13 * 11);
-    let events = reader.read(expected_events, Duration::from_secs(60)).await.expect("events");
-    assert_eq!(events.len(), expected_events, "one event per enrollment and per legal move");
-    let extra = reader.read(1, Duration::from_millis(500)).await.expect("events");
-    assert!(extra.is_empty(), "no event beyond the legal moves: {extra:?}");
+    let events = reader
+        .read(expected_events, Duration::from_secs(60))
+        .await
+        .expect("events");
+    assert_eq!(
+        events.len(),
+        expected_events,
+        "one event per enrollment and per legal move"
+    );
+    let extra = reader
+        .read(1, Duration::from_millis(500))
+        .await
+        .expect("events");
+    assert!(
+        extra.is_empty(),
+        "no event beyond the legal moves: {extra:?}"
+    );
 }

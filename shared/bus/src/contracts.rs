@@ -11,12 +11,30 @@ use crate::subjects::{StreamKind, Subjects};
 pub fn json_schemas() -> Vec<(&'static str, Value)> {
     let s = |v: schemars::schema::RootSchema| serde_json::to_value(v).unwrap_or(Value::Null);
     vec![
-        ("node.enrolled.json", s(schema_for!(CloudEvent<NodeEnrolled>))),
-        ("node.provision.state.json", s(schema_for!(CloudEvent<NodeProvisionChanged>))),
-        ("node.provision.unrescuing.json", s(schema_for!(CloudEvent<NodeUnrescuing>))),
-        ("node.power.requested.json", s(schema_for!(CloudEvent<NodePowerRequested>))),
-        ("work.reconcile.json", s(schema_for!(CloudEvent<ReconcileRequest>))),
-        ("cmd.command.json", s(schema_for!(CloudEvent<CommandEnvelope>))),
+        (
+            "node.enrolled.json",
+            s(schema_for!(CloudEvent<NodeEnrolled>)),
+        ),
+        (
+            "node.provision.state.json",
+            s(schema_for!(CloudEvent<NodeProvisionChanged>)),
+        ),
+        (
+            "node.provision.unrescuing.json",
+            s(schema_for!(CloudEvent<NodeUnrescuing>)),
+        ),
+        (
+            "node.power.requested.json",
+            s(schema_for!(CloudEvent<NodePowerRequested>)),
+        ),
+        (
+            "work.reconcile.json",
+            s(schema_for!(CloudEvent<ReconcileRequest>)),
+        ),
+        (
+            "cmd.command.json",
+            s(schema_for!(CloudEvent<CommandEnvelope>)),
+        ),
     ]
 }
 

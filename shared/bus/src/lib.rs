@@ -27,7 +27,9 @@ pub enum BusError {
     Connect { url: String, why: String },
     #[error("stream {stream}: {why}")]
     Stream { stream: String, why: String },
-    #[error("stream {stream} exists with an incompatible configuration ({why}); it was left as it is")]
+    #[error(
+        "stream {stream} exists with an incompatible configuration ({why}); it was left as it is"
+    )]
     IncompatibleStream { stream: String, why: String },
     #[error("publish to {subject}: {why}")]
     Publish { subject: String, why: String },
@@ -57,7 +59,11 @@ fn default_shards() -> u32 {
 impl BusConfig {
     /// A config for `url` with no namespace and the default shard count.
     pub fn new(url: impl Into<String>) -> Self {
-        Self { url: url.into(), namespace: None, shards: default_shards() }
+        Self {
+            url: url.into(),
+            namespace: None,
+            shards: default_shards(),
+        }
     }
 }
 
@@ -79,10 +85,17 @@ impl Bus {
             .connection_timeout(std::time::Duration::from_secs(5))
             .connect(&cfg.url)
             .await
-            .map_err(|e| BusError::Connect { url: cfg.url.clone(), why: e.to_string() })?;
+            .map_err(|e| BusError::Connect {
+                url: cfg.url.clone(),
+                why: e.to_string(),
+            })?;
         let js = jetstream::new(client.clone());
         let subjects = Subjects::new(cfg.namespace.clone(), cfg.shards);
-        let bus = Self { client, js, subjects };
+        let bus = Self {
+            client,
+            js,
+            subjects,
+        };
         streams::ensure_all(&bus).await?;
         Ok(bus)
     }
@@ -112,7 +125,9 @@ impl Bus {
         headers: &[(String, String)],
         payload: Bytes,
     ) -> Result<(), BusError> {
-        let ack = self.publish_pipelined(subject, msg_id, headers, payload).await?;
+        let ack = self
+            .publish_pipelined(subject, msg_id, headers, payload)
+            .await?;
         ack.await
     }
 
@@ -130,7 +145,10 @@ impl Bus {
         for (k, v) in headers {
             map.insert(k.as_str(), v.as_str());
         }
-        let err = |e: String| BusError::Publish { subject: subject.to_owned(), why: e };
+        let err = |e: String| BusError::Publish {
+            subject: subject.to_owned(),
+            why: e,
+        };
         let ack = self
             .js
             .publish_with_headers(subject.to_owned(), map, payload)
@@ -138,9 +156,10 @@ impl Bus {
             .map_err(|e| err(e.to_string()))?;
         let subject = subject.to_owned();
         Ok(async move {
-            ack.await
-                .map(|_| ())
-                .map_err(|e| BusError::Publish { subject, why: e.to_string() })
+            ack.await.map(|_| ()).map_err(|e| BusError::Publish {
+                subject,
+                why: e.to_string(),
+            })
         })
     }
 }

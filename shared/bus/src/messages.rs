@@ -35,7 +35,13 @@ pub struct CloudEvent<T> {
 
 impl<T> CloudEvent<T> {
     /// Wraps `data` as an event of type `ty` about `subject`.
-    pub fn new(id: String, ty: String, subject: Option<String>, nodeversion: Option<i64>, data: T) -> Self {
+    pub fn new(
+        id: String,
+        ty: String,
+        subject: Option<String>,
+        nodeversion: Option<i64>,
+        data: T,
+    ) -> Self {
         Self {
             specversion: "1.0".to_owned(),
             id,
@@ -144,6 +150,14 @@ pub mod types {
     pub const NODE_UNRESCUING: &str = "node.provision.unrescuing";
     /// `node.power.requested`.
     pub const NODE_POWER_REQUESTED: &str = "node.power.requested";
+
+    /// The type of a reconcile request.
+    pub const WORK_RECONCILE: &str = "work.reconcile";
+
+    /// The type of a command of `kind`, e.g. `cmd.bmc.power`.
+    pub fn command(kind: &str) -> String {
+        format!("cmd.{kind}")
+    }
 
     /// `node.provision.<state>`.
     pub fn node_provision(state: ProvisionState) -> String {

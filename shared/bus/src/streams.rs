@@ -41,13 +41,22 @@ pub fn config(bus_subjects: &crate::Subjects, kind: StreamKind) -> Config {
 /// Why `existing` cannot serve as `wanted`, if it cannot.
 pub fn incompatibility(existing: &Config, wanted: &Config) -> Option<String> {
     if existing.subjects != wanted.subjects {
-        return Some(format!("subjects {:?}, want {:?}", existing.subjects, wanted.subjects));
+        return Some(format!(
+            "subjects {:?}, want {:?}",
+            existing.subjects, wanted.subjects
+        ));
     }
     if existing.retention != wanted.retention {
-        return Some(format!("retention {:?}, want {:?}", existing.retention, wanted.retention));
+        return Some(format!(
+            "retention {:?}, want {:?}",
+            existing.retention, wanted.retention
+        ));
     }
     if existing.storage != wanted.storage {
-        return Some(format!("storage {:?}, want {:?}", existing.storage, wanted.storage));
+        return Some(format!(
+            "storage {:?}, want {:?}",
+            existing.storage, wanted.storage
+        ));
     }
     None
 }
@@ -57,7 +66,10 @@ pub async fn ensure_all(bus: &Bus) -> Result<(), BusError> {
     for kind in StreamKind::ALL {
         let wanted = config(bus.subjects(), kind);
         let name = wanted.name.clone();
-        let err = |why: String| BusError::Stream { stream: name.clone(), why };
+        let err = |why: String| BusError::Stream {
+            stream: name.clone(),
+            why,
+        };
         let mut stream = bus
             .jetstream()
             .get_or_create_stream(wanted.clone())

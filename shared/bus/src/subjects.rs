@@ -22,7 +22,12 @@ pub enum StreamKind {
 
 impl StreamKind {
     /// Every stream.
-    pub const ALL: [StreamKind; 4] = [StreamKind::Events, StreamKind::Work, StreamKind::Commands, StreamKind::Results];
+    pub const ALL: [StreamKind; 4] = [
+        StreamKind::Events,
+        StreamKind::Work,
+        StreamKind::Commands,
+        StreamKind::Results,
+    ];
 
     const fn base_name(self) -> &'static str {
         match self {
@@ -54,7 +59,10 @@ impl Subjects {
     /// Names under `namespace` (a subject-safe token) with `shards`
     /// reconcile shards.
     pub fn new(namespace: Option<String>, shards: u32) -> Self {
-        Self { namespace: namespace.filter(|n| !n.is_empty()), shards: shards.max(1) }
+        Self {
+            namespace: namespace.filter(|n| !n.is_empty()),
+            shards: shards.max(1),
+        }
     }
 
     fn p(&self, s: String) -> String {
@@ -67,7 +75,11 @@ impl Subjects {
     /// The stream name of `kind`, e.g. `BCM_EVENTS`.
     pub fn stream(&self, kind: StreamKind) -> String {
         match &self.namespace {
-            Some(ns) => format!("BCM_{}_{}", ns.to_uppercase().replace(['-', '.'], "_"), kind.base_name()),
+            Some(ns) => format!(
+                "BCM_{}_{}",
+                ns.to_uppercase().replace(['-', '.'], "_"),
+                kind.base_name()
+            ),
             None => format!("BCM_{}", kind.base_name()),
         }
     }
@@ -88,6 +100,11 @@ impl Subjects {
         self.p(format!("events.{tenant}.>"))
     }
 
+    /// Every `node.provision.*` event of one tenant.
+    pub fn provision_events_of_tenant(&self, tenant: &TenantId) -> String {
+        self.p(format!("events.{tenant}.node.provision.>"))
+    }
+
     /// Every event.
     pub fn events_all(&self) -> String {
         self.p("events.>".to_owned())
@@ -100,7 +117,10 @@ impl Subjects {
 
     /// The reconcile work subject of a node.
     pub fn reconcile(&self, node: &NodeId) -> String {
-        self.p(format!("work.reconcile.{}.{node}", shard_of(node, self.shards)))
+        self.p(format!(
+            "work.reconcile.{}.{node}",
+            shard_of(node, self.shards)
+        ))
     }
 
     /// Every reconcile request of one shard.
@@ -138,12 +158,21 @@ mod tests {
     fn names_with_and_without_namespace() {
         let t: TenantId = "root".parse().expect("tenant");
         let plain = Subjects::new(None, 16);
-        assert_eq!(plain.event(&t, "node.provision.ready"), "events.root.node.provision.ready");
+        assert_eq!(
+            plain.event(&t, "node.provision.ready"),
+            "events.root.node.provision.ready"
+        );
         assert_eq!(plain.stream(StreamKind::Events), "BCM_EVENTS");
         let ns = Subjects::new(Some("t-1".into()), 16);
-        assert_eq!(ns.event(&t, "node.enrolled"), "t-1.events.root.node.enrolled");
+        assert_eq!(
+            ns.event(&t, "node.enrolled"),
+            "t-1.events.root.node.enrolled"
+        );
         assert_eq!(ns.stream(StreamKind::Work), "BCM_T_1_WORK");
-        assert_eq!(ns.stream_subjects(StreamKind::Commands), vec!["t-1.cmd.>".to_owned()]);
+        assert_eq!(
+            ns.stream_subjects(StreamKind::Commands),
+            vec!["t-1.cmd.>".to_owned()]
+        );
     }
 
     #[test]

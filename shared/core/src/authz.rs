@@ -67,7 +67,17 @@ impl Action {
 }
 
 /// What a grant covers.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
 #[serde(tag = "kind", content = "id", rename_all = "lowercase")]
 pub enum Scope {
     /// Everything (the bootstrap admin).
@@ -79,7 +89,17 @@ pub enum Scope {
 }
 
 /// One action on one scope.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
 pub struct Grant {
     pub action: Action,
     pub scope: Scope,
@@ -115,7 +135,10 @@ impl Scope {
 
 /// Decides `action` on a resource placed at `at` for a caller with `grants`.
 pub fn decide(grants: &[Grant], action: Action, at: &Placement) -> Decision {
-    if grants.iter().any(|g| g.action == action && g.scope.covers(at)) {
+    if grants
+        .iter()
+        .any(|g| g.action == action && g.scope.covers(at))
+    {
         Decision::Allow
     } else if grants.iter().any(|g| g.scope.covers(at)) {
         Decision::Forbidden
@@ -138,15 +161,39 @@ mod tests {
     #[test]
     fn decisions() {
         let grants = vec![
-            Grant { action: Action::NodesRead, scope: Scope::Tenant("a".parse().expect("t")) },
-            Grant { action: Action::NodesProvision, scope: Scope::Pool("a-gpu".parse().expect("p")) },
+            Grant {
+                action: Action::NodesRead,
+                scope: Scope::Tenant("a".parse().expect("t")),
+            },
+            Grant {
+                action: Action::NodesProvision,
+                scope: Scope::Pool("a-gpu".parse().expect("p")),
+            },
         ];
-        assert_eq!(decide(&grants, Action::NodesProvision, &at("a", "a-gpu")), Decision::Allow);
-        assert_eq!(decide(&grants, Action::NodesProvision, &at("a", "a-cpu")), Decision::Forbidden);
-        assert_eq!(decide(&grants, Action::NodesPower, &at("a", "a-gpu")), Decision::Forbidden);
-        assert_eq!(decide(&grants, Action::NodesRead, &at("b", "b-gpu")), Decision::NotFound);
-        let admin = vec![Grant { action: Action::NodesPower, scope: Scope::Global }];
-        assert_eq!(decide(&admin, Action::NodesPower, &at("b", "x")), Decision::Allow);
+        assert_eq!(
+            decide(&grants, Action::NodesProvision, &at("a", "a-gpu")),
+            Decision::Allow
+        );
+        assert_eq!(
+            decide(&grants, Action::NodesProvision, &at("a", "a-cpu")),
+            Decision::Forbidden
+        );
+        assert_eq!(
+            decide(&grants, Action::NodesPower, &at("a", "a-gpu")),
+            Decision::Forbidden
+        );
+        assert_eq!(
+            decide(&grants, Action::NodesRead, &at("b", "b-gpu")),
+            Decision::NotFound
+        );
+        let admin = vec![Grant {
+            action: Action::NodesPower,
+            scope: Scope::Global,
+        }];
+        assert_eq!(
+            decide(&admin, Action::NodesPower, &at("b", "x")),
+            Decision::Allow
+        );
         assert_eq!(Action::for_verb(Verb::Power), Action::NodesPower);
         assert_eq!(Action::for_verb(Verb::Release), Action::NodesProvision);
     }

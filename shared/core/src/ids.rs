@@ -225,7 +225,13 @@ mod tests {
         let text = id.to_string();
         assert!(text.starts_with("node_") && text.len() == 31, "{text}");
         assert_eq!(text.parse::<NodeId>(), Ok(id));
-        for bad in ["", "node_", "node_xyz", "wf_01jzzzzzzzzzzzzzzzzzzzzzzz", "node_01k!zzzzzzzzzzzzzzzzzzzz"] {
+        for bad in [
+            "",
+            "node_",
+            "node_xyz",
+            "wf_01jzzzzzzzzzzzzzzzzzzzzzzz",
+            "node_01k!zzzzzzzzzzzzzzzzzzzz",
+        ] {
             assert!(bad.parse::<NodeId>().is_err(), "{bad}");
         }
     }
@@ -235,7 +241,17 @@ mod tests {
         for good in ["root", "a", "tenant-b", "0"] {
             assert!(good.parse::<TenantId>().is_ok(), "{good}");
         }
-        for bad in ["", "Root", "a.b", "a>", "a*", "-a", "a-", "a b", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "Root",
+            "a.b",
+            "a>",
+            "a*",
+            "-a",
+            "a-",
+            "a b",
+            &"x".repeat(64),
+        ] {
             assert!(bad.parse::<TenantId>().is_err(), "{bad}");
         }
     }

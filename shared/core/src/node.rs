@@ -44,6 +44,8 @@ wire_enum!(
     }
 );
 
+// The enum comes from a macro, so `#[default]` cannot mark the variant.
+#[allow(clippy::derivable_impls)]
 impl Default for WipeMode {
     fn default() -> Self {
         WipeMode::Quick

@@ -6,6 +6,7 @@
 //! an `_in_txn` function runs inside the caller's transaction, so a verb's
 //! node update, authorization projection and outbox rows commit together.
 
+pub mod admin;
 pub mod commands;
 pub mod error;
 pub mod nodes;
@@ -49,7 +50,10 @@ impl Db {
     /// Applies every pending migration. Safe to run from several processes
     /// at once (sqlx takes an advisory lock).
     pub async fn migrate(&self) -> Result<(), DbError> {
-        MIGRATOR.run(&self.pool).await.map_err(|e| DbError::Migrate(e.to_string()))
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(|e| DbError::Migrate(e.to_string()))
     }
 
     /// Starts a transaction.

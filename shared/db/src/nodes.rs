@@ -1,6 +1,8 @@
 //! Nodes and their authorization projection (`node_placements`).
 
-use bcm_core::{BmcDriver, NodeId, PoolId, PowerState, ProvisionState, SiteId, TenantId, WipeMode, WorkflowId};
+use bcm_core::{
+    BmcDriver, NodeId, PoolId, PowerState, ProvisionState, SiteId, TenantId, WipeMode, WorkflowId,
+};
 use chrono::{DateTime, Utc};
 
 use crate::{DbError, Tx};
@@ -74,16 +76,26 @@ impl TryFrom<NodeRow> for Node {
     fn try_from(r: NodeRow) -> Result<Self, DbError> {
         Ok(Node {
             id: r.id.parse().map_err(|_| corrupt("node id", &r.id))?,
-            tenant_id: r.tenant_id.parse().map_err(|_| corrupt("tenant id", &r.tenant_id))?,
-            pool_id: r.pool_id.parse().map_err(|_| corrupt("pool id", &r.pool_id))?,
-            site_id: r.site_id.parse().map_err(|_| corrupt("site id", &r.site_id))?,
+            tenant_id: r
+                .tenant_id
+                .parse()
+                .map_err(|_| corrupt("tenant id", &r.tenant_id))?,
+            pool_id: r
+                .pool_id
+                .parse()
+                .map_err(|_| corrupt("pool id", &r.pool_id))?,
+            site_id: r
+                .site_id
+                .parse()
+                .map_err(|_| corrupt("site id", &r.site_id))?,
             provision_state: state(&r.provision_state)?,
             failed_from: r.failed_from.as_deref().map(state).transpose()?,
             last_error: r.last_error,
             maintenance: r.maintenance,
             power: PowerState::parse(&r.power).ok_or_else(|| corrupt("power", &r.power))?,
             role: r.role,
-            bmc_driver: BmcDriver::parse(&r.bmc_driver).ok_or_else(|| corrupt("bmc driver", &r.bmc_driver))?,
+            bmc_driver: BmcDriver::parse(&r.bmc_driver)
+                .ok_or_else(|| corrupt("bmc driver", &r.bmc_driver))?,
             bmc_address: r.bmc_address,
             bmc_secret_id: r.bmc_secret_id,
             macs: r.macs,
@@ -147,10 +159,12 @@ pub async fn node_fetch(db: &crate::Db, id: &NodeId) -> Result<Node, DbError> {
 
 /// Reads and locks a node for the rest of the transaction.
 pub async fn node_fetch_for_update_in_txn(tx: &mut Tx<'_>, id: &NodeId) -> Result<Node, DbError> {
-    let row: NodeRow = sqlx::query_as(&format!("SELECT {COLUMNS} FROM nodes WHERE id = $1 FOR UPDATE"))
-        .bind(id.to_string())
-        .fetch_one(&mut **tx)
-        .await?;
+    let row: NodeRow = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM nodes WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(id.to_string())
+    .fetch_one(&mut **tx)
+    .await?;
     row.try_into()
 }
 
@@ -182,7 +196,14 @@ pub async fn node_update_guarded_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<i64
     .fetch_optional(&mut **tx)
     .await?;
     let version = new_version.ok_or(DbError::Stale)?;
-    placement_refresh_in_txn(tx, &Node { version, ..n.clone() }).await?;
+    placement_refresh_in_txn(
+        tx,
+        &Node {
+            version,
+            ..n.clone()
+        },
+    )
+    .await?;
     Ok(version)
 }
 
@@ -258,9 +279,10 @@ pub async fn node_list(db: &crate::Db, f: &NodeFilter) -> Result<Vec<Node>, DbEr
 
 /// Counts nodes by provision state (for metrics and the CLI).
 pub async fn node_count_by_state(db: &crate::Db) -> Result<Vec<(ProvisionState, i64)>, DbError> {
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT provision_state, count(*) FROM nodes GROUP BY provision_state ORDER BY 1")
-            .fetch_all(db.pool())
-            .await?;
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT provision_state, count(*) FROM nodes GROUP BY provision_state ORDER BY 1",
+    )
+    .fetch_all(db.pool())
+    .await?;
     rows.into_iter().map(|(s, c)| Ok((state(&s)?, c))).collect()
 }

@@ -33,15 +33,20 @@ pub struct OutboxMessage {
 }
 
 /// Inserts messages and notifies the relay on commit.
-pub async fn outbox_insert_in_txn(tx: &mut Tx<'_>, msgs: &[NewOutboxMessage]) -> Result<(), DbError> {
+pub async fn outbox_insert_in_txn(
+    tx: &mut Tx<'_>,
+    msgs: &[NewOutboxMessage],
+) -> Result<(), DbError> {
     if msgs.is_empty() {
         return Ok(());
     }
     let ids: Vec<&str> = msgs.iter().map(|m| m.id.as_str()).collect();
     let subjects: Vec<&str> = msgs.iter().map(|m| m.subject.as_str()).collect();
     let payloads: Vec<serde_json::Value> = msgs.iter().map(|m| m.payload.clone()).collect();
-    let headers: Vec<serde_json::Value> =
-        msgs.iter().map(|m| serde_json::Value::Object(m.headers.clone())).collect();
+    let headers: Vec<serde_json::Value> = msgs
+        .iter()
+        .map(|m| serde_json::Value::Object(m.headers.clone()))
+        .collect();
     let nodes: Vec<Option<&str>> = msgs.iter().map(|m| m.node_id.as_deref()).collect();
     sqlx::query(
         "INSERT INTO outbox (id, subject, payload, headers, node_id) \
@@ -83,9 +88,11 @@ pub async fn outbox_mark_published(db: &Db, seqs: &[i64]) -> Result<(), DbError>
 
 /// How many messages wait to be published.
 pub async fn outbox_backlog(db: &Db) -> Result<i64, DbError> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-        .fetch_one(db.pool())
-        .await?)
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+            .fetch_one(db.pool())
+            .await?,
+    )
 }
 
 /// Deletes published messages older than `keep`, returning how many.
@@ -160,8 +167,10 @@ pub async fn outbox_listener(db: &Db) -> Result<OutboxListener, DbError> {
 
 /// How many outbox rows a node has, published or not.
 pub async fn outbox_count_for_node(db: &Db, node_id: &str) -> Result<i64, DbError> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM outbox WHERE node_id = $1")
-        .bind(node_id)
-        .fetch_one(db.pool())
-        .await?)
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE node_id = $1")
+            .bind(node_id)
+            .fetch_one(db.pool())
+            .await?,
+    )
 }

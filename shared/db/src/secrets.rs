@@ -50,5 +50,7 @@ pub async fn secret_delete_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<(), DbErr
 
 /// How many sealed values are stored.
 pub async fn secret_count(db: &Db) -> Result<i64, DbError> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM sealed_secrets").fetch_one(db.pool()).await?)
+    Ok(sqlx::query_scalar("SELECT count(*) FROM sealed_secrets")
+        .fetch_one(db.pool())
+        .await?)
 }

@@ -18,21 +18,25 @@ pub struct Pool {
 
 /// Creates or renames a tenant.
 pub async fn tenant_upsert(db: &Db, id: &TenantId, name: &str) -> Result<(), DbError> {
-    sqlx::query("INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET name = $2")
-        .bind(id.as_str())
-        .bind(name)
-        .execute(db.pool())
-        .await?;
+    sqlx::query(
+        "INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET name = $2",
+    )
+    .bind(id.as_str())
+    .bind(name)
+    .execute(db.pool())
+    .await?;
     Ok(())
 }
 
 /// Creates or renames a site.
 pub async fn site_upsert(db: &Db, id: &SiteId, name: &str) -> Result<(), DbError> {
-    sqlx::query("INSERT INTO sites (id, name) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET name = $2")
-        .bind(id.as_str())
-        .bind(name)
-        .execute(db.pool())
-        .await?;
+    sqlx::query(
+        "INSERT INTO sites (id, name) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET name = $2",
+    )
+    .bind(id.as_str())
+    .bind(name)
+    .execute(db.pool())
+    .await?;
     Ok(())
 }
 
@@ -53,7 +57,9 @@ pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
     .await?
     .rows_affected();
     if n == 0 {
-        return Err(DbError::Duplicate { constraint: "pools_pkey".into() });
+        return Err(DbError::Duplicate {
+            constraint: "pools_pkey".into(),
+        });
     }
     Ok(())
 }

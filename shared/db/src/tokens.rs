@@ -44,11 +44,13 @@ pub async fn api_token_fetch_live_by_hash(db: &Db, hash: &[u8]) -> Result<ApiTok
 
 /// Revokes a token.
 pub async fn api_token_revoke(db: &Db, id: &str) -> Result<(), DbError> {
-    let n = sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL")
-        .bind(id)
-        .execute(db.pool())
-        .await?
-        .rows_affected();
+    let n = sqlx::query(
+        "UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL",
+    )
+    .bind(id)
+    .execute(db.pool())
+    .await?
+    .rows_affected();
     if n == 0 {
         return Err(DbError::NotFound);
     }

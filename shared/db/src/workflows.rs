@@ -5,8 +5,10 @@ use crate::{DbError, Tx};
 
 /// Status of a workflow, or `None` when it does not exist.
 pub async fn workflow_status_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<Option<String>, DbError> {
-    Ok(sqlx::query_scalar("SELECT status FROM workflows WHERE id = $1")
-        .bind(id)
-        .fetch_optional(&mut **tx)
-        .await?)
+    Ok(
+        sqlx::query_scalar("SELECT status FROM workflows WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?,
+    )
 }

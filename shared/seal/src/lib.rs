@@ -56,7 +56,9 @@ pub struct KeyConfig {
 
 impl std::fmt::Debug for KeyConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyConfig").field("id", &self.id).finish_non_exhaustive()
+        f.debug_struct("KeyConfig")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
     }
 }
 
@@ -93,7 +95,10 @@ impl Sealer {
         let active = keys.first().ok_or(SealError::NoKeys)?.id.clone();
         let mut map = BTreeMap::new();
         for k in keys {
-            let bad = |why| SealError::BadKey { id: k.id.clone(), why };
+            let bad = |why| SealError::BadKey {
+                id: k.id.clone(),
+                why,
+            };
             if k.id.is_empty() || k.id.len() > 64 {
                 return Err(bad("the id must be 1-64 characters"));
             }
@@ -126,9 +131,19 @@ impl Sealer {
         let mut nonce = [0u8; 24];
         rand::thread_rng().fill_bytes(&mut nonce);
         let ciphertext = cipher
-            .encrypt(XNonce::from_slice(&nonce), Payload { msg: plaintext, aad: owner.as_bytes() })
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: plaintext,
+                    aad: owner.as_bytes(),
+                },
+            )
             .map_err(|_| SealError::Open(self.active.clone()))?;
-        Ok(Sealed { key_id: self.active.clone(), nonce: nonce.to_vec(), ciphertext })
+        Ok(Sealed {
+            key_id: self.active.clone(),
+            nonce: nonce.to_vec(),
+            ciphertext,
+        })
     }
 
     /// Opens a sealed value bound to `owner`.
@@ -143,14 +158,21 @@ impl Sealer {
         cipher
             .decrypt(
                 XNonce::from_slice(&sealed.nonce),
-                Payload { msg: &sealed.ciphertext, aad: owner.as_bytes() },
+                Payload {
+                    msg: &sealed.ciphertext,
+                    aad: owner.as_bytes(),
+                },
             )
             .map(|p| SecretBox::new(Box::new(p)))
             .map_err(|_| SealError::Open(sealed.key_id.clone()))
     }
 
     /// Seals BMC credentials for `owner`.
-    pub fn seal_credentials(&self, creds: &BmcCredentials, owner: &str) -> Result<Sealed, SealError> {
+    pub fn seal_credentials(
+        &self,
+        creds: &BmcCredentials,
+        owner: &str,
+    ) -> Result<Sealed, SealError> {
         let wire = CredentialsWire {
             username: creds.username.expose_secret(),
             password: creds.password.expose_secret(),
@@ -160,11 +182,18 @@ impl Sealer {
     }
 
     /// Opens BMC credentials sealed for `owner`.
-    pub fn open_credentials(&self, sealed: &Sealed, owner: &str) -> Result<BmcCredentials, SealError> {
+    pub fn open_credentials(
+        &self,
+        sealed: &Sealed,
+        owner: &str,
+    ) -> Result<BmcCredentials, SealError> {
         let plain = self.open(sealed, owner)?;
         let wire: CredentialsOwned =
             serde_json::from_slice(plain.expose_secret()).map_err(|_| SealError::Shape)?;
-        Ok(BmcCredentials { username: wire.username.into(), password: wire.password.into() })
+        Ok(BmcCredentials {
+            username: wire.username.into(),
+            password: wire.password.into(),
+        })
     }
 }
 
@@ -199,12 +228,18 @@ mod tests {
     #[test]
     fn seal_open_round_trip_and_binding() {
         let sealer = Sealer::new(&[KeyConfig::generate("k1")]).expect("sealer");
-        let creds = BmcCredentials { username: "admin".into(), password: "hunter2-secret".into() };
+        let creds = BmcCredentials {
+            username: "admin".into(),
+            password: "hunter2-secret".into(),
+        };
         let sealed = sealer.seal_credentials(&creds, "node_a").expect("seal");
         assert!(!sealed.ciphertext.windows(6).any(|w| w == b"hunter"));
         let back = sealer.open_credentials(&sealed, "node_a").expect("open");
         assert_eq!(back.password.expose_secret(), "hunter2-secret");
-        assert!(sealer.open_credentials(&sealed, "node_b").is_err(), "bound to its owner");
+        assert!(
+            sealer.open_credentials(&sealed, "node_b").is_err(),
+            "bound to its owner"
+        );
         assert!(!format!("{back:?}").contains("hunter2"), "Debug redacts");
         assert!(!format!("{sealed:?}").contains("hunter2"));
     }
@@ -212,12 +247,24 @@ mod tests {
     #[test]
     fn rotation_opens_old_keys_and_seals_with_the_first() {
         let old = KeyConfig::generate("old");
-        let sealed = Sealer::new(std::slice::from_ref(&old)).expect("old").seal(b"x", "o").expect("seal");
+        let sealed = Sealer::new(std::slice::from_ref(&old))
+            .expect("old")
+            .seal(b"x", "o")
+            .expect("seal");
         let rotated = Sealer::new(&[KeyConfig::generate("new"), old]).expect("rotated");
-        assert_eq!(rotated.open(&sealed, "o").expect("open").expose_secret(), b"x");
+        assert_eq!(
+            rotated.open(&sealed, "o").expect("open").expose_secret(),
+            b"x"
+        );
         assert_eq!(rotated.seal(b"y", "o").expect("seal").key_id, "new");
         assert!(matches!(Sealer::new(&[]), Err(SealError::NoKeys)));
-        let short = KeyConfig { id: "s".into(), key: "AAAA".to_owned().into() };
-        assert!(matches!(Sealer::new(&[short]), Err(SealError::BadKey { .. })));
+        let short = KeyConfig {
+            id: "s".into(),
+            key: "AAAA".to_owned().into(),
+        };
+        assert!(matches!(
+            Sealer::new(&[short]),
+            Err(SealError::BadKey { .. })
+        ));
     }
 }

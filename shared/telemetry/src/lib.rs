@@ -56,7 +56,8 @@ pub enum TelemetryError {
 }
 
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
-static PROMETHEUS: OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> = OnceLock::new();
+static PROMETHEUS: OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
+    OnceLock::new();
 
 /// Sets up logging, tracing and metrics for `service`. Safe to call more
 /// than once in a process (tests start several services): the first call
@@ -94,7 +95,9 @@ pub fn init(service: &str, cfg: &TelemetryConfig) -> Result<(), TelemetryError> 
     let registry = tracing_subscriber::registry().with(filter).with(otel);
     // A subscriber set by someone else (a test harness) is fine: keep it.
     let _ = match cfg.log_format {
-        LogFormat::Json => registry.with(tracing_subscriber::fmt::layer().json()).try_init(),
+        LogFormat::Json => registry
+            .with(tracing_subscriber::fmt::layer().json())
+            .try_init(),
         LogFormat::Pretty => registry.with(tracing_subscriber::fmt::layer()).try_init(),
     };
     prometheus();
@@ -111,7 +114,11 @@ pub fn shutdown() {
 /// The Prometheus handle, installing the global recorder on first use.
 pub fn prometheus() -> Option<&'static metrics_exporter_prometheus::PrometheusHandle> {
     PROMETHEUS
-        .get_or_init(|| metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().ok())
+        .get_or_init(|| {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .ok()
+        })
         .as_ref()
 }
 
@@ -134,7 +141,7 @@ pub fn set_remote_parent(span: &tracing::Span, traceparent: Option<&str>) {
     let Some(tp) = traceparent else { return };
     let carrier: HashMap<String, String> = HashMap::from([(TRACEPARENT.to_owned(), tp.to_owned())]);
     let cx = TraceContextPropagator::new().extract(&carrier);
-    let _ = span.set_parent(cx);
+    span.set_parent(cx);
 }
 
 /// The trace id (32 hex digits) of a `traceparent` value.

@@ -29,7 +29,10 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { relay: true, lock_timeout_ms: 2000 }
+        Self {
+            relay: true,
+            lock_timeout_ms: 2000,
+        }
     }
 }
 
@@ -57,15 +60,8 @@ fn random_suffix() -> String {
 
 /// Creates an empty database on the `DATABASE_URL` server and returns its URL.
 pub async fn fresh_database() -> anyhow::Result<String> {
-    use sqlx::Connection as _;
     let server = env_url("DATABASE_URL")?;
-    let name = format!("bcm_t_{}", random_suffix());
-    let mut conn = sqlx::PgConnection::connect(&server).await.context("connect to DATABASE_URL")?;
-    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await?;
-    conn.close().await?;
-    let base = server.split('?').next().unwrap_or(&server);
-    let cut = base.rfind('/').filter(|i| *i > "postgres://".len()).unwrap_or(base.len());
-    Ok(format!("{}/{name}", &base[..cut]))
+    Ok(bcm_db::admin::database_create(&server, &format!("bcm_t_{}", random_suffix())).await?)
 }
 
 impl TestEnv {
@@ -101,7 +97,11 @@ impl TestEnv {
             sealing_keys: vec![bcm_seal::KeyConfig::generate("test-1")],
             admin_token: admin_token.clone().into(),
             lock_timeout_ms: opts.lock_timeout_ms,
-            relay: RelayConfig { enabled: opts.relay, batch: 64, poll_ms: 200 },
+            relay: RelayConfig {
+                enabled: opts.relay,
+                batch: 64,
+                poll_ms: 200,
+            },
             telemetry: Default::default(),
             seed,
         };
@@ -132,11 +132,22 @@ impl TestEnv {
 
     /// Starts a relay (another one may already run; one leads at a time).
     pub fn spawn_relay(&self, faults: RelayFaults) -> tokio::task::JoinHandle<()> {
-        self.spawn_relay_with(RelayConfig { enabled: true, batch: 64, poll_ms: 200 }, faults)
+        self.spawn_relay_with(
+            RelayConfig {
+                enabled: true,
+                batch: 64,
+                poll_ms: 200,
+            },
+            faults,
+        )
     }
 
     /// Starts a relay with its own settings.
-    pub fn spawn_relay_with(&self, cfg: RelayConfig, faults: RelayFaults) -> tokio::task::JoinHandle<()> {
+    pub fn spawn_relay_with(
+        &self,
+        cfg: RelayConfig,
+        faults: RelayFaults,
+    ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(bcm_api::relay::run(
             self.state.inner.db.clone(),
             self.state.inner.bus.clone(),
@@ -147,7 +158,12 @@ impl TestEnv {
     }
 
     /// `POST` JSON with a bearer token; returns the status and the body.
-    pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> anyhow::Result<(u16, Value)> {
+    pub async fn post(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        body: &Value,
+    ) -> anyhow::Result<(u16, Value)> {
         let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
         if let Some(t) = token {
             req = req.bearer_auth(t);
@@ -156,7 +172,12 @@ impl TestEnv {
     }
 
     /// `POST` a raw body (for malformed JSON).
-    pub async fn post_raw(&self, path: &str, token: Option<&str>, body: &str) -> anyhow::Result<(u16, Value)> {
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        body: &str,
+    ) -> anyhow::Result<(u16, Value)> {
         let mut req = self
             .http
             .post(format!("{}{path}", self.base))
@@ -178,7 +199,12 @@ impl TestEnv {
     }
 
     /// `PUT` JSON with a bearer token.
-    pub async fn put(&self, path: &str, token: Option<&str>, body: &Value) -> anyhow::Result<(u16, Value)> {
+    pub async fn put(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        body: &Value,
+    ) -> anyhow::Result<(u16, Value)> {
         let mut req = self.http.put(format!("{}{path}", self.base)).json(body);
         if let Some(t) = token {
             req = req.bearer_auth(t);
@@ -190,12 +216,20 @@ impl TestEnv {
         let res = req.send().await?;
         let status = res.status().as_u16();
         let text = res.text().await?;
-        let body = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
         Ok((status, body))
     }
 
     /// Mints a token with `grants` (`[(action, scope kind, scope id)]`).
-    pub async fn token(&self, principal: &str, grants: &[(&str, &str, &str)]) -> anyhow::Result<String> {
+    pub async fn token(
+        &self,
+        principal: &str,
+        grants: &[(&str, &str, &str)],
+    ) -> anyhow::Result<String> {
         let grants: Vec<Value> = grants
             .iter()
             .map(|(action, kind, id)| {
@@ -207,7 +241,11 @@ impl TestEnv {
             })
             .collect();
         let (status, body) = self
-            .post("/api/compute/admin/tokens", Some(&self.admin_token), &json!({"principal": principal, "grants": grants}))
+            .post(
+                "/api/compute/admin/tokens",
+                Some(&self.admin_token),
+                &json!({"principal": principal, "grants": grants}),
+            )
             .await?;
         if status != 200 {
             bail!("minting a token: {status} {body}");
@@ -236,7 +274,12 @@ impl TestEnv {
 
     /// Puts a node into `state` as the reconciler would have (test set-up
     /// only), through the db crate's guarded update. Returns the version.
-    pub async fn force_state(&self, node: &NodeId, state: ProvisionState, failed_from: Option<ProvisionState>) -> anyhow::Result<i64> {
+    pub async fn force_state(
+        &self,
+        node: &NodeId,
+        state: ProvisionState,
+        failed_from: Option<ProvisionState>,
+    ) -> anyhow::Result<i64> {
         let mut tx = self.db.begin().await?;
         let n = bcm_db::nodes::node_fetch_for_update_in_txn(&mut tx, node).await?;
         let next = bcm_db::nodes::Node {
@@ -255,9 +298,18 @@ impl TestEnv {
         Ok(bcm_db::nodes::node_fetch(&self.db, id).await?)
     }
 
-    /// A durable pull consumer over this env's events matching `filter`
-    /// (relative to the namespace, e.g. `events.a.>`).
-    pub async fn events_consumer(&self, durable: &str, filter: &str) -> anyhow::Result<EventReader> {
+    /// The subjects of this env's namespace.
+    pub fn subjects(&self) -> &bcm_bus::Subjects {
+        self.state.inner.bus.subjects()
+    }
+
+    /// A durable pull consumer over this env's events matching `filter`, a
+    /// subject from [`TestEnv::subjects`].
+    pub async fn events_consumer(
+        &self,
+        durable: &str,
+        filter: &str,
+    ) -> anyhow::Result<EventReader> {
         let subjects = self.state.inner.bus.subjects();
         let stream = self
             .state
@@ -266,13 +318,12 @@ impl TestEnv {
             .jetstream()
             .get_stream(subjects.stream(StreamKind::Events))
             .await?;
-        let ns = self.bus_config.namespace.clone().map(|n| format!("{n}.")).unwrap_or_default();
         let consumer = stream
             .get_or_create_consumer(
                 durable,
                 pull::Config {
                     durable_name: Some(durable.to_owned()),
-                    filter_subject: format!("{ns}{filter}"),
+                    filter_subject: filter.to_owned(),
                     deliver_policy: DeliverPolicy::All,
                     ack_policy: AckPolicy::Explicit,
                     ..Default::default()
@@ -294,8 +345,14 @@ impl Drop for TestEnv {
     }
 }
 
-async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router, stop: CancellationToken) -> std::io::Result<()> {
-    axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await
+async fn axum_serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
 }
 
 /// An event as read from JetStream, with its headers.
@@ -322,7 +379,10 @@ impl EventReader {
                 .consumer
                 .fetch()
                 .max_messages(n - out.len())
-                .expires(left.min(Duration::from_secs(2)).max(Duration::from_millis(100)))
+                .expires(
+                    left.min(Duration::from_secs(2))
+                        .max(Duration::from_millis(100)),
+                )
                 .messages()
                 .await?;
             while let Some(msg) = batch.next().await {
@@ -368,4 +428,10 @@ where
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Tenant `a` of the seed.
+pub fn tenant_a() -> bcm_core::TenantId {
+    "a".parse()
+        .unwrap_or_else(|_| unreachable!("a valid tenant id"))
 }

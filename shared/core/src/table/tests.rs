@@ -11,22 +11,96 @@ use proptest::prelude::*;
 /// state, unrescue started; `R` is the recover table (tested below); any
 /// other entry is the target state.
 const EXPECTED: [(&str, [&str; 11]); 13] = [
-    ("adopting", ["-", "-", "-", "-", "-", "-", "-", "-", "-", "retiring", "="]),
-    ("adopted", ["-", "-", "-", "-", "-", "-", "-", "-", "-", "retiring", "="]),
-    ("enrolling", ["-", "-", "-", "-", "-", "-", "-", "failed", "-", "retiring", "="]),
-    ("inspecting", ["-", "-", "-", "-", "-", "-", "-", "failed", "-", "-", "-"]),
-    ("commissioning", ["-", "-", "-", "-", "-", "-", "-", "failed", "-", "-", "-"]),
+    (
+        "adopting",
+        ["-", "-", "-", "-", "-", "-", "-", "-", "-", "retiring", "="],
+    ),
+    (
+        "adopted",
+        ["-", "-", "-", "-", "-", "-", "-", "-", "-", "retiring", "="],
+    ),
+    (
+        "enrolling",
+        [
+            "-", "-", "-", "-", "-", "-", "-", "failed", "-", "retiring", "=",
+        ],
+    ),
+    (
+        "inspecting",
+        ["-", "-", "-", "-", "-", "-", "-", "failed", "-", "-", "-"],
+    ),
+    (
+        "commissioning",
+        ["-", "-", "-", "-", "-", "-", "-", "failed", "-", "-", "-"],
+    ),
     (
         "ready",
-        ["enrolling", "inspecting", "commissioning", "deploying", "-", "-", "-", "-", "-", "retiring", "="],
+        [
+            "enrolling",
+            "inspecting",
+            "commissioning",
+            "deploying",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "retiring",
+            "=",
+        ],
     ),
-    ("deploying", ["-", "-", "-", "-", "-", "-", "-", "failed", "-", "-", "-"]),
-    ("deployed", ["-", "-", "-", "-", "releasing", "rescue", "-", "-", "-", "-", "="]),
-    ("releasing", ["-", "-", "-", "-", "-", "-", "-", "failed", "-", "-", "-"]),
-    ("rescue", ["-", "-", "-", "-", "releasing", "-", "u", "-", "-", "-", "="]),
-    ("failed", ["-", "-", "-", "-", "-", "-", "-", "-", "R", "retiring", "="]),
-    ("retiring", ["-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "="]),
-    ("retired", ["-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "="]),
+    (
+        "deploying",
+        ["-", "-", "-", "-", "-", "-", "-", "failed", "-", "-", "-"],
+    ),
+    (
+        "deployed",
+        [
+            "-",
+            "-",
+            "-",
+            "-",
+            "releasing",
+            "rescue",
+            "-",
+            "-",
+            "-",
+            "-",
+            "=",
+        ],
+    ),
+    (
+        "releasing",
+        ["-", "-", "-", "-", "-", "-", "-", "failed", "-", "-", "-"],
+    ),
+    (
+        "rescue",
+        [
+            "-",
+            "-",
+            "-",
+            "-",
+            "releasing",
+            "-",
+            "u",
+            "-",
+            "-",
+            "-",
+            "=",
+        ],
+    ),
+    (
+        "failed",
+        ["-", "-", "-", "-", "-", "-", "-", "-", "R", "retiring", "="],
+    ),
+    (
+        "retiring",
+        ["-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "="],
+    ),
+    (
+        "retired",
+        ["-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "="],
+    ),
 ];
 
 fn state(s: &str) -> ProvisionState {
@@ -48,11 +122,19 @@ fn every_state_verb_pair_matches_the_spec() {
             match expected {
                 "-" => {
                     let err = got.expect_err(&format!("{verb:?} from {from} must be refused"));
-                    assert_eq!(err.code(), crate::ErrorCode::InvalidState, "{verb:?} from {from}");
+                    assert_eq!(
+                        err.code(),
+                        crate::ErrorCode::InvalidState,
+                        "{verb:?} from {from}"
+                    );
                 }
                 "=" => {
                     let t = got.unwrap_or_else(|e| panic!("{verb:?} from {from}: {e}"));
-                    assert_eq!((t.to, t.changed, t.event), (from, false, None), "{verb:?} from {from}");
+                    assert_eq!(
+                        (t.to, t.changed, t.event),
+                        (from, false, None),
+                        "{verb:?} from {from}"
+                    );
                 }
                 "u" => {
                     let t = got.unwrap_or_else(|e| panic!("{verb:?} from {from}: {e}"));
@@ -116,20 +198,39 @@ fn recover_follows_the_table_for_every_failed_from() {
 fn abort_and_fail_record_failed_from_and_turn_maintenance_on() {
     for from in Verb::Abort.legal_from() {
         let t = apply(NodeFacts::at(*from), Move::Verb(Verb::Abort)).expect("abort is legal");
-        assert_eq!((t.to, t.failed_from, t.maintenance), (Failed, Some(*from), Some(true)));
+        assert_eq!(
+            (t.to, t.failed_from, t.maintenance),
+            (Failed, Some(*from), Some(true))
+        );
     }
-    for from in ProvisionState::ALL.into_iter().filter(|s| s.is_workflow_driven()) {
+    for from in ProvisionState::ALL
+        .into_iter()
+        .filter(|s| s.is_workflow_driven())
+    {
         let t = apply(NodeFacts::at(from), Move::Fail).expect("fail is legal");
-        assert_eq!((t.to, t.failed_from, t.maintenance), (Failed, Some(from), Some(true)));
+        assert_eq!(
+            (t.to, t.failed_from, t.maintenance),
+            (Failed, Some(from), Some(true))
+        );
     }
     for from in [Ready, Deployed, Failed, Retired, Adopted] {
-        assert!(apply(NodeFacts::at(from), Move::Fail).is_err(), "fail from {from}");
+        assert!(
+            apply(NodeFacts::at(from), Move::Fail).is_err(),
+            "fail from {from}"
+        );
     }
 }
 
 #[test]
 fn complete_chains_the_spec_moves() {
-    let ok = |from, verified| apply(NodeFacts::at(from), Move::Complete { wipe_verified: verified });
+    let ok = |from, verified| {
+        apply(
+            NodeFacts::at(from),
+            Move::Complete {
+                wipe_verified: verified,
+            },
+        )
+    };
     assert_eq!(ok(Enrolling, false).map(|t| t.to), Ok(Inspecting));
     assert_eq!(ok(Inspecting, false).map(|t| t.to), Ok(Commissioning));
     assert_eq!(ok(Commissioning, false).map(|t| t.to), Ok(Ready));
@@ -137,7 +238,10 @@ fn complete_chains_the_spec_moves() {
     assert_eq!(ok(Releasing, true).map(|t| t.to), Ok(Ready));
     assert_eq!(ok(Releasing, false), Err(MoveError::UnverifiedWipe));
     assert_eq!(ok(Retiring, false).map(|t| t.to), Ok(Retired));
-    assert_eq!(ok(Rescue, false).map(|t| (t.to, t.changed)), Ok((Rescue, false)));
+    assert_eq!(
+        ok(Rescue, false).map(|t| (t.to, t.changed)),
+        Ok((Rescue, false))
+    );
     for from in [Ready, Deployed, Failed, Retired] {
         assert!(ok(from, true).is_err(), "complete from {from}");
     }
@@ -149,14 +253,20 @@ fn unrescue_rules() {
         rescue_booting: true,
         ..NodeFacts::at(Rescue)
     };
-    assert_eq!(apply(booting, Move::Verb(Verb::Unrescue)), Err(MoveError::RescueBooting));
+    assert_eq!(
+        apply(booting, Move::Verb(Verb::Unrescue)),
+        Err(MoveError::RescueBooting)
+    );
     assert_eq!(MoveError::RescueBooting.code(), crate::ErrorCode::Conflict);
     let pending = NodeFacts {
         unrescue_pending: true,
         ..NodeFacts::at(Rescue)
     };
     let again = apply(pending, Move::Verb(Verb::Unrescue)).expect("second unrescue is legal");
-    assert!(!again.changed, "a second unrescue returns the node unchanged");
+    assert!(
+        !again.changed,
+        "a second unrescue returns the node unchanged"
+    );
     assert_eq!(apply(pending, Move::Unrescued).map(|t| t.to), Ok(Deployed));
     assert!(apply(NodeFacts::at(Rescue), Move::Unrescued).is_err());
     assert!(apply(NodeFacts::at(Deployed), Move::Verb(Verb::Unrescue)).is_err());

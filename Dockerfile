@@ -1,0 +1,16 @@
+# One image for every service binary of Better Compute Metal.
+FROM rust:1.85-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked --bins \
+ && mkdir -p /out \
+ && find target/release -maxdepth 1 -type f -executable -name 'bcm-*' -exec cp {} /out/ \;
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 bcm
+COPY --from=build /out/ /usr/local/bin/
+USER bcm
+ENTRYPOINT ["/usr/local/bin/bcm-api"]

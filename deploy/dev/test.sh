@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The test command: formatting, lints, layering checks, contract drift, the
+# compose file, and the whole test suite against real Postgres and NATS
+# JetStream. Uses DATABASE_URL / NATS_URL when set; otherwise starts
+# throwaway instances (deploy/dev/stack.sh) and stops them afterwards.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cd "$repo"
+
+step() { echo "==> $*"; }
+
+step "toolchain components"
+rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+
+if [ -z "${DATABASE_URL:-}" ] || [ -z "${NATS_URL:-}" ]; then
+  export BCM_STACK_DIR="${BCM_STACK_DIR:-$(mktemp -d /tmp/bcm-test-stack.XXXXXX)}"
+  export BCM_PG_PORT="${BCM_PG_PORT:-55433}" BCM_NATS_PORT="${BCM_NATS_PORT:-14223}"
+  trap '"$here/stack.sh" down; rm -rf "$BCM_STACK_DIR"' EXIT
+  step "throwaway Postgres and NATS in $BCM_STACK_DIR"
+  eval "$("$here/stack.sh" env)"
+fi
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets -q -- -D warnings
+
+step "layers: bcm-core has no I/O dependencies"
+if cargo tree -p bcm-core -e normal --prefix none | grep -E '^(tokio|sqlx|async-nats|reqwest|axum|hyper) '; then
+  echo "bcm-core must not depend on I/O crates" >&2; exit 1
+fi
+
+step "layers: no SQL outside shared/db, no subject literal outside shared/bus"
+if grep -rnE 'sqlx::query|PgConnection' --include='*.rs' services shared | grep -v '^shared/db/'; then
+  echo "SQL belongs in the db crate" >&2; exit 1
+fi
+if grep -rnE '"(events|work|cmd|result)\.[a-z{]' --include='*.rs' services shared | grep -v '^shared/bus/'; then
+  echo "subjects belong in the bus crate" >&2; exit 1
+fi
+
+step "docker-compose config"
+command -v docker-compose >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; }
+docker-compose -f docker-compose.yml config -q
+
+step "cargo test (Postgres $DATABASE_URL, NATS $NATS_URL)"
+cargo test --workspace --no-fail-fast

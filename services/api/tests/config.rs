@@ -1,0 +1,34 @@
+//! Every example configuration in `deploy/` parses, and unknown fields are
+//! refused.
+
+use std::path::PathBuf;
+
+fn deploy() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+#[test]
+fn example_configs_parse() {
+    let mut n = 0;
+    for entry in std::fs::read_dir(deploy().join("config")).expect("deploy/config") {
+        let path = entry.expect("entry").path();
+        if path.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.starts_with("api") && f.ends_with(".toml")) {
+            let cfg = bcm_api::ApiConfig::load(Some(&path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(!cfg.sealing_keys.is_empty());
+            bcm_seal::Sealer::new(&cfg.sealing_keys).expect("the example keys are valid");
+            n += 1;
+        }
+    }
+    assert!(n >= 1, "no example config found");
+}
+
+#[test]
+fn unknown_fields_are_refused() {
+    let dir = std::env::temp_dir().join(format!("bcm-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("bad.toml");
+    let good = std::fs::read_to_string(deploy().join("config/api.example.toml")).expect("example");
+    std::fs::write(&path, format!("{good}\n[relay_typo]\nenabled = true\n")).expect("write");
+    let err = bcm_api::ApiConfig::load(Some(&path)).expect_err("a typo must not pass");
+    assert!(err.to_string().contains("relay_typo"), "{err}");
+}

@@ -1,0 +1,64 @@
+//! The checked-in contracts in `proto/` are exactly what the code generates:
+//! the OpenAPI document, the JSON Schema of every message and the AsyncAPI
+//! document of the subjects. Regenerate with
+//! `BLESS=1 cargo test -p bcm-api --test contracts`.
+
+use std::path::PathBuf;
+
+fn proto() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto")
+}
+
+fn pretty(v: &serde_json::Value) -> String {
+    serde_json::to_string_pretty(v).expect("json") + "\n"
+}
+
+fn generated() -> Vec<(PathBuf, String)> {
+    let openapi = serde_json::to_value(bcm_api::openapi::document()).expect("openapi");
+    let mut files = vec![
+        (proto().join("openapi.json"), pretty(&openapi)),
+        (
+            proto().join("asyncapi.json"),
+            pretty(&bcm_bus::contracts::asyncapi()),
+        ),
+    ];
+    for (name, schema) in bcm_bus::contracts::json_schemas() {
+        files.push((proto().join("schemas").join(name), pretty(&schema)));
+    }
+    files
+}
+
+#[test]
+fn proto_matches_the_code() {
+    let bless = std::env::var_os("BLESS").is_some();
+    let mut drift = vec![];
+    for (path, text) in generated() {
+        if bless {
+            std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+            std::fs::write(&path, &text).expect("write");
+        } else if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+            drift.push(path.display().to_string());
+        }
+    }
+    assert!(
+        drift.is_empty(),
+        "proto/ differs from the code for {drift:?}; run `BLESS=1 cargo test -p bcm-api --test contracts` and commit"
+    );
+}
+
+#[test]
+fn every_api_method_of_the_spec_is_documented() {
+    let doc = serde_json::to_value(bcm_api::openapi::document()).expect("openapi");
+    for verb in [
+        "enroll", "manage", "inspect", "provide", "deploy", "undeploy", "rescue", "unrescue",
+        "abort", "recover", "retire", "power",
+    ] {
+        let path = format!("/api/compute/metal/{verb}");
+        assert!(
+            doc["paths"][&path]["post"].is_object(),
+            "{path} is missing from the OpenAPI document"
+        );
+    }
+    assert!(doc["paths"]["/api/compute/metal/nodes"]["get"].is_object());
+    assert!(doc["paths"]["/api/compute/metal/nodes/{nodeId}"]["get"].is_object());
+}
