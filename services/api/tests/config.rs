@@ -12,8 +12,13 @@ fn example_configs_parse() {
     let mut n = 0;
     for entry in std::fs::read_dir(deploy().join("config")).expect("deploy/config") {
         let path = entry.expect("entry").path();
-        if path.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.starts_with("api") && f.ends_with(".toml")) {
-            let cfg = bcm_api::ApiConfig::load(Some(&path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        if path
+            .file_name()
+            .and_then(|f| f.to_str())
+            .is_some_and(|f| f.starts_with("api") && f.ends_with(".toml"))
+        {
+            let cfg = bcm_api::ApiConfig::load(Some(&path))
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(!cfg.sealing_keys.is_empty());
             bcm_seal::Sealer::new(&cfg.sealing_keys).expect("the example keys are valid");
             n += 1;
