@@ -58,9 +58,13 @@ pg_up() {
   bin="$(pg_bin)"
   if [ -f "$dir/data/postmaster.pid" ] && as_pg "$bin/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then return; fi
   mkdir -p "$dir"
+  # The server runs as the postgres user when we are root: it must reach its
+  # directory (mktemp makes 0700 ones).
+  chmod a+rx "$state"
   if [ "$(id -u)" = 0 ]; then chown postgres "$dir"; fi
   if [ ! -f "$dir/data/PG_VERSION" ]; then
-    as_pg "$bin/initdb" -D "$dir/data" -A trust -U postgres >"$state/initdb.log" 2>&1
+    as_pg "$bin/initdb" -D "$dir/data" -A trust -U postgres >"$state/initdb.log" 2>&1 \
+      || { log "initdb failed; see $state/initdb.log"; cat "$state/initdb.log" >&2; exit 1; }
   fi
   as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 -o \
     "-p $pg_port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=600 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
