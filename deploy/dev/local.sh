@@ -8,7 +8,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 cd "$repo"
 mkdir -p .bcm
-listen="${BCM_LISTEN:-127.0.0.1:8080}"
+listen="${BCM_LOCAL_LISTEN:-127.0.0.1:8080}"
 
 eval "$("$here/stack.sh" env)"
 trap '"$here/stack.sh" down' EXIT

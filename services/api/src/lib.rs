@@ -107,15 +107,15 @@ fn default_agent_mode() -> String {
 }
 
 impl ApiConfig {
-    /// Loads from an optional TOML file, then `BCM_*` environment variables
-    /// (`BCM_DATABASE_URL`, `BCM_BUS__URL`, …).
+    /// Loads from an optional TOML file, then `BCM_API_*` environment variables
+    /// (`BCM_API_DATABASE_URL`, `BCM_API_BUS__URL`, …).
     pub fn load(path: Option<&std::path::Path>) -> Result<Self, Box<figment::Error>> {
         use figment::providers::{Env, Format, Toml};
         let mut fig = figment::Figment::new();
         if let Some(p) = path {
             fig = fig.merge(Toml::file_exact(p));
         }
-        fig.merge(Env::prefixed("BCM_").split("__"))
+        fig.merge(Env::prefixed("BCM_API_").split("__"))
             .extract()
             .map_err(Box::new)
     }

@@ -6,8 +6,8 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(version)]
 struct Args {
-    /// A TOML configuration file; `BCM_*` environment variables override it.
-    #[arg(long, env = "BCM_CONFIG")]
+    /// A TOML configuration file; `BCM_API_*` environment variables override it.
+    #[arg(long, env = "BCM_API_CONFIG")]
     config: Option<std::path::PathBuf>,
 }
 
