@@ -10,7 +10,8 @@ cd "$repo"
 mkdir -p .bcm
 listen="${BCM_LOCAL_LISTEN:-127.0.0.1:8080}"
 
-eval "$("$here/stack.sh" env)"
+stack_env="$("$here/stack.sh" env)"
+eval "$stack_env"
 trap '"$here/stack.sh" down' EXIT
 
 if [ ! -f .bcm/local.toml ]; then

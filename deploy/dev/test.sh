@@ -19,7 +19,8 @@ if [ -z "${DATABASE_URL:-}" ] || [ -z "${NATS_URL:-}" ]; then
   export BCM_STACK_PG_PORT="${BCM_STACK_PG_PORT:-55433}" BCM_STACK_NATS_PORT="${BCM_STACK_NATS_PORT:-14223}"
   trap '"$here/stack.sh" down; rm -rf "$BCM_STACK_DIR"' EXIT
   step "throwaway Postgres and NATS in $BCM_STACK_DIR"
-  eval "$("$here/stack.sh" env)"
+  stack_env="$("$here/stack.sh" env)"
+  eval "$stack_env"
 fi
 
 step "cargo fmt --check"
