@@ -24,6 +24,9 @@ pub struct RelayConfig {
     pub poll_ms: u64,
 }
 
+/// How long published outbox rows are kept.
+const PUBLISHED_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
 fn yes() -> bool {
     true
 }
@@ -129,7 +132,17 @@ async fn lead(
 ) -> Result<(), RoundError> {
     let mut listener = bcm_db::outbox::outbox_listener(db).await?;
     let poll = Duration::from_millis(cfg.poll_ms.max(10));
+    let mut next_prune = tokio::time::Instant::now();
     loop {
+        if tokio::time::Instant::now() >= next_prune {
+            // Published rows are kept a week for audits, then pruned.
+            match bcm_db::outbox::outbox_prune(db, PUBLISHED_RETENTION).await {
+                Ok(n) if n > 0 => tracing::info!(rows = n, "pruned published outbox rows"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "outbox prune failed"),
+            }
+            next_prune += Duration::from_secs(600);
+        }
         if shutdown.is_cancelled() {
             return Ok(());
         }
