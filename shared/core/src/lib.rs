@@ -9,8 +9,10 @@ pub mod authz;
 pub mod error;
 pub mod ids;
 pub mod node;
+pub mod reconcile;
 pub mod state;
 pub mod table;
+pub mod workflow;
 
 pub use error::ErrorCode;
 pub use ids::{CommandId, IdError, NodeId, PoolId, SiteId, TenantId, WorkflowId};

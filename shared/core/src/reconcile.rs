@@ -1,0 +1,208 @@
+//! The metal reconciler's decision, as a pure function of what it reads:
+//! the node's facts and the summary of the workflow the node points at.
+//! Level-triggered: the same inputs always give the same action, so a
+//! missed or repeated wake-up is harmless.
+
+use crate::state::ProvisionState;
+use crate::table::{Move, NodeFacts};
+use crate::workflow::WorkflowPhase;
+
+/// The workflow a node points at, as the reconciler sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkflowSummary {
+    pub profile_id: String,
+    pub phase: WorkflowPhase,
+    /// Every wipe result of the workflow was node-signed and passed read-back.
+    pub wipe_verified: bool,
+    /// The workflow's error, when it failed.
+    pub error: Option<String>,
+}
+
+/// What the reconciler does for a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReconcileAction {
+    /// Nothing to do: the node is not in a workflow-driven state, or waits
+    /// for an operator.
+    Idle,
+    /// Start the state's workflow (`unrescue` picks `metal-unrescue`).
+    StartWorkflow,
+    /// A workflow runs; look again later.
+    Wait,
+    /// Apply a move, recording `last_error` when it fails the node.
+    Apply {
+        mv: Move,
+        last_error: Option<String>,
+    },
+}
+
+/// The profile id of `metal-unrescue`.
+pub const UNRESCUE_PROFILE: &str = "metal-unrescue";
+
+/// Decides what to do for a node with `facts` whose current workflow is `wf`.
+pub fn decide(facts: NodeFacts, wf: Option<&WorkflowSummary>) -> ReconcileAction {
+    if !facts.state.is_workflow_driven() {
+        return ReconcileAction::Idle;
+    }
+    let Some(wf) = wf else {
+        return ReconcileAction::StartWorkflow;
+    };
+    match wf.phase {
+        WorkflowPhase::Running | WorkflowPhase::FailingCleanup | WorkflowPhase::CancellingCleanup => ReconcileAction::Wait,
+        WorkflowPhase::Succeeded if facts.state == ProvisionState::Rescue => {
+            if wf.profile_id == UNRESCUE_PROFILE {
+                ReconcileAction::Apply { mv: Move::Unrescued, last_error: None }
+            } else if facts.unrescue_pending {
+                ReconcileAction::StartWorkflow
+            } else {
+                ReconcileAction::Idle
+            }
+        }
+        WorkflowPhase::Succeeded if facts.state == ProvisionState::Releasing && !wf.wipe_verified => ReconcileAction::Apply {
+            mv: Move::Fail,
+            last_error: Some(
+                "UNVERIFIED_WIPE: the release's wipe result was not node-signed or a disk failed read-back".to_owned(),
+            ),
+        },
+        WorkflowPhase::Succeeded => {
+            ReconcileAction::Apply { mv: Move::Complete { wipe_verified: wf.wipe_verified }, last_error: None }
+        }
+        WorkflowPhase::Failed | WorkflowPhase::Cancelled => ReconcileAction::Apply {
+            mv: Move::Fail,
+            last_error: Some(wf.error.clone().unwrap_or_else(|| format!("{} {:?}", wf.profile_id, wf.phase).to_lowercase())),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::apply;
+    use ProvisionState::*;
+
+    fn wf(profile: &str, phase: WorkflowPhase, verified: bool) -> WorkflowSummary {
+        WorkflowSummary {
+            profile_id: profile.into(),
+            phase,
+            wipe_verified: verified,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn idle_outside_workflow_states_and_start_when_none_runs() {
+        for s in ProvisionState::ALL {
+            let got = decide(NodeFacts::at(s), None);
+            if s.is_workflow_driven() {
+                assert_eq!(got, ReconcileAction::StartWorkflow, "{s}");
+            } else {
+                assert_eq!(got, ReconcileAction::Idle, "{s}");
+            }
+        }
+        let running = wf("metal-enroll", WorkflowPhase::Running, false);
+        assert_eq!(
+            decide(NodeFacts::at(Enrolling), Some(&running)),
+            ReconcileAction::Wait
+        );
+        let cleaning = wf("metal-inspect", WorkflowPhase::CancellingCleanup, false);
+        assert_eq!(
+            decide(NodeFacts::at(Inspecting), Some(&cleaning)),
+            ReconcileAction::Wait
+        );
+    }
+
+    #[test]
+    fn the_chain_enrolling_to_ready_needs_no_caller() {
+        let mut facts = NodeFacts::at(Enrolling);
+        for (profile, next) in [
+            ("metal-enroll", Inspecting),
+            ("metal-inspect", Commissioning),
+            ("metal-commission", Ready),
+        ] {
+            let ReconcileAction::Apply { mv, .. } =
+                decide(facts, Some(&wf(profile, WorkflowPhase::Succeeded, false)))
+            else {
+                panic!("{profile} succeeded: apply complete");
+            };
+            let t = apply(facts, mv).expect("legal");
+            assert_eq!(t.to, next);
+            facts = NodeFacts::at(t.to);
+        }
+        assert_eq!(decide(facts, None), ReconcileAction::Idle);
+    }
+
+    #[test]
+    fn a_release_reaches_ready_only_with_a_verified_wipe() {
+        let ok = decide(
+            NodeFacts::at(Releasing),
+            Some(&wf("metal-release", WorkflowPhase::Succeeded, true)),
+        );
+        assert_eq!(
+            ok,
+            ReconcileAction::Apply {
+                mv: Move::Complete {
+                    wipe_verified: true
+                },
+                last_error: None
+            }
+        );
+        match decide(
+            NodeFacts::at(Releasing),
+            Some(&wf("metal-release", WorkflowPhase::Succeeded, false)),
+        ) {
+            ReconcileAction::Apply {
+                mv: Move::Fail,
+                last_error: Some(e),
+            } => assert!(e.starts_with("UNVERIFIED_WIPE")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn failures_and_cancels_fail_the_node_with_the_error() {
+        let mut failed = wf("metal-enroll", WorkflowPhase::Failed, false);
+        failed.error = Some("bmc.verify: 401 from the BMC".into());
+        assert_eq!(
+            decide(NodeFacts::at(Enrolling), Some(&failed)),
+            ReconcileAction::Apply {
+                mv: Move::Fail,
+                last_error: Some("bmc.verify: 401 from the BMC".into())
+            }
+        );
+        assert!(matches!(
+            decide(
+                NodeFacts::at(Commissioning),
+                Some(&wf("metal-commission", WorkflowPhase::Cancelled, false))
+            ),
+            ReconcileAction::Apply { mv: Move::Fail, .. }
+        ));
+    }
+
+    #[test]
+    fn rescue_then_unrescue() {
+        let rescued = wf("metal-rescue", WorkflowPhase::Succeeded, false);
+        assert_eq!(
+            decide(NodeFacts::at(Rescue), Some(&rescued)),
+            ReconcileAction::Idle,
+            "the rescue ramdisk stays up"
+        );
+        let pending = NodeFacts {
+            unrescue_pending: true,
+            ..NodeFacts::at(Rescue)
+        };
+        assert_eq!(
+            decide(pending, Some(&rescued)),
+            ReconcileAction::StartWorkflow
+        );
+        let back = wf(UNRESCUE_PROFILE, WorkflowPhase::Succeeded, false);
+        let ReconcileAction::Apply { mv, .. } = decide(pending, Some(&back)) else {
+            panic!("apply unrescue")
+        };
+        assert_eq!(apply(pending, mv).map(|t| t.to), Ok(Deployed));
+        let broken = wf(UNRESCUE_PROFILE, WorkflowPhase::Failed, false);
+        let ReconcileAction::Apply { mv, .. } = decide(pending, Some(&broken)) else {
+            panic!("apply fail")
+        };
+        let t = apply(pending, mv).expect("fail from rescue");
+        assert_eq!((t.to, t.failed_from), (Failed, Some(Rescue)));
+    }
+}

@@ -1,0 +1,558 @@
+//! Workflows as data: the step kinds, where each runs, their retry policy,
+//! the versioned profiles of every metal state, and the pure planner the
+//! engine follows (which step runs next, what a step's outcome does, when
+//! cleanup runs). The engine does the I/O; every decision is here.
+
+use serde::{Deserialize, Serialize};
+
+use crate::state::ProvisionState;
+use crate::{PowerAction, WipeMode};
+
+/// Where a step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepTarget {
+    /// In the engine itself (database changes, identity).
+    ControlPlane,
+    /// A site service: `bmc` or `boot`, over `cmd.<siteId>.<kind>`.
+    Site,
+    /// The installed OS's agent.
+    Node,
+    /// The ramdisk agent, over the agent endpoints.
+    Ramdisk,
+}
+
+impl StepTarget {
+    /// The wire name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            StepTarget::ControlPlane => "control-plane",
+            StepTarget::Site => "site",
+            StepTarget::Node => "node",
+            StepTarget::Ramdisk => "ramdisk",
+        }
+    }
+}
+
+/// What a step does. Each kind has one command kind on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum StepKind {
+    /// Log in to the BMC with the sealed credentials.
+    BmcVerify,
+    /// Out-of-band inspection: vendor, model, serial and the PXE MACs.
+    BmcInspect,
+    /// Store the MACs the inspection found on the node.
+    StoreMacs,
+    /// Create the node's boot entry (ramdisk kernel, initrd, join token).
+    BootEntrySet,
+    /// Remove the node's boot entry.
+    BootEntryClear,
+    /// Boot from the network, once or persistently.
+    BmcBootPxe { persistent: bool },
+    /// Boot from disk, once or persistently.
+    BmcBootDisk { persistent: bool },
+    /// Power action through the BMC.
+    BmcPower { action: PowerAction },
+    /// Power off through the BMC (graceful, then forced).
+    BmcPowerOff,
+    /// Wait for the ramdisk to join with its discovery token.
+    WaitRamdiskJoin,
+    /// The ramdisk reports its inventory.
+    Inventory,
+    /// The rescue/maintenance ramdisk is booted and joined (boot entry, PXE, power cycle, join).
+    EnsureRamdisk,
+    /// GPU diagnostics at a level (`dcgmi diag -r <level>`).
+    DiagDcgm { level: u8 },
+    /// Wipe every disk with `mode` and verify by read-back.
+    DiskWipe { mode: WipeMode },
+    /// Stream the profile's signed image to disk.
+    DeployImage,
+    /// Wait for the installed OS to (re)join with `role`, up to `timeout_secs`.
+    WaitOsJoin { role: String, timeout_secs: u32 },
+    /// Set the node's role.
+    SetRole,
+    /// Revoke the node's certificates and join tokens.
+    RevokeIdentity,
+    /// Forget the sealed BMC credentials.
+    ForgetBmcCredentials,
+}
+
+impl StepKind {
+    /// Where the step runs.
+    pub const fn target(&self) -> StepTarget {
+        match self {
+            StepKind::StoreMacs
+            | StepKind::SetRole
+            | StepKind::RevokeIdentity
+            | StepKind::ForgetBmcCredentials
+            | StepKind::WaitRamdiskJoin => StepTarget::ControlPlane,
+            StepKind::BmcVerify
+            | StepKind::BmcInspect
+            | StepKind::BootEntrySet
+            | StepKind::BootEntryClear
+            | StepKind::BmcBootPxe { .. }
+            | StepKind::BmcBootDisk { .. }
+            | StepKind::BmcPower { .. }
+            | StepKind::BmcPowerOff
+            | StepKind::EnsureRamdisk => StepTarget::Site,
+            StepKind::WaitOsJoin { .. } => StepTarget::Node,
+            StepKind::Inventory
+            | StepKind::DiagDcgm { .. }
+            | StepKind::DiskWipe { .. }
+            | StepKind::DeployImage => StepTarget::Ramdisk,
+        }
+    }
+
+    /// The command kind on the wire, e.g. `bmc.power`, `site.bootEntry`,
+    /// `disk.wipe`.
+    pub const fn command_kind(&self) -> &'static str {
+        match self {
+            StepKind::BmcVerify => "bmc.verify",
+            StepKind::BmcInspect => "bmc.inspect",
+            StepKind::StoreMacs => "metal.storeMacs",
+            StepKind::BootEntrySet => "site.bootEntry.set",
+            StepKind::BootEntryClear => "site.bootEntry.clear",
+            StepKind::BmcBootPxe { .. } | StepKind::BmcBootDisk { .. } => "bmc.bootDevice",
+            StepKind::BmcPower { .. } | StepKind::BmcPowerOff => "bmc.power",
+            StepKind::WaitRamdiskJoin => "metal.waitRamdiskJoin",
+            StepKind::Inventory => "inventory",
+            StepKind::EnsureRamdisk => "metal.ensureRamdisk",
+            StepKind::DiagDcgm { .. } => "diag.dcgm",
+            StepKind::DiskWipe { .. } => "disk.wipe",
+            StepKind::DeployImage => "deploy.image",
+            StepKind::WaitOsJoin { .. } => "metal.waitOsJoin",
+            StepKind::SetRole => "metal.setRole",
+            StepKind::RevokeIdentity => "pki.revoke",
+            StepKind::ForgetBmcCredentials => "bmc.forgetCredentials",
+        }
+    }
+
+    /// Whether the step destroys data or changes the machine: such a step's
+    /// command is recorded before it is sent and never sent twice.
+    pub const fn destructive(&self) -> bool {
+        matches!(
+            self,
+            StepKind::DiskWipe { .. }
+                | StepKind::DeployImage
+                | StepKind::BmcPower { .. }
+                | StepKind::BmcPowerOff
+                | StepKind::BmcBootPxe { .. }
+                | StepKind::BmcBootDisk { .. }
+                | StepKind::EnsureRamdisk
+        )
+    }
+}
+
+/// Retries of a step: exponential backoff with jitter, a bounded number of
+/// attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryPolicy {
+    pub max_attempts: u32,
+    pub initial_backoff_ms: u64,
+    pub max_backoff_ms: u64,
+}
+
+impl RetryPolicy {
+    /// The default: 5 attempts, 1 s doubling up to 60 s.
+    pub const DEFAULT: RetryPolicy = RetryPolicy {
+        max_attempts: 5,
+        initial_backoff_ms: 1_000,
+        max_backoff_ms: 60_000,
+    };
+    /// One attempt only, for steps whose failure is final (a wipe that failed read-back).
+    pub const ONCE: RetryPolicy = RetryPolicy {
+        max_attempts: 1,
+        initial_backoff_ms: 0,
+        max_backoff_ms: 0,
+    };
+
+    /// The wait before attempt `next_attempt` (2 or more): the initial
+    /// backoff doubled per earlier retry, capped, then scaled into
+    /// `[50 %, 100 %]` by `jitter` in `[0, 1)` ("equal jitter").
+    pub fn backoff_ms(&self, next_attempt: u32, jitter: f64) -> u64 {
+        let retries_before = next_attempt.saturating_sub(2).min(32);
+        let full = self
+            .initial_backoff_ms
+            .saturating_mul(1u64 << retries_before)
+            .min(self.max_backoff_ms);
+        let jitter = if jitter.is_finite() {
+            jitter.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let half = full / 2;
+        half + (half as f64 * jitter) as u64
+    }
+}
+
+/// One step of a profile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepDef {
+    /// A name unique in the profile, e.g. `power-on`.
+    pub name: String,
+    #[serde(flatten)]
+    pub kind: StepKind,
+    pub timeout_secs: u32,
+    pub retry: RetryPolicy,
+}
+
+/// A versioned workflow profile: the main steps and the cleanup steps that
+/// run when the workflow fails or is cancelled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Profile {
+    pub id: String,
+    pub version: u32,
+    pub steps: Vec<StepDef>,
+    pub cleanup: Vec<StepDef>,
+}
+
+fn step(name: &str, kind: StepKind, timeout_secs: u32) -> StepDef {
+    StepDef {
+        name: name.to_owned(),
+        kind,
+        timeout_secs,
+        retry: RetryPolicy::DEFAULT,
+    }
+}
+
+fn once(name: &str, kind: StepKind, timeout_secs: u32) -> StepDef {
+    StepDef {
+        retry: RetryPolicy::ONCE,
+        ..step(name, kind, timeout_secs)
+    }
+}
+
+fn power_off() -> StepDef {
+    step("power-off", StepKind::BmcPowerOff, 300)
+}
+
+fn boot_cleanup() -> Vec<StepDef> {
+    vec![
+        step("clear-boot-entry", StepKind::BootEntryClear, 60),
+        power_off(),
+    ]
+}
+
+/// `metal-enroll` v1: verify the BMC, inspect out of band, store PXE MACs.
+pub fn metal_enroll() -> Profile {
+    Profile {
+        id: "metal-enroll".into(),
+        version: 1,
+        steps: vec![
+            step("verify-bmc", StepKind::BmcVerify, 120),
+            step("inspect-oob", StepKind::BmcInspect, 300),
+            step("store-macs", StepKind::StoreMacs, 30),
+        ],
+        cleanup: vec![],
+    }
+}
+
+/// `metal-inspect` v1: PXE-boot the ramdisk and collect inventory in band.
+pub fn metal_inspect() -> Profile {
+    Profile {
+        id: "metal-inspect".into(),
+        version: 1,
+        steps: vec![
+            step("prepare-boot-entry", StepKind::BootEntrySet, 60),
+            step("pxe-once", StepKind::BmcBootPxe { persistent: false }, 120),
+            step(
+                "power-on",
+                StepKind::BmcPower {
+                    action: PowerAction::Cycle,
+                },
+                300,
+            ),
+            step("wait-ramdisk-join", StepKind::WaitRamdiskJoin, 1_200),
+            step("collect-inventory", StepKind::Inventory, 600),
+            power_off(),
+            step("clear-boot-entry", StepKind::BootEntryClear, 60),
+        ],
+        cleanup: boot_cleanup(),
+    }
+}
+
+/// `metal-commission` v1: ramdisk, DCGM level 2, quick wipe, power off.
+pub fn metal_commission() -> Profile {
+    Profile {
+        id: "metal-commission".into(),
+        version: 1,
+        steps: vec![
+            step("ensure-ramdisk", StepKind::EnsureRamdisk, 1_800),
+            once("dcgm-diag", StepKind::DiagDcgm { level: 2 }, 3_600),
+            once(
+                "quick-wipe",
+                StepKind::DiskWipe {
+                    mode: WipeMode::Quick,
+                },
+                7_200,
+            ),
+            power_off(),
+            step("clear-boot-entry", StepKind::BootEntryClear, 60),
+        ],
+        cleanup: boot_cleanup(),
+    }
+}
+
+/// `metal-release` v1: ramdisk, wipe with `mode` verified, power off.
+pub fn metal_release(mode: WipeMode) -> Profile {
+    let mut steps = vec![step("ensure-ramdisk", StepKind::EnsureRamdisk, 1_800)];
+    if mode != WipeMode::None {
+        steps.push(once("wipe", StepKind::DiskWipe { mode }, 86_400));
+    }
+    steps.push(power_off());
+    steps.push(step("clear-boot-entry", StepKind::BootEntryClear, 60));
+    Profile {
+        id: "metal-release".into(),
+        version: 1,
+        steps,
+        cleanup: boot_cleanup(),
+    }
+}
+
+/// `metal-rescue` v1: one `metal.ensureRamdisk` step.
+pub fn metal_rescue() -> Profile {
+    Profile {
+        id: "metal-rescue".into(),
+        version: 1,
+        steps: vec![step("ensure-ramdisk", StepKind::EnsureRamdisk, 1_800)],
+        cleanup: vec![],
+    }
+}
+
+/// `metal-unrescue` v1: disk persistently, power cycle, wait ≤ 20 min for
+/// the installed OS with role `node`, clean up boot entries.
+pub fn metal_unrescue() -> Profile {
+    Profile {
+        id: "metal-unrescue".into(),
+        version: 1,
+        steps: vec![
+            step("boot-disk", StepKind::BmcBootDisk { persistent: true }, 120),
+            step(
+                "power-cycle",
+                StepKind::BmcPower {
+                    action: PowerAction::Cycle,
+                },
+                300,
+            ),
+            once(
+                "wait-os",
+                StepKind::WaitOsJoin {
+                    role: "node".into(),
+                    timeout_secs: 1_200,
+                },
+                1_200,
+            ),
+            step("clear-boot-entry", StepKind::BootEntryClear, 60),
+        ],
+        cleanup: vec![],
+    }
+}
+
+/// `metal-retire` v1: crypto-erase, power off, revoke identity, forget
+/// BMC credentials.
+pub fn metal_retire() -> Profile {
+    Profile {
+        id: "metal-retire".into(),
+        version: 1,
+        steps: vec![
+            step("ensure-ramdisk", StepKind::EnsureRamdisk, 1_800),
+            once(
+                "crypto-erase",
+                StepKind::DiskWipe {
+                    mode: WipeMode::CryptoErase,
+                },
+                86_400,
+            ),
+            power_off(),
+            step("clear-boot-entry", StepKind::BootEntryClear, 60),
+            step("revoke-identity", StepKind::RevokeIdentity, 60),
+            step("forget-bmc-credentials", StepKind::ForgetBmcCredentials, 60),
+        ],
+        cleanup: boot_cleanup(),
+    }
+}
+
+/// A tenant deploy profile: stream an image, boot from disk, reboot, wait
+/// for the installed OS to join with `role`.
+pub fn tenant_deploy(id: &str, version: u32, role: &str) -> Profile {
+    Profile {
+        id: id.to_owned(),
+        version,
+        steps: vec![
+            step("ensure-ramdisk", StepKind::EnsureRamdisk, 1_800),
+            once("deploy-image", StepKind::DeployImage, 7_200),
+            step("boot-disk", StepKind::BmcBootDisk { persistent: true }, 120),
+            step(
+                "reboot",
+                StepKind::BmcPower {
+                    action: PowerAction::Cycle,
+                },
+                300,
+            ),
+            once(
+                "wait-os",
+                StepKind::WaitOsJoin {
+                    role: role.to_owned(),
+                    timeout_secs: 1_800,
+                },
+                1_800,
+            ),
+            step("clear-boot-entry", StepKind::BootEntryClear, 60),
+            step("set-role", StepKind::SetRole, 30),
+        ],
+        cleanup: boot_cleanup(),
+    }
+}
+
+/// The metal profile a workflow-driven state runs. `deploying` runs the
+/// tenant's profile and is not decided here.
+pub fn metal_profile_for(state: ProvisionState, unrescue: bool, wipe: WipeMode) -> Option<Profile> {
+    use ProvisionState::*;
+    Some(match state {
+        Enrolling => metal_enroll(),
+        Inspecting => metal_inspect(),
+        Commissioning => metal_commission(),
+        Releasing => metal_release(wipe),
+        Rescue if unrescue => metal_unrescue(),
+        Rescue => metal_rescue(),
+        Retiring => metal_retire(),
+        _ => return None,
+    })
+}
+
+/// The state of one step as the engine records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepStatus {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Skipped,
+}
+
+/// What happened to a running step's attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepOutcome {
+    Succeeded,
+    /// The executor failed; `retryable` false ends the step at once.
+    Failed {
+        retryable: bool,
+        message: String,
+    },
+    TimedOut,
+}
+
+/// What the engine does next with a step after an outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterOutcome {
+    /// The step succeeded.
+    Done,
+    /// Run attempt `attempt` after `after_ms`.
+    Retry { attempt: u32, after_ms: u64 },
+    /// The step failed for good with this message.
+    GiveUp { message: String },
+}
+
+/// Decides what an outcome of attempt `attempt` of `def` leads to. `jitter`
+/// in `[0, 1)` comes from the caller's random source.
+pub fn after_outcome(
+    def: &StepDef,
+    attempt: u32,
+    outcome: &StepOutcome,
+    jitter: f64,
+) -> AfterOutcome {
+    let (retryable, message) = match outcome {
+        StepOutcome::Succeeded => return AfterOutcome::Done,
+        StepOutcome::Failed { retryable, message } => (*retryable, message.clone()),
+        StepOutcome::TimedOut => (
+            true,
+            format!("{} timed out after {} s", def.name, def.timeout_secs),
+        ),
+    };
+    if retryable && attempt < def.retry.max_attempts {
+        let next = attempt + 1;
+        AfterOutcome::Retry {
+            attempt: next,
+            after_ms: def.retry.backoff_ms(next, jitter),
+        }
+    } else if retryable {
+        AfterOutcome::GiveUp {
+            message: format!("{message} (after {attempt} attempts)"),
+        }
+    } else {
+        AfterOutcome::GiveUp { message }
+    }
+}
+
+/// The phase of a workflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkflowPhase {
+    /// Main steps run.
+    Running,
+    /// A main step failed for good: cleanup steps run, then `Failed`.
+    FailingCleanup,
+    /// Cancelled: cleanup steps run, then `Cancelled`.
+    CancellingCleanup,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl WorkflowPhase {
+    /// Whether the workflow has ended.
+    pub const fn is_final(self) -> bool {
+        matches!(
+            self,
+            WorkflowPhase::Succeeded | WorkflowPhase::Failed | WorkflowPhase::Cancelled
+        )
+    }
+}
+
+/// What the engine must do next for a workflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextStep {
+    /// Run main step `index`.
+    Main(usize),
+    /// Run cleanup step `index`.
+    Cleanup(usize),
+    /// The workflow ends in this phase.
+    Finish(WorkflowPhase),
+}
+
+/// The next thing to run given the phase and the status of every main and
+/// cleanup step. Cleanup steps run in order whatever each one's outcome
+/// (best effort); a cancel never skips them.
+pub fn next_step(phase: WorkflowPhase, main: &[StepStatus], cleanup: &[StepStatus]) -> NextStep {
+    let open = |s: &StepStatus| matches!(s, StepStatus::Pending | StepStatus::Running);
+    match phase {
+        WorkflowPhase::Running => match main.iter().position(open) {
+            Some(i) => NextStep::Main(i),
+            None if main
+                .iter()
+                .all(|s| matches!(s, StepStatus::Succeeded | StepStatus::Skipped)) =>
+            {
+                NextStep::Finish(WorkflowPhase::Succeeded)
+            }
+            None => next_step(WorkflowPhase::FailingCleanup, main, cleanup),
+        },
+        WorkflowPhase::FailingCleanup | WorkflowPhase::CancellingCleanup => {
+            match cleanup.iter().position(open) {
+                Some(i) => NextStep::Cleanup(i),
+                None if phase == WorkflowPhase::CancellingCleanup => {
+                    NextStep::Finish(WorkflowPhase::Cancelled)
+                }
+                None => NextStep::Finish(WorkflowPhase::Failed),
+            }
+        }
+        done => NextStep::Finish(done),
+    }
+}
+
+#[cfg(test)]
+mod tests;

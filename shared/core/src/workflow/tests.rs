@@ -1,0 +1,249 @@
+//! Tests of the profiles and the planner.
+
+use super::*;
+use proptest::prelude::*;
+
+#[test]
+fn every_workflow_state_has_its_profile() {
+    use ProvisionState::*;
+    let ids: Vec<_> = [
+        Enrolling,
+        Inspecting,
+        Commissioning,
+        Releasing,
+        Rescue,
+        Retiring,
+    ]
+    .into_iter()
+    .map(|s| metal_profile_for(s, false, WipeMode::Quick).map(|p| p.id))
+    .collect();
+    assert_eq!(
+        ids,
+        [
+            "metal-enroll",
+            "metal-inspect",
+            "metal-commission",
+            "metal-release",
+            "metal-rescue",
+            "metal-retire"
+        ]
+        .map(|s| Some(s.to_owned()))
+    );
+    assert_eq!(
+        metal_profile_for(Rescue, true, WipeMode::Quick).map(|p| p.id),
+        Some("metal-unrescue".into())
+    );
+    for s in [Ready, Deployed, Failed, Retired, Deploying, Adopted] {
+        assert!(
+            metal_profile_for(s, false, WipeMode::Quick).is_none(),
+            "{s}"
+        );
+    }
+}
+
+#[test]
+fn profiles_do_what_the_spec_says() {
+    let kinds = |p: Profile| p.steps.into_iter().map(|s| s.kind).collect::<Vec<_>>();
+    assert!(kinds(metal_commission()).contains(&StepKind::DiagDcgm { level: 2 }));
+    assert!(kinds(metal_commission()).contains(&StepKind::DiskWipe {
+        mode: WipeMode::Quick
+    }));
+    for mode in [
+        WipeMode::Quick,
+        WipeMode::SecureErase,
+        WipeMode::CryptoErase,
+    ] {
+        assert!(kinds(metal_release(mode)).contains(&StepKind::DiskWipe { mode }));
+    }
+    assert!(kinds(metal_retire()).contains(&StepKind::DiskWipe {
+        mode: WipeMode::CryptoErase
+    }));
+    assert!(kinds(metal_retire()).contains(&StepKind::RevokeIdentity));
+    assert!(kinds(metal_retire()).contains(&StepKind::ForgetBmcCredentials));
+    assert_eq!(kinds(metal_rescue()), vec![StepKind::EnsureRamdisk]);
+    let unrescue = metal_unrescue();
+    assert!(unrescue.steps.iter().any(|s| s.kind
+        == StepKind::WaitOsJoin {
+            role: "node".into(),
+            timeout_secs: 1_200
+        }));
+    assert_eq!(
+        unrescue.steps[0].kind,
+        StepKind::BmcBootDisk { persistent: true }
+    );
+    // Names are unique within a profile, so (workflow, step, attempt) keys are.
+    for p in [
+        metal_enroll(),
+        metal_inspect(),
+        metal_commission(),
+        metal_release(WipeMode::Quick),
+        metal_retire(),
+        tenant_deploy("t", 1, "host"),
+    ] {
+        let mut names: Vec<_> = p
+            .steps
+            .iter()
+            .chain(&p.cleanup)
+            .map(|s| s.name.clone())
+            .collect();
+        let main = p.steps.len();
+        names.truncate(main);
+        let mut dedup = names.clone();
+        dedup.sort();
+        dedup.dedup();
+        assert_eq!(dedup.len(), names.len(), "{}", p.id);
+    }
+    // Wipes are never retried: a failed read-back must fail the workflow.
+    for p in [
+        metal_commission(),
+        metal_release(WipeMode::SecureErase),
+        metal_retire(),
+    ] {
+        for s in p
+            .steps
+            .iter()
+            .filter(|s| matches!(s.kind, StepKind::DiskWipe { .. }))
+        {
+            assert_eq!(s.retry.max_attempts, 1, "{}/{}", p.id, s.name);
+            assert!(s.kind.destructive());
+        }
+    }
+}
+
+#[test]
+fn backoff_doubles_caps_and_jitters() {
+    let p = RetryPolicy {
+        max_attempts: 10,
+        initial_backoff_ms: 1_000,
+        max_backoff_ms: 8_000,
+    };
+    assert_eq!(p.backoff_ms(2, 0.0), 500);
+    assert_eq!(p.backoff_ms(2, 0.999), 999);
+    assert_eq!(p.backoff_ms(3, 0.0), 1_000);
+    assert_eq!(p.backoff_ms(5, 0.0), 4_000);
+    assert_eq!(
+        p.backoff_ms(9, 0.0),
+        4_000,
+        "capped at max, halved by jitter floor"
+    );
+    assert_eq!(p.backoff_ms(60, 1.0), 8_000);
+    assert_eq!(p.backoff_ms(3, f64::NAN), 1_000);
+}
+
+#[test]
+fn outcomes_retry_until_the_attempts_run_out() {
+    let def = step("s", StepKind::BmcVerify, 10);
+    let fail = StepOutcome::Failed {
+        retryable: true,
+        message: "503 from BMC".into(),
+    };
+    assert_eq!(
+        after_outcome(&def, 1, &StepOutcome::Succeeded, 0.5),
+        AfterOutcome::Done
+    );
+    assert!(matches!(
+        after_outcome(&def, 1, &fail, 0.0),
+        AfterOutcome::Retry {
+            attempt: 2,
+            after_ms: 500
+        }
+    ));
+    assert!(matches!(
+        after_outcome(&def, 4, &StepOutcome::TimedOut, 0.0),
+        AfterOutcome::Retry { attempt: 5, .. }
+    ));
+    match after_outcome(&def, 5, &fail, 0.0) {
+        AfterOutcome::GiveUp { message } => {
+            assert!(message.contains("after 5 attempts"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let fatal = StepOutcome::Failed {
+        retryable: false,
+        message: "bad credentials".into(),
+    };
+    assert_eq!(
+        after_outcome(&def, 1, &fatal, 0.0),
+        AfterOutcome::GiveUp {
+            message: "bad credentials".into()
+        }
+    );
+}
+
+#[test]
+fn planner_runs_main_then_finishes_or_cleans_up() {
+    use StepStatus::*;
+    assert_eq!(
+        next_step(WorkflowPhase::Running, &[Succeeded, Pending], &[Pending]),
+        NextStep::Main(1)
+    );
+    assert_eq!(
+        next_step(WorkflowPhase::Running, &[Succeeded, Succeeded], &[Pending]),
+        NextStep::Finish(WorkflowPhase::Succeeded),
+        "cleanup only runs on failure or cancel"
+    );
+    assert_eq!(
+        next_step(
+            WorkflowPhase::Running,
+            &[Succeeded, Failed],
+            &[Pending, Pending]
+        ),
+        NextStep::Cleanup(0)
+    );
+    assert_eq!(
+        next_step(WorkflowPhase::FailingCleanup, &[Failed], &[Failed, Pending]),
+        NextStep::Cleanup(1)
+    );
+    assert_eq!(
+        next_step(
+            WorkflowPhase::FailingCleanup,
+            &[Failed],
+            &[Failed, Succeeded]
+        ),
+        NextStep::Finish(WorkflowPhase::Failed)
+    );
+    assert_eq!(
+        next_step(WorkflowPhase::CancellingCleanup, &[Skipped], &[Pending]),
+        NextStep::Cleanup(0)
+    );
+    assert_eq!(
+        next_step(WorkflowPhase::CancellingCleanup, &[Skipped], &[]),
+        NextStep::Finish(WorkflowPhase::Cancelled)
+    );
+}
+
+fn status() -> impl Strategy<Value = StepStatus> {
+    proptest::sample::select(vec![
+        StepStatus::Pending,
+        StepStatus::Running,
+        StepStatus::Succeeded,
+        StepStatus::Failed,
+        StepStatus::Skipped,
+    ])
+}
+
+proptest! {
+    /// Whatever the statuses, a cancel or a failure never finishes while a
+    /// cleanup step is still open, and success never runs cleanup.
+    #[test]
+    fn cleanup_is_never_skipped(
+        main in proptest::collection::vec(status(), 0..8),
+        cleanup in proptest::collection::vec(status(), 0..4),
+        phase in proptest::sample::select(vec![WorkflowPhase::Running, WorkflowPhase::FailingCleanup, WorkflowPhase::CancellingCleanup]),
+    ) {
+        let open_cleanup = cleanup.iter().any(|s| matches!(s, StepStatus::Pending | StepStatus::Running));
+        match next_step(phase, &main, &cleanup) {
+            NextStep::Finish(WorkflowPhase::Failed) | NextStep::Finish(WorkflowPhase::Cancelled) => prop_assert!(!open_cleanup),
+            NextStep::Finish(WorkflowPhase::Succeeded) => {
+                prop_assert_eq!(phase, WorkflowPhase::Running);
+                prop_assert!(main.iter().all(|s| matches!(s, StepStatus::Succeeded | StepStatus::Skipped)));
+            }
+            NextStep::Cleanup(i) => prop_assert!(matches!(cleanup[i], StepStatus::Pending | StepStatus::Running)),
+            NextStep::Main(i) => {
+                prop_assert_eq!(phase, WorkflowPhase::Running);
+                prop_assert!(main[..i].iter().all(|s| !matches!(s, StepStatus::Pending | StepStatus::Running)));
+            }
+            NextStep::Finish(other) => prop_assert!(false, "finished as {:?}", other),
+        }
+    }
+}
