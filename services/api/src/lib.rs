@@ -10,7 +10,6 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod openapi;
-pub mod outbox;
 pub mod reads;
 pub mod relay;
 pub mod verbs;

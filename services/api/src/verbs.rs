@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::Json;
 use bcm_bus::messages::{self, CommandEnvelope};
 use bcm_core::authz::{Action, Placement};
-use bcm_core::table::{MoveEvent, NodeFacts};
+use bcm_core::table::NodeFacts;
 use bcm_core::{
     apply, BmcDriver, ErrorCode, Move, NodeId, PoolId, PowerAction, PowerState, ProvisionState,
     TenantId, Verb, WipeMode,
@@ -20,9 +20,9 @@ use serde::Deserialize;
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiErrorBody};
 use crate::extract::Body;
-use crate::outbox;
 use crate::views::NodeView;
 use crate::AppState;
+use bcm_metal::outbox;
 
 /// The longest `abort` reason.
 pub const MAX_REASON: usize = 512;
@@ -323,6 +323,7 @@ async fn run_verb(
                 node_id: Some(node.id.to_string()),
                 site_id: Some(node.site_id.to_string()),
                 kind: cmd.kind.clone(),
+                target: "site".to_owned(),
                 params: cmd.params.clone(),
             },
         )
@@ -346,17 +347,7 @@ async fn run_verb(
         tx.rollback().await.map_err(bcm_db::DbError::from)?;
         return Ok(NodeView::from(&node));
     } else {
-        let mut next = Node {
-            provision_state: t.to,
-            failed_from: t.failed_from,
-            maintenance: t.maintenance.unwrap_or(node.maintenance),
-            unrescue_pending: t.unrescue_pending,
-            ..node.clone()
-        };
-        if t.to != t.from {
-            // A new state gets a new workflow; the reconciler starts it.
-            next.workflow_id = None;
-        }
+        let mut next = bcm_metal::moves::next_node(&node, &t);
         match extra {
             Extra::Deploy {
                 profile_id,
@@ -372,33 +363,15 @@ async fn run_verb(
                     Some(r) => format!("aborted by {}: {r}", who.name),
                     None => format!("aborted by {}", who.name),
                 });
+                // The running workflow stops and still runs its cleanup steps.
+                if let Some(wf) = node.workflow_id {
+                    bcm_db::workflows::workflow_request_cancel_in_txn(&mut tx, &wf.to_string())
+                        .await?;
+                }
             }
             Extra::None | Extra::Power { .. } => {}
         }
-        let version = nodes::node_update_guarded_in_txn(&mut tx, &next).await?;
-        let next = Node { version, ..next };
-        match t.event {
-            Some(MoveEvent::Provision(_)) => rows.push(outbox::provision_event(
-                s,
-                &next,
-                Some(t.from),
-                verb.as_str(),
-            )),
-            Some(MoveEvent::Unrescuing) => rows.push(outbox::event(
-                s,
-                &next,
-                messages::types::NODE_UNRESCUING,
-                messages::NodeUnrescuing {
-                    node_id: next.id,
-                    tenant_id: next.tenant_id.clone(),
-                    workflow_id: None,
-                    version,
-                },
-            )),
-            None => {}
-        }
-        rows.push(outbox::reconcile(s, &next, verb.as_str()));
-        next
+        bcm_metal::moves::commit_in_txn(&mut tx, s, next, &t, verb.as_str()).await?
     };
     bcm_db::outbox::outbox_insert_in_txn(&mut tx, &rows).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;

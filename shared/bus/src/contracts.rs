@@ -64,7 +64,10 @@ pub fn asyncapi() -> Value {
             "nodeUnrescuing": channel("events.{tenantId}.node.provision.unrescuing", "metal.unrescue started its workflow.", "node.provision.unrescuing.json", stream(StreamKind::Events)),
             "nodePowerRequested": channel("events.{tenantId}.node.power.requested", "metal.power queued a BMC command.", "node.power.requested.json", stream(StreamKind::Events)),
             "reconcile": channel("work.reconcile.{shard}.{nodeId}", "Reconcile requests, sharded by FNV-1a(nodeId) mod shards; work-queue retention.", "work.reconcile.json", stream(StreamKind::Work)),
-            "command": channel("cmd.{siteId}.{kind}", "Commands to a site's services (bmc.*, site.*); executors dedupe by commandId.", "cmd.command.json", stream(StreamKind::Commands))
+            "command": channel("cmd.{siteId}.{kind}", "Commands to a site's services (bmc.*, site.*); executors dedupe by commandId.", "cmd.command.json", stream(StreamKind::Commands)),
+            "commandResult": channel("result.{siteId}.{commandId}", "Results of site commands; Nats-Msg-Id is the command id.", "result.command.json", stream(StreamKind::Results)),
+            "nodeWorkflow": channel("events.{tenantId}.node.provision.workflow", "A state's workflow started.", "node.provision.workflow.json", stream(StreamKind::Events)),
+            "workflow": channel("events.{tenantId}.workflow.{status}", "A workflow ended (succeeded, failed, cancelled); workflow.step.{status} for each step.", "workflow.json", stream(StreamKind::Events))
         }
     })
 }

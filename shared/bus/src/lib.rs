@@ -7,6 +7,7 @@
 
 pub mod contracts;
 pub mod messages;
+pub mod outgoing;
 pub mod streams;
 pub mod subjects;
 

@@ -140,6 +140,52 @@ pub struct CommandEnvelope {
     pub issued_at: DateTime<Utc>,
 }
 
+/// The result of a command, from a site service (`result.<siteId>.<commandId>`)
+/// or, signed, from an agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommandResult {
+    pub command_id: String,
+    pub ok: bool,
+    /// A failure the engine may retry (a timeout, a 503 from a BMC).
+    #[serde(default)]
+    pub retryable: bool,
+    #[serde(default)]
+    pub output: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `node.provision.workflow`: a state's workflow started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeWorkflowStarted {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub workflow_id: String,
+    pub profile_id: String,
+    pub profile_version: u32,
+    pub provision_state: ProvisionState,
+    pub version: i64,
+}
+
+/// `workflow.<status>` and `workflow.step.<status>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkflowEvent {
+    pub workflow_id: String,
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub profile_id: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// Event type names.
 pub mod types {
     use bcm_core::ProvisionState;
@@ -158,6 +204,22 @@ pub mod types {
     pub fn command(kind: &str) -> String {
         format!("cmd.{kind}")
     }
+
+    /// `node.provision.workflow`.
+    pub const NODE_PROVISION_WORKFLOW: &str = "node.provision.workflow";
+
+    /// `workflow.<status>`.
+    pub fn workflow(status: &str) -> String {
+        format!("workflow.{status}")
+    }
+
+    /// `workflow.step.<status>`.
+    pub fn workflow_step(status: &str) -> String {
+        format!("workflow.step.{status}")
+    }
+
+    /// The type of a command result.
+    pub const COMMAND_RESULT: &str = "command.result";
 
     /// `node.provision.<state>`.
     pub fn node_provision(state: ProvisionState) -> String {

@@ -5,7 +5,7 @@
 //! - work: `work.reconcile.<shard>.<nodeId>`
 //! - commands: `cmd.<siteId>.<kind>`, results `result.<siteId>.<commandId>`
 
-use bcm_core::{CommandId, NodeId, SiteId, TenantId};
+use bcm_core::{NodeId, SiteId, TenantId};
 
 /// The logical streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,8 +133,18 @@ impl Subjects {
         self.p(format!("cmd.{site}.{kind}"))
     }
 
+    /// Every command to the services of `site`.
+    pub fn commands_of_site(&self, site: &SiteId) -> String {
+        self.p(format!("cmd.{site}.>"))
+    }
+
+    /// Every command result.
+    pub fn results_all(&self) -> String {
+        self.p("result.>".to_owned())
+    }
+
     /// The result of a command.
-    pub fn result(&self, site: &SiteId, command: &CommandId) -> String {
+    pub fn result(&self, site: &SiteId, command: &str) -> String {
         self.p(format!("result.{site}.{command}"))
     }
 }

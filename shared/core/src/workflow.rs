@@ -377,7 +377,8 @@ pub fn metal_retire() -> Profile {
 }
 
 /// A tenant deploy profile: stream an image, boot from disk, reboot, wait
-/// for the installed OS to join with `role`.
+/// for the installed OS to join with `role`. The reconciler sets the node's
+/// role when it applies `complete`.
 pub fn tenant_deploy(id: &str, version: u32, role: &str) -> Profile {
     Profile {
         id: id.to_owned(),
@@ -402,7 +403,6 @@ pub fn tenant_deploy(id: &str, version: u32, role: &str) -> Profile {
                 1_800,
             ),
             step("clear-boot-entry", StepKind::BootEntryClear, 60),
-            step("set-role", StepKind::SetRole, 30),
         ],
         cleanup: boot_cleanup(),
     }

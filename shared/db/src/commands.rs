@@ -1,7 +1,10 @@
 //! Commands: every command is a row before it is sent, with an idempotency
-//! key, so nothing is sent twice and executors dedupe by command id.
+//! key of (workflow, step, attempt), so a restarted engine never sends it
+//! twice and executors dedupe by command id.
 
-use crate::{DbError, Tx};
+use chrono::{DateTime, Utc};
+
+use crate::{Db, DbError, Tx};
 
 /// A command to record.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,15 +17,34 @@ pub struct NewCommand {
     pub node_id: Option<String>,
     pub site_id: Option<String>,
     pub kind: String,
+    pub target: String,
     pub params: serde_json::Value,
 }
+
+/// A stored command.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct CommandRow {
+    pub id: String,
+    pub node_id: Option<String>,
+    pub site_id: Option<String>,
+    pub kind: String,
+    pub target: String,
+    pub params: serde_json::Value,
+    pub status: String,
+    pub result: Option<serde_json::Value>,
+    pub signature: Option<Vec<u8>>,
+    pub created_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+const COLUMNS: &str = "id, node_id, site_id, kind, target, params, status, result, signature, created_at, completed_at";
 
 /// Records a command as pending. A repeated idempotency key is
 /// [`DbError::Duplicate`].
 pub async fn command_insert_in_txn(tx: &mut Tx<'_>, c: &NewCommand) -> Result<(), DbError> {
     sqlx::query(
-        "INSERT INTO commands (id, idempotency_key, workflow_id, step_idx, attempt, node_id, site_id, kind, params, status) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending')",
+        "INSERT INTO commands (id, idempotency_key, workflow_id, step_idx, attempt, node_id, site_id, kind, target, params, status) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending')",
     )
     .bind(&c.id)
     .bind(&c.idempotency_key)
@@ -32,8 +54,81 @@ pub async fn command_insert_in_txn(tx: &mut Tx<'_>, c: &NewCommand) -> Result<()
     .bind(&c.node_id)
     .bind(&c.site_id)
     .bind(&c.kind)
+    .bind(&c.target)
     .bind(&c.params)
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// Reads a command.
+pub async fn command_fetch_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<CommandRow, DbError> {
+    Ok(
+        sqlx::query_as(&format!("SELECT {COLUMNS} FROM commands WHERE id = $1"))
+            .bind(id)
+            .fetch_one(&mut **tx)
+            .await?,
+    )
+}
+
+/// Reads a command.
+pub async fn command_fetch(db: &Db, id: &str) -> Result<CommandRow, DbError> {
+    Ok(
+        sqlx::query_as(&format!("SELECT {COLUMNS} FROM commands WHERE id = $1"))
+            .bind(id)
+            .fetch_one(db.pool())
+            .await?,
+    )
+}
+
+/// Records a command's result once; returns false when it already had one
+/// (a redelivered result changes nothing).
+pub async fn command_complete_in_txn(
+    tx: &mut Tx<'_>,
+    id: &str,
+    succeeded: bool,
+    result: &serde_json::Value,
+    signature: Option<&[u8]>,
+) -> Result<bool, DbError> {
+    let n = sqlx::query(
+        "UPDATE commands SET status = $2, result = $3, signature = $4, completed_at = now() \
+         WHERE id = $1 AND status IN ('pending', 'sent')",
+    )
+    .bind(id)
+    .bind(if succeeded { "succeeded" } else { "failed" })
+    .bind(result)
+    .bind(signature)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    Ok(n > 0)
+}
+
+/// Hands the pending ramdisk commands of a node to its agent, marking them
+/// sent.
+pub async fn commands_take_for_agent_in_txn(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+    limit: i64,
+) -> Result<Vec<CommandRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "UPDATE commands SET status = 'sent', sent_at = now() WHERE id IN ( \
+           SELECT id FROM commands WHERE node_id = $1 AND target = 'ramdisk' AND status = 'pending' \
+           ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING {COLUMNS}"
+    ))
+    .bind(node_id)
+    .bind(limit)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
+/// How many commands were recorded for a node with `kind`.
+pub async fn command_count(db: &Db, node_id: &str, kind: &str) -> Result<i64, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM commands WHERE node_id = $1 AND kind = $2")
+            .bind(node_id)
+            .bind(kind)
+            .fetch_one(db.pool())
+            .await?,
+    )
 }

@@ -7,8 +7,10 @@
 //! node update, authorization projection and outbox rows commit together.
 
 pub mod admin;
+pub mod agents;
 pub mod commands;
 pub mod error;
+pub mod leases;
 pub mod nodes;
 pub mod outbox;
 pub mod secrets;

@@ -286,3 +286,51 @@ pub async fn node_count_by_state(db: &crate::Db) -> Result<Vec<(ProvisionState, 
     .await?;
     rows.into_iter().map(|(s, c)| Ok((state(&s)?, c))).collect()
 }
+
+/// Records the PXE MACs found by inspection. Not a provision change: the
+/// version stays, no event is due.
+pub async fn node_set_macs_in_txn(
+    tx: &mut Tx<'_>,
+    id: &str,
+    macs: &[String],
+) -> Result<(), DbError> {
+    sqlx::query("UPDATE nodes SET macs = $2, updated_at = now() WHERE id = $1")
+        .bind(id)
+        .bind(macs)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Forgets the node's sealed BMC credentials (retire) and deletes them.
+pub async fn node_forget_bmc_secret_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<(), DbError> {
+    let secret: Option<Option<String>> =
+        sqlx::query_scalar("SELECT bmc_secret_id FROM nodes WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    sqlx::query("UPDATE nodes SET bmc_secret_id = NULL, updated_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    if let Some(Some(s)) = secret {
+        crate::secrets::secret_delete_in_txn(tx, &s).await?;
+    }
+    Ok(())
+}
+
+/// Ids of nodes in any of `states` (the reconciler's periodic look).
+pub async fn node_ids_in_states(
+    db: &crate::Db,
+    states: &[ProvisionState],
+) -> Result<Vec<NodeId>, DbError> {
+    let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+    let ids: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM nodes WHERE provision_state = ANY($1) ORDER BY id")
+            .bind(&names)
+            .fetch_all(db.pool())
+            .await?;
+    ids.iter()
+        .map(|i| i.parse().map_err(|_| corrupt("node id", i)))
+        .collect()
+}

@@ -1,7 +1,262 @@
-//! Workflows, as far as the API needs them: the status of a node's current
-//! workflow. The engine's queries come with the engine.
+//! Workflows and their steps. The engine claims due steps with
+//! `FOR UPDATE SKIP LOCKED`, so several engines share the work and a step is
+//! handled by one of them at a time; every change is persisted before the
+//! next step runs, so a restarted engine resumes where the last one stopped.
 
-use crate::{DbError, Tx};
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgListener;
+
+use crate::{Db, DbError, Tx};
+
+/// The channel that wakes engines when a step becomes due.
+pub const NOTIFY_CHANNEL: &str = "bcm_workflow";
+
+/// A workflow to create.
+#[derive(Debug, Clone)]
+pub struct NewWorkflow {
+    pub id: String,
+    pub node_id: String,
+    pub owner: String,
+    pub profile_id: String,
+    pub profile_version: i32,
+    pub for_state: String,
+    pub for_version: i64,
+    pub definition: serde_json::Value,
+    pub steps: Vec<NewStep>,
+}
+
+/// A step to create.
+#[derive(Debug, Clone)]
+pub struct NewStep {
+    pub name: String,
+    pub target: String,
+    pub cleanup: bool,
+    pub definition: serde_json::Value,
+}
+
+/// A stored workflow.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct WorkflowRow {
+    pub id: String,
+    pub node_id: String,
+    pub owner: String,
+    pub profile_id: String,
+    pub profile_version: i32,
+    pub for_state: String,
+    pub for_version: i64,
+    pub status: String,
+    pub error: Option<String>,
+    pub cancel_requested: bool,
+    pub wipe_verified: bool,
+    pub definition: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A stored step.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct StepRow {
+    pub workflow_id: String,
+    pub idx: i32,
+    pub name: String,
+    pub target: String,
+    pub cleanup: bool,
+    pub status: String,
+    pub attempt: i32,
+    pub output: Option<serde_json::Value>,
+    pub error: Option<String>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub due_at: Option<DateTime<Utc>>,
+    pub deadline_at: Option<DateTime<Utc>>,
+    pub command_id: Option<String>,
+    pub definition: serde_json::Value,
+}
+
+const WF_COLUMNS: &str =
+    "id, node_id, owner, profile_id, profile_version, for_state, for_version, status, error, \
+    cancel_requested, wipe_verified, definition, created_at";
+const STEP_COLUMNS: &str =
+    "workflow_id, idx, name, target, cleanup, status, attempt, output, error, started_at, \
+    finished_at, due_at, deadline_at, command_id, definition";
+
+/// Creates a workflow and its steps; the first main step is due at once.
+/// A second workflow for the same node state entry is [`DbError::Duplicate`].
+pub async fn workflow_insert_in_txn(tx: &mut Tx<'_>, w: &NewWorkflow) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO workflows (id, node_id, owner, profile_id, profile_version, for_state, for_version, status, definition) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8)",
+    )
+    .bind(&w.id)
+    .bind(&w.node_id)
+    .bind(&w.owner)
+    .bind(&w.profile_id)
+    .bind(w.profile_version)
+    .bind(&w.for_state)
+    .bind(w.for_version)
+    .bind(&w.definition)
+    .execute(&mut **tx)
+    .await?;
+    for (i, s) in w.steps.iter().enumerate() {
+        let first = i == 0 && !s.cleanup;
+        sqlx::query(
+            "INSERT INTO workflow_steps (workflow_id, idx, name, target, cleanup, status, definition, due_at) \
+             VALUES ($1, $2, $3, $4, $5, 'pending', $6, CASE WHEN $7 THEN now() ELSE NULL END)",
+        )
+        .bind(&w.id)
+        .bind(i as i32)
+        .bind(&s.name)
+        .bind(&s.target)
+        .bind(s.cleanup)
+        .bind(&s.definition)
+        .bind(first)
+        .execute(&mut **tx)
+        .await?;
+    }
+    notify_in_txn(tx).await
+}
+
+async fn notify_in_txn(tx: &mut Tx<'_>) -> Result<(), DbError> {
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(NOTIFY_CHANNEL)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Reads a workflow.
+pub async fn workflow_fetch(db: &Db, id: &str) -> Result<WorkflowRow, DbError> {
+    Ok(
+        sqlx::query_as(&format!("SELECT {WF_COLUMNS} FROM workflows WHERE id = $1"))
+            .bind(id)
+            .fetch_one(db.pool())
+            .await?,
+    )
+}
+
+/// Reads and locks a workflow.
+pub async fn workflow_fetch_for_update_in_txn(
+    tx: &mut Tx<'_>,
+    id: &str,
+) -> Result<WorkflowRow, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {WF_COLUMNS} FROM workflows WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(id)
+    .fetch_one(&mut **tx)
+    .await?)
+}
+
+/// Every step of a workflow in order.
+pub async fn steps_fetch_in_txn(
+    tx: &mut Tx<'_>,
+    workflow_id: &str,
+) -> Result<Vec<StepRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {STEP_COLUMNS} FROM workflow_steps WHERE workflow_id = $1 ORDER BY idx"
+    ))
+    .bind(workflow_id)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
+/// Every step of a workflow in order.
+pub async fn steps_fetch(db: &Db, workflow_id: &str) -> Result<Vec<StepRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {STEP_COLUMNS} FROM workflow_steps WHERE workflow_id = $1 ORDER BY idx"
+    ))
+    .bind(workflow_id)
+    .fetch_all(db.pool())
+    .await?)
+}
+
+/// Claims one due step, locked for the transaction; others skip it.
+pub async fn step_claim_due_in_txn(tx: &mut Tx<'_>) -> Result<Option<(String, i32)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT workflow_id, idx FROM workflow_steps WHERE due_at <= now() ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
+/// Writes a step's mutable fields.
+pub async fn step_update_in_txn(tx: &mut Tx<'_>, s: &StepRow) -> Result<(), DbError> {
+    sqlx::query(
+        "UPDATE workflow_steps SET status = $3, attempt = $4, output = $5, error = $6, started_at = $7, \
+         finished_at = $8, due_at = $9, deadline_at = $10, command_id = $11 WHERE workflow_id = $1 AND idx = $2",
+    )
+    .bind(&s.workflow_id)
+    .bind(s.idx)
+    .bind(&s.status)
+    .bind(s.attempt)
+    .bind(&s.output)
+    .bind(&s.error)
+    .bind(s.started_at)
+    .bind(s.finished_at)
+    .bind(s.due_at)
+    .bind(s.deadline_at)
+    .bind(&s.command_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Writes a workflow's status, error and wipe verdict.
+pub async fn workflow_update_in_txn(
+    tx: &mut Tx<'_>,
+    w: &WorkflowRow,
+    finished: bool,
+) -> Result<(), DbError> {
+    sqlx::query(
+        "UPDATE workflows SET status = $2, error = $3, wipe_verified = $4, updated_at = now(), \
+         finished_at = CASE WHEN $5 THEN now() ELSE finished_at END WHERE id = $1",
+    )
+    .bind(&w.id)
+    .bind(&w.status)
+    .bind(&w.error)
+    .bind(w.wipe_verified)
+    .bind(finished)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Asks a running workflow to cancel: the engine stops the running step and
+/// runs the cleanup steps. Returns false when it had already ended.
+pub async fn workflow_request_cancel_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<bool, DbError> {
+    let n = sqlx::query(
+        "UPDATE workflows SET cancel_requested = true, updated_at = now() \
+         WHERE id = $1 AND status IN ('running', 'failing-cleanup')",
+    )
+    .bind(id)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if n > 0 {
+        sqlx::query(
+            "UPDATE workflow_steps SET due_at = now() WHERE workflow_id = $1 AND status IN ('pending', 'running') \
+             AND due_at IS NOT NULL",
+        )
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+        notify_in_txn(tx).await?;
+    }
+    Ok(n > 0)
+}
+
+/// Makes the step waiting on `command_id` due now (its result arrived).
+pub async fn step_wake_for_command_in_txn(
+    tx: &mut Tx<'_>,
+    command_id: &str,
+) -> Result<(), DbError> {
+    sqlx::query(
+        "UPDATE workflow_steps SET due_at = now() WHERE command_id = $1 AND status = 'running'",
+    )
+    .bind(command_id)
+    .execute(&mut **tx)
+    .await?;
+    notify_in_txn(tx).await
+}
 
 /// Status of a workflow, or `None` when it does not exist.
 pub async fn workflow_status_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<Option<String>, DbError> {
@@ -9,6 +264,37 @@ pub async fn workflow_status_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<Option<
         sqlx::query_scalar("SELECT status FROM workflows WHERE id = $1")
             .bind(id)
             .fetch_optional(&mut **tx)
+            .await?,
+    )
+}
+
+/// Wakes engines when a step becomes due.
+pub struct WorkflowListener {
+    inner: PgListener,
+}
+
+impl WorkflowListener {
+    /// Waits for the next notification.
+    pub async fn notified(&mut self) -> Result<(), DbError> {
+        self.inner.recv().await?;
+        Ok(())
+    }
+}
+
+/// Listens for due steps.
+pub async fn workflow_listener(db: &Db) -> Result<WorkflowListener, DbError> {
+    let mut inner = PgListener::connect_with(db.pool()).await?;
+    inner.listen(NOTIFY_CHANNEL).await?;
+    Ok(WorkflowListener { inner })
+}
+
+/// How many workflows exist for a node state entry (tests prove the
+/// reconciler never starts two).
+pub async fn workflow_count_for_node(db: &Db, node_id: &str) -> Result<i64, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM workflows WHERE node_id = $1")
+            .bind(node_id)
+            .fetch_one(db.pool())
             .await?,
     )
 }

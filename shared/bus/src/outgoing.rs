@@ -1,0 +1,87 @@
+//! Messages on their way to the outbox: a CloudEvent, a reconcile request
+//! or a command, with its subject, id and the current trace context. The
+//! caller stores it with the change that caused it; the relay publishes it.
+
+use serde::Serialize;
+
+use crate::messages::{self, CloudEvent, ReconcileRequest};
+use crate::Subjects;
+use bcm_core::{NodeId, ProvisionState, TenantId};
+
+/// A message to commit with a change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outgoing {
+    /// CloudEvents id and `Nats-Msg-Id`.
+    pub id: String,
+    pub subject: String,
+    pub payload: serde_json::Value,
+    pub headers: serde_json::Map<String, serde_json::Value>,
+    pub node_id: Option<String>,
+}
+
+/// The node an outgoing message is about.
+#[derive(Debug, Clone, Copy)]
+pub struct About<'a> {
+    pub node: &'a NodeId,
+    pub tenant: &'a TenantId,
+    pub version: i64,
+}
+
+fn headers() -> serde_json::Map<String, serde_json::Value> {
+    crate::trace_headers()
+        .into_iter()
+        .map(|(k, v)| (k, serde_json::Value::String(v)))
+        .collect()
+}
+
+fn build<T: Serialize>(subject: String, about: About<'_>, ty: &str, data: T) -> Outgoing {
+    let id = ulid::Ulid::new().to_string().to_lowercase();
+    let event = CloudEvent::new(
+        id.clone(),
+        ty.to_owned(),
+        Some(about.node.to_string()),
+        Some(about.version),
+        data,
+    );
+    Outgoing {
+        id,
+        subject,
+        payload: serde_json::to_value(event).unwrap_or(serde_json::Value::Null),
+        headers: headers(),
+        node_id: Some(about.node.to_string()),
+    }
+}
+
+/// An event of the node's tenant, of type `ty`.
+pub fn event<T: Serialize>(subjects: &Subjects, about: About<'_>, ty: &str, data: T) -> Outgoing {
+    build(subjects.event(about.tenant, ty), about, ty, data)
+}
+
+/// A reconcile request for the node.
+pub fn reconcile(subjects: &Subjects, about: About<'_>, reason: &str) -> Outgoing {
+    build(
+        subjects.reconcile(about.node),
+        about,
+        messages::types::WORK_RECONCILE,
+        ReconcileRequest {
+            node_id: *about.node,
+            version: about.version,
+            reason: reason.to_owned(),
+        },
+    )
+}
+
+/// A command to the node's site.
+pub fn command(subjects: &Subjects, about: About<'_>, cmd: &messages::CommandEnvelope) -> Outgoing {
+    build(
+        subjects.command(&cmd.site_id, &cmd.kind),
+        about,
+        &messages::types::command(&cmd.kind),
+        cmd.clone(),
+    )
+}
+
+/// The `node.provision.<state>` type for a state.
+pub fn provision_type(state: ProvisionState) -> String {
+    messages::types::node_provision(state)
+}

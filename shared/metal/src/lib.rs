@@ -1,0 +1,11 @@
+//! The metal domain's transactional operations, shared by the API and the
+//! reconciler so a move is committed the same way wherever it is decided:
+//! the node's guarded update, its authorization projection and its outbox
+//! rows in the caller's transaction ([`moves`]); the start of a state's
+//! workflow ([`workflows`]); outbox row building ([`outbox`]).
+//!
+//! Legality stays in `bcm-core`; SQL stays in `bcm-db`; subjects in `bcm-bus`.
+
+pub mod moves;
+pub mod outbox;
+pub mod workflows;

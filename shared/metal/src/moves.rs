@@ -1,0 +1,62 @@
+//! Committing a transition decided by `bcm_core::table::apply`.
+
+use bcm_bus::Subjects;
+use bcm_core::table::{MoveEvent, Transition};
+use bcm_db::nodes::{self, Node};
+use bcm_db::{DbError, Tx};
+
+use crate::outbox;
+
+/// The node after `t`, before any caller-specific changes: the new state,
+/// `failedFrom`, maintenance, the unrescue flag, and no workflow when the
+/// state changed (the reconciler starts the new state's one).
+pub fn next_node(node: &Node, t: &Transition) -> Node {
+    let mut next = Node {
+        provision_state: t.to,
+        failed_from: t.failed_from,
+        maintenance: t.maintenance.unwrap_or(node.maintenance),
+        unrescue_pending: t.unrescue_pending,
+        ..node.clone()
+    };
+    if t.to != t.from {
+        next.workflow_id = None;
+    }
+    next
+}
+
+/// Writes `next` with the version guard, then the event of `t` and a
+/// reconcile request into the outbox. Returns the node as stored.
+pub async fn commit_in_txn(
+    tx: &mut Tx<'_>,
+    subjects: &Subjects,
+    next: Node,
+    t: &Transition,
+    move_name: &str,
+) -> Result<Node, DbError> {
+    let version = nodes::node_update_guarded_in_txn(tx, &next).await?;
+    let next = Node { version, ..next };
+    let mut rows = vec![];
+    match t.event {
+        Some(MoveEvent::Provision(_)) => rows.push(outbox::provision_event(
+            subjects,
+            &next,
+            Some(t.from),
+            move_name,
+        )),
+        Some(MoveEvent::Unrescuing) => rows.push(outbox::event(
+            subjects,
+            &next,
+            bcm_bus::messages::types::NODE_UNRESCUING,
+            bcm_bus::messages::NodeUnrescuing {
+                node_id: next.id,
+                tenant_id: next.tenant_id.clone(),
+                workflow_id: None,
+                version,
+            },
+        )),
+        None => {}
+    }
+    rows.push(outbox::reconcile(subjects, &next, move_name));
+    bcm_db::outbox::outbox_insert_in_txn(tx, &rows).await?;
+    Ok(next)
+}

@@ -1,0 +1,78 @@
+//! Outbox rows of the API's changes, built by `bcm_bus::outgoing` and
+//! stored by `bcm_db::outbox` in the verb's transaction.
+
+use bcm_bus::outgoing::{self, About, Outgoing};
+use bcm_bus::{messages, Subjects};
+use bcm_db::nodes::Node;
+use bcm_db::outbox::NewOutboxMessage;
+use serde::Serialize;
+
+/// Converts a bus message into an outbox row.
+pub fn row(o: Outgoing) -> NewOutboxMessage {
+    NewOutboxMessage {
+        id: o.id,
+        subject: o.subject,
+        payload: o.payload,
+        headers: o.headers,
+        node_id: o.node_id,
+    }
+}
+
+fn about(node: &Node) -> About<'_> {
+    About {
+        node: &node.id,
+        tenant: &node.tenant_id,
+        version: node.version,
+    }
+}
+
+/// An event of the node's tenant, of type `ty`.
+pub fn event<T: Serialize>(
+    subjects: &Subjects,
+    node: &Node,
+    ty: &str,
+    data: T,
+) -> NewOutboxMessage {
+    row(outgoing::event(subjects, about(node), ty, data))
+}
+
+/// `node.provision.<state>` for the node as it is now.
+pub fn provision_event(
+    subjects: &Subjects,
+    node: &Node,
+    previous: Option<bcm_core::ProvisionState>,
+    move_name: &str,
+) -> NewOutboxMessage {
+    event(
+        subjects,
+        node,
+        &outgoing::provision_type(node.provision_state),
+        messages::NodeProvisionChanged {
+            node_id: node.id,
+            tenant_id: node.tenant_id.clone(),
+            pool_id: node.pool_id.clone(),
+            site_id: node.site_id.clone(),
+            provision_state: node.provision_state,
+            previous_state: previous,
+            move_name: move_name.to_owned(),
+            failed_from: node.failed_from,
+            last_error: node.last_error.clone(),
+            maintenance: node.maintenance,
+            version: node.version,
+        },
+    )
+}
+
+/// A reconcile request for the node.
+pub fn reconcile(subjects: &Subjects, node: &Node, reason: &str) -> NewOutboxMessage {
+    row(outgoing::reconcile(subjects, about(node), reason))
+}
+
+/// A command to the node's site.
+pub fn command(
+    subjects: &Subjects,
+    node: &Node,
+    cmd: &messages::CommandEnvelope,
+) -> NewOutboxMessage {
+    row(outgoing::command(subjects, about(node), cmd))
+}
