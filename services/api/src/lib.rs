@@ -6,6 +6,7 @@
 //! rest, so tests and the all-in-one binary start the service in-process.
 
 pub mod admin;
+pub mod agent;
 pub mod auth;
 pub mod error;
 pub mod extract;
@@ -170,8 +171,14 @@ pub fn router(state: AppState) -> Router {
         .route("/sites/{id}", put(admin::put_site))
         .route("/pools/{id}", put(admin::put_pool))
         .route("/tokens", post(admin::create_token));
+    let agent = Router::new()
+        .route("/join", post(agent::join))
+        .route("/heartbeat", post(agent::heartbeat))
+        .route("/commands", get(agent::commands))
+        .route("/results", post(agent::results));
     Router::new()
         .nest("/api/compute/metal", metal)
+        .nest("/api/agent", agent)
         .nest("/api/compute/admin", admin)
         .route("/api/openapi.json", get(|| async { axum::Json(openapi::document()) }))
         .route("/healthz", get(|| async { "ok" }))

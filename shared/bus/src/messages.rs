@@ -226,3 +226,81 @@ pub mod types {
         format!("node.provision.{state}")
     }
 }
+
+/// The bytes a node signs for a command result, rebuilt by the verifier
+/// from the STORED command row: canonical JSON (keys sorted) of the command
+/// id, node id, kind, parameters and the result.
+pub fn signing_input(
+    command_id: &str,
+    node_id: &str,
+    kind: &str,
+    params: &serde_json::Value,
+    ok: bool,
+    output: &serde_json::Value,
+    error: Option<&str>,
+) -> Vec<u8> {
+    let v = serde_json::json!({
+        "commandId": command_id,
+        "nodeId": node_id,
+        "kind": kind,
+        "params": params,
+        "result": { "ok": ok, "output": output, "error": error },
+    });
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// An agent's join request (`POST /api/agent/join`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinRequest {
+    /// The one-time join token from the kernel command line or user data.
+    pub token: String,
+    /// The agent's ed25519 public key, base64.
+    pub public_key: String,
+    /// The agent's role (`ramdisk` or `node`).
+    pub role: String,
+}
+
+/// The answer to a join.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinResponse {
+    pub node_id: String,
+    /// Bearer token of the agent's session.
+    pub session_token: String,
+    pub cert_serial: String,
+}
+
+/// A command handed to an agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentCommand {
+    pub command_id: String,
+    pub kind: String,
+    pub params: serde_json::Value,
+}
+
+/// A result an agent posts (`POST /api/agent/results`), signed over
+/// [`signing_input`] with its key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentResult {
+    pub command_id: String,
+    pub ok: bool,
+    #[serde(default)]
+    pub retryable: bool,
+    #[serde(default)]
+    pub output: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// ed25519 signature, base64; absent when the agent cannot sign.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+}
+
+/// A heartbeat (`POST /api/agent/heartbeat`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Heartbeat {
+    pub role: String,
+}

@@ -377,9 +377,10 @@ pub fn metal_retire() -> Profile {
 }
 
 /// A tenant deploy profile: stream an image, boot from disk, reboot, wait
-/// for the installed OS to join with `role`. The reconciler sets the node's
-/// role when it applies `complete`.
-pub fn tenant_deploy(id: &str, version: u32, role: &str) -> Profile {
+/// for the installed OS's agent to join (agent role `node`). The reconciler
+/// sets the node's role (`host` unless the profile says `dedicated`) when
+/// it applies `complete`.
+pub fn tenant_deploy(id: &str, version: u32) -> Profile {
     Profile {
         id: id.to_owned(),
         version,
@@ -397,7 +398,7 @@ pub fn tenant_deploy(id: &str, version: u32, role: &str) -> Profile {
             once(
                 "wait-os",
                 StepKind::WaitOsJoin {
-                    role: role.to_owned(),
+                    role: "node".to_owned(),
                     timeout_secs: 1_800,
                 },
                 1_800,

@@ -195,3 +195,20 @@ pub async fn node_fact_fetch(
             .await?,
     )
 }
+
+/// Whether the node's fact `kind` was written at or after `since`.
+pub async fn node_fact_since_in_txn(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+    kind: &str,
+    since: DateTime<Utc>,
+) -> Result<Option<serde_json::Value>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT data FROM node_facts WHERE node_id = $1 AND kind = $2 AND updated_at >= $3",
+    )
+    .bind(node_id)
+    .bind(kind)
+    .bind(since)
+    .fetch_optional(&mut **tx)
+    .await?)
+}

@@ -157,10 +157,11 @@ pub async fn node_fetch(db: &crate::Db, id: &NodeId) -> Result<Node, DbError> {
     row.try_into()
 }
 
-/// Reads and locks a node for the rest of the transaction.
+/// Reads and locks a node for the rest of the transaction (`FOR NO KEY
+/// UPDATE`, so foreign-key checks of rows that refer to it do not wait).
 pub async fn node_fetch_for_update_in_txn(tx: &mut Tx<'_>, id: &NodeId) -> Result<Node, DbError> {
     let row: NodeRow = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM nodes WHERE id = $1 FOR UPDATE"
+        "SELECT {COLUMNS} FROM nodes WHERE id = $1 FOR NO KEY UPDATE"
     ))
     .bind(id.to_string())
     .fetch_one(&mut **tx)
@@ -333,4 +334,13 @@ pub async fn node_ids_in_states(
     ids.iter()
         .map(|i| i.parse().map_err(|_| corrupt("node id", i)))
         .collect()
+}
+
+/// Reads a node inside a transaction without locking it.
+pub async fn node_fetch_in_txn(tx: &mut Tx<'_>, id: &NodeId) -> Result<Node, DbError> {
+    let row: NodeRow = sqlx::query_as(&format!("SELECT {COLUMNS} FROM nodes WHERE id = $1"))
+        .bind(id.to_string())
+        .fetch_one(&mut **tx)
+        .await?;
+    row.try_into()
 }

@@ -54,3 +54,13 @@ pub async fn secret_count(db: &Db) -> Result<i64, DbError> {
         .fetch_one(db.pool())
         .await?)
 }
+
+/// Reads a sealed value in a transaction.
+pub async fn secret_fetch_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<SealedSecretRow, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT id, owner, purpose, key_id, nonce, ciphertext FROM sealed_secrets WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&mut **tx)
+    .await?)
+}

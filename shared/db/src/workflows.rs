@@ -133,6 +133,16 @@ pub async fn workflow_fetch(db: &Db, id: &str) -> Result<WorkflowRow, DbError> {
     )
 }
 
+/// Reads a workflow in a transaction without locking it.
+pub async fn workflow_fetch_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<WorkflowRow, DbError> {
+    Ok(
+        sqlx::query_as(&format!("SELECT {WF_COLUMNS} FROM workflows WHERE id = $1"))
+            .bind(id)
+            .fetch_one(&mut **tx)
+            .await?,
+    )
+}
+
 /// Reads and locks a workflow.
 pub async fn workflow_fetch_for_update_in_txn(
     tx: &mut Tx<'_>,

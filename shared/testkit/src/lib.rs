@@ -19,12 +19,17 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Options of a test environment.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Start the outbox relay with the API.
     pub relay: bool,
     /// Row lock wait before `CONFLICT`.
     pub lock_timeout_ms: u32,
+    /// Start the workflow engine, the reconciler and a simulated site `s1`
+    /// with these settings.
+    pub site: Option<bcm_sim::SimConfig>,
+    /// How many reconciler workers to start with the site.
+    pub reconcilers: usize,
 }
 
 impl Default for Options {
@@ -32,6 +37,18 @@ impl Default for Options {
         Self {
             relay: true,
             lock_timeout_ms: 2000,
+            site: None,
+            reconcilers: 1,
+        }
+    }
+}
+
+impl Options {
+    /// The whole control plane with a simulated site `s1` without faults.
+    pub fn with_site() -> Self {
+        Self {
+            site: Some(bcm_sim::SimConfig::new("s1")),
+            ..Default::default()
         }
     }
 }
@@ -127,7 +144,97 @@ impl TestEnv {
         if opts.relay {
             env.spawn_relay(RelayFaults::default());
         }
+        if let Some(sim) = opts.site.clone() {
+            env.spawn_engine();
+            for _ in 0..opts.reconcilers {
+                env.spawn_reconciler();
+            }
+            tokio::spawn(bcm_sim::site::run(
+                env.state.inner.bus.clone(),
+                sim,
+                bcm_sim::site::Machines::default(),
+                env.shutdown.child_token(),
+            ));
+        }
         Ok(env)
+    }
+
+    /// Starts a workflow engine; returns its stop token.
+    pub fn spawn_engine(&self) -> CancellationToken {
+        let stop = self.shutdown.child_token();
+        let mut cfg = bcm_workflow::EngineConfig::new(self.base.clone());
+        cfg.poll_ms = 100;
+        cfg.join_poll_ms = 50;
+        tokio::spawn(bcm_workflow::run(
+            self.db.clone(),
+            self.state.inner.bus.clone(),
+            cfg,
+            stop.clone(),
+        ));
+        stop
+    }
+
+    /// Starts a reconciler worker; returns its stop token.
+    pub fn spawn_reconciler(&self) -> CancellationToken {
+        let stop = self.shutdown.child_token();
+        let cfg = bcm_reconciler::ReconcilerConfig {
+            poll_ms: 1000,
+            lease_ttl_ms: 3000,
+            holder: None,
+            lock_timeout_ms: 2000,
+        };
+        tokio::spawn(bcm_reconciler::run(
+            self.db.clone(),
+            self.state.inner.bus.clone(),
+            cfg,
+            stop.clone(),
+        ));
+        stop
+    }
+
+    /// Waits until the node is in `state` (and no workflow runs for it when
+    /// the state is not workflow-driven).
+    pub async fn wait_state(
+        &self,
+        id: &NodeId,
+        state: ProvisionState,
+        within: Duration,
+    ) -> anyhow::Result<bcm_db::nodes::Node> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let n = self.node(id).await?;
+            if n.provision_state == state {
+                return Ok(n);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let steps = match n.workflow_id {
+                    Some(w) => bcm_db::workflows::steps_fetch(&self.db, &w.to_string())
+                        .await?
+                        .iter()
+                        .map(|s| {
+                            format!(
+                                "{}={}#{}{}",
+                                s.name,
+                                s.status,
+                                s.attempt,
+                                s.error
+                                    .as_deref()
+                                    .map(|e| format!("({e})"))
+                                    .unwrap_or_default()
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    None => "no workflow".to_owned(),
+                };
+                bail!(
+                    "node {id} did not reach {state} within {within:?}; it is {} (lastError {:?}); steps: {steps}",
+                    n.provision_state,
+                    n.last_error
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Starts a relay (another one may already run; one leads at a time).

@@ -78,7 +78,7 @@ fn profiles_do_what_the_spec_says() {
         metal_commission(),
         metal_release(WipeMode::Quick),
         metal_retire(),
-        tenant_deploy("t", 1, "host"),
+        tenant_deploy("t", 1),
     ] {
         let mut names: Vec<_> = p
             .steps

@@ -1,0 +1,72 @@
+//! The metal reconciler. Level-triggered: for a node it re-reads the row and
+//! its workflow, asks `bcm_core::reconcile::decide` what to do, does it, and
+//! repeats up to eight transitions, so `enrolling → inspecting →
+//! commissioning → ready` chains without a caller.
+//!
+//! Work is sharded by node (`work.reconcile.<shard>.<nodeId>`). Each shard
+//! is owned by one worker at a time through a lease in Postgres; workers
+//! heartbeat and take a fair share, and a dead worker's shards move when
+//! its leases expire. The node row's version guard is the backstop, and the
+//! unique index on (node, state, version) of workflows means no node state
+//! entry ever gets two workflows. While workflows run, every owned node is
+//! looked at again every `poll_ms` (`metalPollMs`) in case a wake-up was
+//! missed.
+
+pub mod reconcile;
+pub mod shards;
+
+use bcm_bus::Bus;
+use bcm_db::Db;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+/// Settings of the reconciler.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct ReconcilerConfig {
+    /// `metalPollMs`: how often owned nodes in workflow states are looked at
+    /// again without a wake-up.
+    #[serde(default = "default_poll_ms")]
+    pub poll_ms: u64,
+    /// Lease lifetime; leases renew every third of it.
+    #[serde(default = "default_lease_ttl_ms")]
+    pub lease_ttl_ms: u64,
+    /// This worker's name; random when absent.
+    #[serde(default)]
+    pub holder: Option<String>,
+    /// Row lock wait before a reconcile pass gives up and retries.
+    #[serde(default = "default_lock_timeout_ms")]
+    pub lock_timeout_ms: u32,
+}
+
+fn default_poll_ms() -> u64 {
+    30_000
+}
+fn default_lease_ttl_ms() -> u64 {
+    9_000
+}
+fn default_lock_timeout_ms() -> u32 {
+    2_000
+}
+
+impl Default for ReconcilerConfig {
+    fn default() -> Self {
+        Self {
+            poll_ms: default_poll_ms(),
+            lease_ttl_ms: default_lease_ttl_ms(),
+            holder: None,
+            lock_timeout_ms: default_lock_timeout_ms(),
+        }
+    }
+}
+
+/// Runs a reconciler worker until `shutdown`.
+pub async fn run(db: Db, bus: Bus, cfg: ReconcilerConfig, shutdown: CancellationToken) {
+    let holder = cfg.holder.clone().unwrap_or_else(|| {
+        format!(
+            "reconciler-{}",
+            ulid::Ulid::new().to_string().to_lowercase()
+        )
+    });
+    shards::run(db, bus, cfg, holder, shutdown).await;
+}

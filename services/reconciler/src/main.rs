@@ -1,0 +1,51 @@
+//! `bcm-reconciler`: the metal reconciler service.
+
+use clap::Parser;
+use serde::Deserialize;
+
+/// The metal reconciler.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// A TOML configuration file; `BCM_RECONCILER_*` environment variables override it.
+    #[arg(long, env = "BCM_RECONCILER_CONFIG")]
+    config: Option<std::path::PathBuf>,
+}
+
+/// Configuration of the service.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    database_url: String,
+    bus: bcm_bus::BusConfig,
+    #[serde(default)]
+    reconciler: bcm_reconciler::ReconcilerConfig,
+    #[serde(default)]
+    telemetry: bcm_telemetry::TelemetryConfig,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    use figment::providers::{Env, Format, Toml};
+    let args = Args::parse();
+    let mut fig = figment::Figment::new();
+    if let Some(p) = &args.config {
+        fig = fig.merge(Toml::file_exact(p));
+    }
+    let cfg: Config = fig
+        .merge(Env::prefixed("BCM_RECONCILER_").split("__"))
+        .extract()?;
+    bcm_telemetry::init("bcm-reconciler", &cfg.telemetry)?;
+    let db = bcm_db::Db::connect(&cfg.database_url, 16).await?;
+    db.migrate().await?;
+    let bus = bcm_bus::Bus::connect(&cfg.bus).await?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+    bcm_reconciler::run(db, bus, cfg.reconciler, shutdown).await;
+    bcm_telemetry::shutdown();
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! One reconcile pass over one node: read, decide, act, repeat.
+
+use bcm_bus::Bus;
+use bcm_core::reconcile::{decide, ReconcileAction, WorkflowSummary};
+use bcm_core::table::NodeFacts;
+use bcm_core::workflow::{self, WorkflowPhase};
+use bcm_core::{apply, NodeId, ProvisionState, WipeMode};
+use bcm_db::{Db, DbError};
+
+/// At most this many transitions per pass.
+pub const MAX_TRANSITIONS: usize = 8;
+
+fn phase_of(s: &str) -> WorkflowPhase {
+    match s {
+        "failing-cleanup" => WorkflowPhase::FailingCleanup,
+        "cancelling-cleanup" => WorkflowPhase::CancellingCleanup,
+        "succeeded" => WorkflowPhase::Succeeded,
+        "failed" => WorkflowPhase::Failed,
+        "cancelled" => WorkflowPhase::Cancelled,
+        _ => WorkflowPhase::Running,
+    }
+}
+
+/// What a pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PassReport {
+    pub transitions: usize,
+    pub workflows_started: usize,
+}
+
+/// Reconciles one node.
+pub async fn node(
+    db: &Db,
+    bus: &Bus,
+    id: &NodeId,
+    lock_timeout_ms: u32,
+) -> Result<PassReport, DbError> {
+    let mut report = PassReport::default();
+    for _ in 0..MAX_TRANSITIONS {
+        let mut tx = db.begin().await?;
+        bcm_db::lock_timeout_in_txn(&mut tx, lock_timeout_ms).await?;
+        let node = bcm_db::nodes::node_fetch_for_update_in_txn(&mut tx, id).await?;
+        let wf = match node.workflow_id {
+            Some(w) => {
+                Some(bcm_db::workflows::workflow_fetch_in_txn(&mut tx, &w.to_string()).await?)
+            }
+            None => None,
+        };
+        let summary = wf.as_ref().map(|w| WorkflowSummary {
+            profile_id: w.profile_id.clone(),
+            phase: phase_of(&w.status),
+            wipe_verified: w.wipe_verified,
+            error: w.error.clone(),
+        });
+        let facts = NodeFacts {
+            state: node.provision_state,
+            failed_from: node.failed_from,
+            unrescue_pending: node.unrescue_pending,
+            rescue_booting: false,
+        };
+        match decide(facts, summary.as_ref()) {
+            ReconcileAction::Idle | ReconcileAction::Wait => {
+                tx.rollback().await?;
+                return Ok(report);
+            }
+            ReconcileAction::StartWorkflow => {
+                let profile = match node.provision_state {
+                    ProvisionState::Deploying => {
+                        let p = node.deploy_profile.clone().unwrap_or_default();
+                        let pid = p
+                            .get("profileId")
+                            .and_then(|v| v.as_str())
+                            .unwrap_or("deploy")
+                            .to_owned();
+                        let ver = p
+                            .get("profileVersion")
+                            .and_then(|v| v.as_u64())
+                            .unwrap_or(1) as u32;
+                        workflow::tenant_deploy(&pid, ver)
+                    }
+                    s => match workflow::metal_profile_for(
+                        s,
+                        node.unrescue_pending,
+                        node.release_wipe.unwrap_or(WipeMode::Quick),
+                    ) {
+                        Some(p) => p,
+                        None => {
+                            tx.rollback().await?;
+                            return Ok(report);
+                        }
+                    },
+                };
+                match bcm_metal::workflows::start_in_txn(&mut tx, bus.subjects(), &node, &profile)
+                    .await
+                {
+                    Ok(_) => {
+                        tx.commit().await?;
+                        report.workflows_started += 1;
+                        metrics::counter!("bcm_reconciler_workflows_started_total", "profile" => profile.id.clone()).increment(1);
+                        tracing::info!(node = %id, profile = %profile.id, "workflow started");
+                    }
+                    // Another worker started it first.
+                    Err(DbError::Duplicate { .. }) | Err(DbError::Stale) => {}
+                    Err(e) => return Err(e),
+                }
+                return Ok(report);
+            }
+            ReconcileAction::Apply { mv, last_error } => {
+                let t = match apply(facts, mv) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!(node = %id, error = %e, "the table refused the reconciler's move");
+                        tx.rollback().await?;
+                        return Ok(report);
+                    }
+                };
+                let mut next = bcm_metal::moves::next_node(&node, &t);
+                if let Some(e) = last_error {
+                    next.last_error = Some(e);
+                }
+                if t.from == ProvisionState::Deploying && t.to == ProvisionState::Deployed {
+                    next.role = Some("host".to_owned());
+                }
+                let name = mv.name().to_string();
+                bcm_metal::moves::commit_in_txn(&mut tx, bus.subjects(), next, &t, &name).await?;
+                tx.commit().await?;
+                report.transitions += 1;
+                metrics::counter!("bcm_reconciler_transitions_total", "to" => t.to.as_str())
+                    .increment(1);
+            }
+        }
+    }
+    Ok(report)
+}

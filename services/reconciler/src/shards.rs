@@ -1,0 +1,229 @@
+//! Shard ownership and the work sources of owned shards: a durable
+//! JetStream consumer per shard for wake-ups, and a periodic look at every
+//! owned node in a workflow-driven state.
+
+use async_nats::jetstream::consumer::{pull, AckPolicy};
+use async_nats::jetstream::AckKind;
+use bcm_bus::messages::{CloudEvent, ReconcileRequest};
+use bcm_bus::subjects::{shard_of, StreamKind};
+use bcm_bus::Bus;
+use bcm_core::ProvisionState;
+use bcm_db::Db;
+use futures::StreamExt as _;
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use crate::{reconcile, ReconcilerConfig};
+
+const KIND: &str = "reconcile";
+
+/// Runs the lease loop, the per-shard consumers and the poll loop.
+pub async fn run(
+    db: Db,
+    bus: Bus,
+    cfg: ReconcilerConfig,
+    holder: String,
+    shutdown: CancellationToken,
+) {
+    let shards = bus.subjects().shards();
+    let ttl = Duration::from_millis(cfg.lease_ttl_ms.max(300));
+    let mut owned: HashMap<u32, CancellationToken> = HashMap::new();
+    let mut next_poll = tokio::time::Instant::now();
+    let offset = holder
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
+        % shards;
+    tracing::info!(%holder, shards, "reconciler worker started");
+    loop {
+        if let Err(e) = rebalance(
+            &db, &bus, &cfg, &holder, shards, offset, ttl, &mut owned, &shutdown,
+        )
+        .await
+        {
+            tracing::warn!(error = %e, "lease round failed");
+        }
+        metrics::gauge!("bcm_reconciler_owned_shards", "holder" => holder.clone())
+            .set(owned.len() as f64);
+        if tokio::time::Instant::now() >= next_poll {
+            next_poll = tokio::time::Instant::now() + Duration::from_millis(cfg.poll_ms.max(10));
+            let shard_set: Vec<u32> = owned.keys().copied().collect();
+            let (db2, bus2, lock) = (db.clone(), bus.clone(), cfg.lock_timeout_ms);
+            tokio::spawn(async move { poll_owned(&db2, &bus2, &shard_set, shards, lock).await });
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep((ttl / 3).min(Duration::from_millis(cfg.poll_ms.max(10)))) => {}
+        }
+    }
+    for (_, stop) in owned.drain() {
+        stop.cancel();
+    }
+    if let Err(e) = bcm_db::leases::worker_leave(&db, KIND, &holder).await {
+        tracing::warn!(error = %e, "could not release leases on shutdown; they expire");
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn rebalance(
+    db: &Db,
+    bus: &Bus,
+    cfg: &ReconcilerConfig,
+    holder: &str,
+    shards: u32,
+    offset: u32,
+    ttl: Duration,
+    owned: &mut HashMap<u32, CancellationToken>,
+    shutdown: &CancellationToken,
+) -> Result<(), bcm_db::DbError> {
+    bcm_db::leases::worker_heartbeat(db, KIND, holder).await?;
+    let alive = bcm_db::leases::workers_alive(db, KIND, ttl).await?.max(1) as u32;
+    let fair = shards.div_ceil(alive);
+    // Renew what we hold; drop what expired under us.
+    let mut keep = vec![];
+    for shard in owned.keys().copied().collect::<Vec<_>>() {
+        if keep.len() as u32 >= fair {
+            bcm_db::leases::lease_release(db, KIND, shard as i32, holder).await?;
+            if let Some(stop) = owned.remove(&shard) {
+                stop.cancel();
+            }
+            tracing::info!(shard, "released a shard for a fair share");
+            continue;
+        }
+        if bcm_db::leases::lease_acquire(db, KIND, shard as i32, holder, ttl).await? {
+            keep.push(shard);
+        } else if let Some(stop) = owned.remove(&shard) {
+            stop.cancel();
+            tracing::warn!(shard, "lost a shard lease");
+        }
+    }
+    // Take free or expired shards up to the fair share.
+    for i in 0..shards {
+        if owned.len() as u32 >= fair {
+            break;
+        }
+        let shard = (offset + i) % shards;
+        if owned.contains_key(&shard) {
+            continue;
+        }
+        if bcm_db::leases::lease_acquire(db, KIND, shard as i32, holder, ttl).await? {
+            let stop = shutdown.child_token();
+            owned.insert(shard, stop.clone());
+            tokio::spawn(consume_shard(
+                db.clone(),
+                bus.clone(),
+                shard,
+                cfg.lock_timeout_ms,
+                stop,
+            ));
+            // A new owner looks at the shard's nodes at once.
+            let (db2, bus2, lock) = (db.clone(), bus.clone(), cfg.lock_timeout_ms);
+            tokio::spawn(async move { poll_owned(&db2, &bus2, &[shard], shards, lock).await });
+        }
+    }
+    Ok(())
+}
+
+async fn poll_owned(db: &Db, bus: &Bus, owned: &[u32], shards: u32, lock_timeout_ms: u32) {
+    if owned.is_empty() {
+        return;
+    }
+    let states: Vec<ProvisionState> = ProvisionState::ALL
+        .into_iter()
+        .filter(|s| s.is_workflow_driven())
+        .collect();
+    let ids = match bcm_db::nodes::node_ids_in_states(db, &states).await {
+        Ok(ids) => ids,
+        Err(e) => {
+            tracing::warn!(error = %e, "poll: cannot list nodes");
+            return;
+        }
+    };
+    for id in ids
+        .iter()
+        .filter(|id| owned.contains(&shard_of(id, shards)))
+    {
+        if let Err(e) = reconcile::node(db, bus, id, lock_timeout_ms).await {
+            tracing::debug!(node = %id, error = %e, "poll: reconcile failed; next round retries");
+        }
+    }
+}
+
+async fn consume_shard(
+    db: Db,
+    bus: Bus,
+    shard: u32,
+    lock_timeout_ms: u32,
+    stop: CancellationToken,
+) {
+    while !stop.is_cancelled() {
+        if let Err(e) = consume_once(&db, &bus, shard, lock_timeout_ms, &stop).await {
+            tracing::warn!(shard, error = %e, "shard consumer failed; restarting");
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    }
+}
+
+async fn consume_once(
+    db: &Db,
+    bus: &Bus,
+    shard: u32,
+    lock_timeout_ms: u32,
+    stop: &CancellationToken,
+) -> anyhow::Result<()> {
+    let subjects = bus.subjects();
+    let stream = bus
+        .jetstream()
+        .get_stream(subjects.stream(StreamKind::Work))
+        .await?;
+    let name = format!("reconcile-{shard}");
+    let consumer = stream
+        .get_or_create_consumer(
+            &name,
+            pull::Config {
+                durable_name: Some(name.clone()),
+                filter_subject: subjects.reconcile_shard(shard),
+                ack_policy: AckPolicy::Explicit,
+                max_deliver: 10,
+                ack_wait: Duration::from_secs(30),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let mut messages = consumer.messages().await?;
+    loop {
+        let msg = tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            m = messages.next() => match m {
+                Some(m) => m.map_err(|e| anyhow::anyhow!("{e}"))?,
+                None => return Ok(()),
+            },
+        };
+        let req: CloudEvent<ReconcileRequest> = match serde_json::from_slice(&msg.payload) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, subject = %msg.subject, "dropping an undecodable reconcile request");
+                let _ = msg.ack_with(AckKind::Term).await;
+                continue;
+            }
+        };
+        let parent = bcm_bus::traceparent_of(msg.headers.as_ref());
+        let span = tracing::info_span!("reconcile", node = %req.data.node_id);
+        bcm_telemetry::set_remote_parent(&span, parent.as_deref());
+        let _enter = span.enter();
+        match reconcile::node(db, bus, &req.data.node_id, lock_timeout_ms).await {
+            Ok(_) | Err(bcm_db::DbError::NotFound) => {
+                let _ = msg.ack().await;
+            }
+            Err(e) => {
+                tracing::debug!(node = %req.data.node_id, error = %e, "reconcile failed; redelivering");
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(Duration::from_millis(200))))
+                    .await;
+            }
+        }
+    }
+}

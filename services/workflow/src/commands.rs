@@ -1,0 +1,202 @@
+//! What each step kind sends and how its result is judged: command
+//! parameters (the BMC's sealed credentials travel sealed; join tokens are
+//! minted here and only their hashes are stored), and the verdict on a
+//! result (a wipe counts only when node-signed and every disk passed
+//! read-back).
+
+use base64::Engine as _;
+use bcm_core::workflow::{StepKind, StepOutcome};
+use bcm_db::nodes::Node;
+use bcm_db::{DbError, Tx};
+use rand::RngCore;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::EngineConfig;
+
+/// Mints a one-time join token for `node` and stores its hash.
+pub async fn mint_join_token(
+    tx: &mut Tx<'_>,
+    cfg: &EngineConfig,
+    node: &Node,
+    purpose: &str,
+) -> Result<String, DbError> {
+    let mut raw = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut raw);
+    let token = format!("bcmj_{}", hex::encode(raw));
+    let hash = Sha256::digest(token.as_bytes()).to_vec();
+    let expires = chrono::Utc::now() + chrono::Duration::seconds(cfg.join_token_ttl_secs as i64);
+    let id = format!("jt_{}", ulid::Ulid::new().to_string().to_lowercase());
+    bcm_db::agents::join_token_insert_in_txn(
+        tx,
+        &id,
+        &hash,
+        purpose,
+        &node.id.to_string(),
+        expires,
+    )
+    .await?;
+    Ok(token)
+}
+
+async fn bmc(tx: &mut Tx<'_>, node: &Node) -> Result<Value, DbError> {
+    let sealed = match &node.bmc_secret_id {
+        Some(id) => {
+            let s = bcm_db::secrets::secret_fetch_in_txn(tx, id).await?;
+            let b64 = base64::engine::general_purpose::STANDARD;
+            json!({ "keyId": s.key_id, "nonce": b64.encode(&s.nonce), "ciphertext": b64.encode(&s.ciphertext), "owner": s.owner })
+        }
+        None => Value::Null,
+    };
+    Ok(
+        json!({ "driver": node.bmc_driver, "address": node.bmc_address, "sealedCredentials": sealed }),
+    )
+}
+
+async fn boot_entry(tx: &mut Tx<'_>, cfg: &EngineConfig, node: &Node) -> Result<Value, DbError> {
+    let token = mint_join_token(tx, cfg, node, "discovery").await?;
+    Ok(json!({
+        "macs": node.macs,
+        "kernel": "ramdisk/vmlinuz",
+        "initrd": "ramdisk/initrd.img",
+        "cmdline": format!("console=ttyS0 bcm.node={} bcm.api={} bcm.join={}", node.id, cfg.control_plane_url, token),
+        "expiresInSecs": cfg.join_token_ttl_secs,
+    }))
+}
+
+/// The parameters of the command a step sends.
+pub async fn params(
+    tx: &mut Tx<'_>,
+    cfg: &EngineConfig,
+    node: &Node,
+    kind: &StepKind,
+) -> Result<Value, DbError> {
+    Ok(match kind {
+        StepKind::BmcVerify | StepKind::BmcInspect | StepKind::BmcPowerOff => {
+            json!({ "bmc": bmc(tx, node).await?, "action": "off" })
+        }
+        StepKind::BmcPower { action } => json!({ "bmc": bmc(tx, node).await?, "action": action }),
+        StepKind::BmcBootPxe { persistent } => {
+            json!({ "bmc": bmc(tx, node).await?, "device": "pxe", "persistent": persistent })
+        }
+        StepKind::BmcBootDisk { persistent } => {
+            json!({ "bmc": bmc(tx, node).await?, "device": "disk", "persistent": persistent })
+        }
+        StepKind::BootEntrySet => json!({ "bootEntry": boot_entry(tx, cfg, node).await? }),
+        StepKind::BootEntryClear => json!({ "macs": node.macs }),
+        StepKind::EnsureRamdisk => {
+            json!({ "bmc": bmc(tx, node).await?, "bootEntry": boot_entry(tx, cfg, node).await? })
+        }
+        StepKind::DiagDcgm { level } => json!({ "level": level }),
+        StepKind::DiskWipe { mode } => json!({ "mode": mode, "verify": true }),
+        StepKind::Inventory => json!({}),
+        StepKind::DeployImage => {
+            let token = mint_join_token(tx, cfg, node, "provisioned").await?;
+            json!({
+                "profile": node.deploy_profile,
+                "userData": { "joinToken": token, "controlPlaneUrl": cfg.control_plane_url },
+            })
+        }
+        StepKind::StoreMacs
+        | StepKind::SetRole
+        | StepKind::RevokeIdentity
+        | StepKind::ForgetBmcCredentials
+        | StepKind::WaitRamdiskJoin
+        | StepKind::WaitOsJoin { .. } => json!({}),
+    })
+}
+
+/// The verdict on a finished command: its outcome, its output to keep, and
+/// whether it proved a verified wipe.
+pub struct Verdict {
+    pub outcome: StepOutcome,
+    pub output: Option<Value>,
+    pub wipe_verified: bool,
+}
+
+/// Judges a command row's result for a step of `kind`.
+pub fn judge(kind: &StepKind, cmd: &bcm_db::commands::CommandRow) -> Verdict {
+    let result = cmd.result.clone().unwrap_or(Value::Null);
+    let output = result.get("output").cloned();
+    if cmd.status != "succeeded" {
+        let message = result
+            .get("error")
+            .and_then(Value::as_str)
+            .map(|e| format!("{}: {e}", cmd.kind))
+            .unwrap_or_else(|| format!("{} failed", cmd.kind));
+        let retryable = result
+            .get("retryable")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        return Verdict {
+            outcome: StepOutcome::Failed { retryable, message },
+            output,
+            wipe_verified: false,
+        };
+    }
+    match kind {
+        StepKind::DiskWipe { .. } => {
+            let disks = output
+                .as_ref()
+                .and_then(|o| o.get("disks"))
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let all_verified = !disks.is_empty()
+                && disks
+                    .iter()
+                    .all(|d| d.get("outcome").and_then(Value::as_str) == Some("verified"));
+            if cmd.signature.is_none() {
+                unverified("the disk.wipe result is not node-signed", output)
+            } else if !all_verified {
+                unverified("a disk did not pass read-back verification", output)
+            } else {
+                Verdict {
+                    outcome: StepOutcome::Succeeded,
+                    output,
+                    wipe_verified: true,
+                }
+            }
+        }
+        StepKind::DiagDcgm { .. } => {
+            let status = output
+                .as_ref()
+                .and_then(|o| o.get("status"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if status == "pass" {
+                Verdict {
+                    outcome: StepOutcome::Succeeded,
+                    output,
+                    wipe_verified: false,
+                }
+            } else {
+                let message = format!("diag.dcgm reported {status:?}; the pool does not accept it");
+                Verdict {
+                    outcome: StepOutcome::Failed {
+                        retryable: false,
+                        message,
+                    },
+                    output,
+                    wipe_verified: false,
+                }
+            }
+        }
+        _ => Verdict {
+            outcome: StepOutcome::Succeeded,
+            output,
+            wipe_verified: false,
+        },
+    }
+}
+
+fn unverified(why: &str, output: Option<Value>) -> Verdict {
+    Verdict {
+        outcome: StepOutcome::Failed {
+            retryable: false,
+            message: format!("UNVERIFIED_WIPE: {why}"),
+        },
+        output,
+        wipe_verified: false,
+    }
+}

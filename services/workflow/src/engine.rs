@@ -1,0 +1,460 @@
+//! The step workers: claim a due step, advance it, schedule the next one,
+//! all in one transaction.
+
+use bcm_bus::messages::{self, CommandEnvelope, WorkflowEvent};
+use bcm_bus::Bus;
+use bcm_core::workflow::{
+    self, AfterOutcome, NextStep, Profile, StepDef, StepKind, StepOutcome, StepStatus, StepTarget,
+    WorkflowPhase,
+};
+use bcm_db::nodes::Node;
+use bcm_db::workflows::{StepRow, WorkflowRow};
+use bcm_db::{Db, DbError, Tx};
+use bcm_metal::outbox;
+use chrono::{DateTime, Utc};
+use rand::Rng as _;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use crate::commands;
+use crate::EngineConfig;
+
+/// What the workers share.
+pub struct Ctx {
+    pub db: Db,
+    pub bus: Bus,
+    pub cfg: EngineConfig,
+}
+
+/// One worker: advances due steps until `shutdown`.
+pub async fn worker(ctx: Arc<Ctx>, index: usize, shutdown: CancellationToken) {
+    let poll = Duration::from_millis(ctx.cfg.poll_ms.max(10));
+    let mut listener = match bcm_db::workflows::workflow_listener(&ctx.db).await {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(error = %e, "no LISTEN connection; polling only");
+            None
+        }
+    };
+    while !shutdown.is_cancelled() {
+        match tick(&ctx).await {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(DbError::Stale) => continue,
+            Err(e) => {
+                tracing::warn!(worker = index, error = %e, "step failed to advance; retrying")
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(poll) => {}
+            r = async { match listener.as_mut() { Some(l) => l.notified().await, None => std::future::pending().await } } => {
+                if r.is_err() { listener = None; }
+            }
+        }
+    }
+}
+
+fn status_of(s: &StepRow) -> StepStatus {
+    match s.status.as_str() {
+        "running" => StepStatus::Running,
+        "succeeded" => StepStatus::Succeeded,
+        "failed" => StepStatus::Failed,
+        "skipped" => StepStatus::Skipped,
+        _ => StepStatus::Pending,
+    }
+}
+
+fn phase_of(s: &str) -> WorkflowPhase {
+    match s {
+        "failing-cleanup" => WorkflowPhase::FailingCleanup,
+        "cancelling-cleanup" => WorkflowPhase::CancellingCleanup,
+        "succeeded" => WorkflowPhase::Succeeded,
+        "failed" => WorkflowPhase::Failed,
+        "cancelled" => WorkflowPhase::Cancelled,
+        _ => WorkflowPhase::Running,
+    }
+}
+
+/// The wire name of a phase.
+pub fn phase_name(p: WorkflowPhase) -> &'static str {
+    match p {
+        WorkflowPhase::Running => "running",
+        WorkflowPhase::FailingCleanup => "failing-cleanup",
+        WorkflowPhase::CancellingCleanup => "cancelling-cleanup",
+        WorkflowPhase::Succeeded => "succeeded",
+        WorkflowPhase::Failed => "failed",
+        WorkflowPhase::Cancelled => "cancelled",
+    }
+}
+
+/// Advances one due step; false when none was due.
+pub async fn tick(ctx: &Ctx) -> Result<bool, DbError> {
+    let mut tx = ctx.db.begin().await?;
+    let Some((wf_id, idx)) = bcm_db::workflows::step_claim_due_in_txn(&mut tx).await? else {
+        tx.commit().await?;
+        return Ok(false);
+    };
+    let mut wf = bcm_db::workflows::workflow_fetch_for_update_in_txn(&mut tx, &wf_id).await?;
+    let mut steps = bcm_db::workflows::steps_fetch_in_txn(&mut tx, &wf_id).await?;
+    let node_id: bcm_core::NodeId = wf
+        .node_id
+        .parse()
+        .map_err(|_| DbError::Corrupt(format!("node id {}", wf.node_id)))?;
+    let node = bcm_db::nodes::node_fetch_in_txn(&mut tx, &node_id).await?;
+    let Some(pos) = steps.iter().position(|s| s.idx == idx) else {
+        tx.commit().await?;
+        return Ok(true);
+    };
+    let now = Utc::now();
+    let phase = phase_of(&wf.status);
+    let mut events = vec![];
+
+    if phase.is_final() {
+        steps[pos].due_at = None;
+        bcm_db::workflows::step_update_in_txn(&mut tx, &steps[pos]).await?;
+        tx.commit().await?;
+        return Ok(true);
+    }
+
+    if wf.cancel_requested && phase == WorkflowPhase::Running {
+        // Stop the main steps (a running command's late result is ignored)
+        // and run the cleanup steps.
+        for s in steps.iter_mut().filter(|s| {
+            !s.cleanup && matches!(status_of(s), StepStatus::Pending | StepStatus::Running)
+        }) {
+            s.status = "skipped".into();
+            s.due_at = None;
+            s.finished_at = Some(now);
+            bcm_db::workflows::step_update_in_txn(&mut tx, s).await?;
+        }
+        wf.status = phase_name(WorkflowPhase::CancellingCleanup).into();
+        schedule_next(&mut tx, ctx, &mut wf, &mut steps, &node, &mut events).await?;
+        finish_txn(tx, events).await?;
+        return Ok(true);
+    }
+
+    let def: StepDef = serde_json::from_value(steps[pos].definition.clone())
+        .map_err(|e| DbError::Corrupt(format!("step definition of {wf_id}/{idx}: {e}")))?;
+    let outcome = advance(&mut tx, ctx, &wf, &mut steps, pos, &def, &node, now).await?;
+    if let Some((outcome, output, wipe_verified)) = outcome {
+        let attempt = steps[pos].attempt.max(1) as u32;
+        let jitter: f64 = rand::thread_rng().gen_range(0.0..1.0);
+        let step = &mut steps[pos];
+        step.output = output.or(step.output.take());
+        match workflow::after_outcome(&def, attempt, &outcome, jitter) {
+            AfterOutcome::Done => {
+                step.status = "succeeded".into();
+                step.error = None;
+                step.due_at = None;
+                step.finished_at = Some(now);
+                if wipe_verified {
+                    wf.wipe_verified = true;
+                }
+                events.push(step_event(
+                    ctx.bus.subjects(),
+                    &wf,
+                    &node,
+                    step,
+                    "succeeded",
+                ));
+            }
+            AfterOutcome::Retry { attempt, after_ms } => {
+                tracing::info!(workflow = %wf.id, step = %step.name, attempt, after_ms, "retrying step");
+                step.status = "pending".into();
+                step.attempt = attempt as i32;
+                step.command_id = None;
+                step.deadline_at = None;
+                step.error = Some(format!("{outcome:?}"));
+                step.due_at = Some(now + chrono::Duration::milliseconds(after_ms as i64));
+            }
+            AfterOutcome::GiveUp { message } => {
+                step.status = "failed".into();
+                step.error = Some(message.clone());
+                step.due_at = None;
+                step.finished_at = Some(now);
+                if !step.cleanup && wf.error.is_none() {
+                    wf.error = Some(format!("{}: {message}", step.name));
+                }
+                events.push(step_event(ctx.bus.subjects(), &wf, &node, step, "failed"));
+            }
+        }
+        let finished = matches!(steps[pos].status.as_str(), "succeeded" | "failed");
+        bcm_db::workflows::step_update_in_txn(&mut tx, &steps[pos]).await?;
+        if finished {
+            schedule_next(&mut tx, ctx, &mut wf, &mut steps, &node, &mut events).await?;
+        } else {
+            bcm_db::workflows::workflow_update_in_txn(&mut tx, &wf, false).await?;
+        }
+    } else {
+        bcm_db::workflows::step_update_in_txn(&mut tx, &steps[pos]).await?;
+    }
+    finish_txn(tx, events).await?;
+    Ok(true)
+}
+
+async fn finish_txn(
+    mut tx: Tx<'static>,
+    events: Vec<bcm_db::outbox::NewOutboxMessage>,
+) -> Result<(), DbError> {
+    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &events).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+fn step_event(
+    subjects: &bcm_bus::Subjects,
+    wf: &WorkflowRow,
+    node: &Node,
+    step: &StepRow,
+    status: &str,
+) -> bcm_db::outbox::NewOutboxMessage {
+    outbox::event(
+        subjects,
+        node,
+        &messages::types::workflow_step(status),
+        WorkflowEvent {
+            workflow_id: wf.id.clone(),
+            node_id: node.id,
+            tenant_id: node.tenant_id.clone(),
+            profile_id: wf.profile_id.clone(),
+            status: status.to_owned(),
+            step: Some(step.name.clone()),
+            attempt: Some(step.attempt),
+            error: step.error.clone(),
+        },
+    )
+}
+
+/// Runs or checks one step. Returns the outcome when the attempt ended.
+#[allow(clippy::too_many_arguments)]
+async fn advance(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    wf: &WorkflowRow,
+    steps: &mut [StepRow],
+    pos: usize,
+    def: &StepDef,
+    node: &Node,
+    now: DateTime<Utc>,
+) -> Result<Option<(StepOutcome, Option<serde_json::Value>, bool)>, DbError> {
+    let join_poll = chrono::Duration::milliseconds(ctx.cfg.join_poll_ms as i64);
+    let deadline_passed = steps[pos].deadline_at.is_some_and(|d| now >= d);
+    if steps[pos].status == "pending" {
+        let step = &mut steps[pos];
+        step.status = "running".into();
+        step.attempt = step.attempt.max(1);
+        step.started_at = Some(now);
+        step.deadline_at = Some(now + chrono::Duration::seconds(i64::from(def.timeout_secs)));
+        match def.kind.target() {
+            StepTarget::ControlPlane | StepTarget::Node => {}
+            StepTarget::Site | StepTarget::Ramdisk => {
+                let cmd_id = bcm_core::CommandId::generate().to_string();
+                let params = commands::params(tx, &ctx.cfg, node, &def.kind).await?;
+                let target = def.kind.target().as_str().to_owned();
+                bcm_db::commands::command_insert_in_txn(
+                    tx,
+                    &bcm_db::commands::NewCommand {
+                        id: cmd_id.clone(),
+                        idempotency_key: format!("{}/{}/{}", wf.id, step.idx, step.attempt),
+                        workflow_id: Some(wf.id.clone()),
+                        step_idx: Some(step.idx),
+                        attempt: step.attempt,
+                        node_id: Some(node.id.to_string()),
+                        site_id: Some(node.site_id.to_string()),
+                        kind: def.kind.command_kind().to_owned(),
+                        target: target.clone(),
+                        params: params.clone(),
+                    },
+                )
+                .await?;
+                if def.kind.target() == StepTarget::Site {
+                    let envelope = CommandEnvelope {
+                        command_id: cmd_id.clone(),
+                        kind: def.kind.command_kind().to_owned(),
+                        site_id: node.site_id.clone(),
+                        node_id: Some(node.id),
+                        params,
+                        issued_at: now,
+                    };
+                    let row = outbox::command(ctx.bus.subjects(), node, &envelope);
+                    bcm_db::outbox::outbox_insert_in_txn(tx, &[row]).await?;
+                }
+                step.command_id = Some(cmd_id);
+                step.due_at = step.deadline_at;
+                return Ok(None);
+            }
+        }
+    }
+    // Running (or a control-plane step just started). Joins count from the
+    // workflow's start: a ramdisk may join while the power-on step runs.
+    let started = wf.created_at;
+    match &def.kind {
+        StepKind::StoreMacs => {
+            let macs: Vec<String> = steps
+                .iter()
+                .filter(|s| s.name == "inspect-oob")
+                .filter_map(|s| s.output.as_ref())
+                .filter_map(|o| o.get("macs"))
+                .filter_map(|m| serde_json::from_value(m.clone()).ok())
+                .next()
+                .unwrap_or_default();
+            if macs.is_empty() {
+                return Ok(Some((
+                    StepOutcome::Failed {
+                        retryable: false,
+                        message: "out-of-band inspection found no PXE MAC".into(),
+                    },
+                    None,
+                    false,
+                )));
+            }
+            bcm_db::nodes::node_set_macs_in_txn(tx, &node.id.to_string(), &macs).await?;
+            Ok(Some((
+                StepOutcome::Succeeded,
+                Some(serde_json::json!({ "macs": macs })),
+                false,
+            )))
+        }
+        StepKind::SetRole => Ok(Some((StepOutcome::Succeeded, None, false))),
+        StepKind::RevokeIdentity => {
+            let n = bcm_db::agents::certs_revoke_in_txn(tx, &node.id.to_string()).await?;
+            Ok(Some((
+                StepOutcome::Succeeded,
+                Some(serde_json::json!({ "revokedCerts": n })),
+                false,
+            )))
+        }
+        StepKind::ForgetBmcCredentials => {
+            bcm_db::nodes::node_forget_bmc_secret_in_txn(tx, &node.id.to_string()).await?;
+            Ok(Some((StepOutcome::Succeeded, None, false)))
+        }
+        StepKind::WaitRamdiskJoin | StepKind::WaitOsJoin { .. } => {
+            let (fact, role) = match &def.kind {
+                StepKind::WaitOsJoin { role, .. } => ("agent:provisioned", Some(role.as_str())),
+                _ => ("agent:discovery", None),
+            };
+            let seen =
+                bcm_db::agents::node_fact_since_in_txn(tx, &node.id.to_string(), fact, started)
+                    .await?;
+            let ok = seen.is_some_and(|d| {
+                role.is_none_or(|r| d.get("role").and_then(|v| v.as_str()) == Some(r))
+            });
+            if ok {
+                Ok(Some((StepOutcome::Succeeded, None, false)))
+            } else if deadline_passed {
+                Ok(Some((StepOutcome::TimedOut, None, false)))
+            } else {
+                steps[pos].due_at = Some(now + join_poll);
+                Ok(None)
+            }
+        }
+        kind => {
+            let Some(cmd_id) = steps[pos].command_id.clone() else {
+                return Ok(Some((
+                    StepOutcome::Failed {
+                        retryable: true,
+                        message: "no command recorded".into(),
+                    },
+                    None,
+                    false,
+                )));
+            };
+            let cmd = bcm_db::commands::command_fetch_in_txn(tx, &cmd_id).await?;
+            if matches!(cmd.status.as_str(), "pending" | "sent") {
+                if deadline_passed {
+                    return Ok(Some((StepOutcome::TimedOut, None, false)));
+                }
+                steps[pos].due_at = steps[pos].deadline_at;
+                return Ok(None);
+            }
+            let verdict = commands::judge(kind, &cmd);
+            if *kind == StepKind::EnsureRamdisk && verdict.outcome == StepOutcome::Succeeded {
+                // The site booted it; the step ends when the ramdisk joined.
+                let joined = bcm_db::agents::node_fact_since_in_txn(
+                    tx,
+                    &node.id.to_string(),
+                    "agent:discovery",
+                    started,
+                )
+                .await?;
+                if joined.is_none() {
+                    if deadline_passed {
+                        return Ok(Some((StepOutcome::TimedOut, None, false)));
+                    }
+                    steps[pos].due_at = Some(now + join_poll);
+                    return Ok(None);
+                }
+            }
+            Ok(Some((
+                verdict.outcome,
+                verdict.output,
+                verdict.wipe_verified,
+            )))
+        }
+    }
+}
+
+/// Schedules the planner's next step, or ends the workflow.
+async fn schedule_next(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    wf: &mut WorkflowRow,
+    steps: &mut [StepRow],
+    node: &Node,
+    events: &mut Vec<bcm_db::outbox::NewOutboxMessage>,
+) -> Result<(), DbError> {
+    let main: Vec<StepStatus> = steps.iter().filter(|s| !s.cleanup).map(status_of).collect();
+    let cleanup: Vec<StepStatus> = steps.iter().filter(|s| s.cleanup).map(status_of).collect();
+    let main_len = main.len();
+    let mut phase = phase_of(&wf.status);
+    if phase == WorkflowPhase::Running && main.contains(&StepStatus::Failed) {
+        phase = WorkflowPhase::FailingCleanup;
+    }
+    match workflow::next_step(phase, &main, &cleanup) {
+        NextStep::Main(i) => {
+            steps[i].due_at = Some(Utc::now());
+            bcm_db::workflows::step_update_in_txn(tx, &steps[i]).await?;
+        }
+        NextStep::Cleanup(i) => {
+            let s = &mut steps[main_len + i];
+            s.due_at = Some(Utc::now());
+            bcm_db::workflows::step_update_in_txn(tx, s).await?;
+        }
+        NextStep::Finish(done) => {
+            let status = phase_name(done);
+            wf.status = status.to_owned();
+            bcm_db::workflows::workflow_update_in_txn(tx, wf, true).await?;
+            events.push(outbox::event(
+                ctx.bus.subjects(),
+                node,
+                &messages::types::workflow(status),
+                WorkflowEvent {
+                    workflow_id: wf.id.clone(),
+                    node_id: node.id,
+                    tenant_id: node.tenant_id.clone(),
+                    profile_id: wf.profile_id.clone(),
+                    status: status.to_owned(),
+                    step: None,
+                    attempt: None,
+                    error: wf.error.clone(),
+                },
+            ));
+            events.push(outbox::reconcile(
+                ctx.bus.subjects(),
+                node,
+                &format!("workflow {status}"),
+            ));
+            metrics::counter!("bcm_workflows_finished_total", "profile" => wf.profile_id.clone(), "status" => status).increment(1);
+            return Ok(());
+        }
+    }
+    wf.status = phase_name(phase).to_owned();
+    bcm_db::workflows::workflow_update_in_txn(tx, wf, false).await
+}
+
+/// Reads a workflow's profile.
+pub fn profile_of(wf: &WorkflowRow) -> Option<Profile> {
+    serde_json::from_value(wf.definition.clone()).ok()
+}

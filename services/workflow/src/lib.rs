@@ -1,0 +1,89 @@
+//! The workflow engine. Workflows and steps live in Postgres; engines claim
+//! due steps with `FOR UPDATE SKIP LOCKED`, so any number of engines share
+//! the work, and every outcome is persisted before the next step is
+//! scheduled, so a killed engine's successor resumes from the last persisted
+//! step. Site commands are recorded (idempotency key: workflow, step,
+//! attempt) in the same transaction as their outbox message: a restart
+//! never sends one twice. Results arrive on `result.<site>.<commandId>`
+//! (site services) or through the API's agent endpoints (signed, ramdisk).
+//!
+//! Every decision (which step next, retry or give up, when cleanup runs)
+//! is `bcm_core::workflow`'s; this crate does the I/O.
+
+pub mod commands;
+pub mod engine;
+pub mod results;
+
+use bcm_bus::Bus;
+use bcm_db::Db;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+/// Settings of the engine.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct EngineConfig {
+    /// Concurrent step workers in this process.
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// How often an idle worker looks for due steps without a notification.
+    #[serde(default = "default_poll_ms")]
+    pub poll_ms: u64,
+    /// The control plane URL agents join through (put on the ramdisk's
+    /// kernel command line and into user data).
+    pub control_plane_url: String,
+    /// Lifetime of discovery and provisioned join tokens.
+    #[serde(default = "default_token_ttl")]
+    pub join_token_ttl_secs: u64,
+    /// Poll interval of steps that wait for an agent to join.
+    #[serde(default = "default_join_poll_ms")]
+    pub join_poll_ms: u64,
+}
+
+fn default_workers() -> usize {
+    4
+}
+fn default_poll_ms() -> u64 {
+    250
+}
+fn default_token_ttl() -> u64 {
+    3600
+}
+fn default_join_poll_ms() -> u64 {
+    200
+}
+
+impl EngineConfig {
+    /// Defaults for `control_plane_url`.
+    pub fn new(control_plane_url: impl Into<String>) -> Self {
+        Self {
+            workers: default_workers(),
+            poll_ms: default_poll_ms(),
+            control_plane_url: control_plane_url.into(),
+            join_token_ttl_secs: default_token_ttl(),
+            join_poll_ms: default_join_poll_ms(),
+        }
+    }
+}
+
+/// Runs the engine until `shutdown`: the step workers and the results
+/// consumer.
+pub async fn run(db: Db, bus: Bus, cfg: EngineConfig, shutdown: CancellationToken) {
+    let ctx = std::sync::Arc::new(engine::Ctx {
+        db: db.clone(),
+        bus: bus.clone(),
+        cfg: cfg.clone(),
+    });
+    let mut tasks = vec![];
+    for i in 0..cfg.workers.max(1) {
+        tasks.push(tokio::spawn(engine::worker(
+            ctx.clone(),
+            i,
+            shutdown.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(results::consume(db, bus, shutdown.clone())));
+    for t in tasks {
+        let _ = t.await;
+    }
+}

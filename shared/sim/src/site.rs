@@ -1,0 +1,389 @@
+//! The simulated site services: BMCs and boot, answering the real site
+//! commands.
+
+use async_nats::jetstream::consumer::{pull, AckPolicy};
+use bcm_bus::messages::{CloudEvent, CommandEnvelope, CommandResult};
+use bcm_bus::subjects::StreamKind;
+use bcm_bus::Bus;
+use futures::StreamExt as _;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{self, parse_cmdline};
+use crate::{Fault, SimConfig};
+
+/// FNV-1a of a string, for stable simulated serials and MACs.
+pub fn fnv(s: &str) -> u32 {
+    s.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// The simulated PXE MAC of the machine at `address`.
+pub fn mac_of(address: &str) -> String {
+    let h = fnv(address).to_be_bytes();
+    format!("52:54:00:{:02x}:{:02x}:{:02x}", h[1], h[2], h[3])
+}
+
+/// What is installed on a simulated disk.
+#[derive(Debug, Clone)]
+pub struct Disk {
+    pub join_token: String,
+    pub api: String,
+    pub session: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Machine {
+    power_on: bool,
+    pxe: bool,
+    pxe_persistent: bool,
+    cmdline: Option<String>,
+    disk: Option<Disk>,
+    running: Option<CancellationToken>,
+}
+
+/// Every simulated machine, by BMC address.
+#[derive(Clone, Default)]
+pub struct Machines {
+    inner: Arc<Mutex<HashMap<String, Machine>>>,
+    by_node: Arc<Mutex<HashMap<String, String>>>,
+}
+
+impl Machines {
+    fn with<T>(&self, address: &str, f: impl FnOnce(&mut Machine) -> T) -> T {
+        let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        f(map.entry(address.to_owned()).or_default())
+    }
+
+    /// Records the image a deploy wrote.
+    pub fn install(&self, address: &str, join_token: String, api: String) {
+        self.with(address, |m| {
+            m.disk = Some(Disk {
+                join_token,
+                api,
+                session: None,
+            })
+        });
+    }
+
+    /// The installed disk, if any.
+    pub fn disk(&self, address: &str) -> Option<Disk> {
+        self.with(address, |m| m.disk.clone())
+    }
+
+    /// Keeps the installed OS's session across reboots.
+    pub fn set_session(&self, address: &str, session: String) {
+        self.with(address, |m| {
+            if let Some(d) = m.disk.as_mut() {
+                d.session = Some(session);
+            }
+        });
+    }
+
+    /// Whether the machine is powered on.
+    pub fn powered(&self, address: &str) -> bool {
+        self.with(address, |m| m.power_on)
+    }
+
+    fn address_of(&self, node: &str) -> Option<String> {
+        self.by_node
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)
+            .cloned()
+    }
+
+    fn remember(&self, node: &str, address: &str) {
+        self.by_node
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node.to_owned(), address.to_owned());
+    }
+}
+
+struct Site {
+    cfg: Arc<SimConfig>,
+    machines: Machines,
+    http: reqwest::Client,
+    results: Mutex<HashMap<String, CommandResult>>,
+}
+
+/// Runs the simulated site until `shutdown`.
+pub async fn run(bus: Bus, cfg: SimConfig, machines: Machines, shutdown: CancellationToken) {
+    let site = Arc::new(Site {
+        cfg: Arc::new(cfg),
+        machines,
+        http: reqwest::Client::new(),
+        results: Mutex::new(HashMap::new()),
+    });
+    while !shutdown.is_cancelled() {
+        if let Err(e) = consume(&bus, &site, &shutdown).await {
+            tracing::warn!(error = %e, "sim site consumer failed; restarting");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+async fn consume(bus: &Bus, site: &Arc<Site>, shutdown: &CancellationToken) -> anyhow::Result<()> {
+    let subjects = bus.subjects();
+    let site_id: bcm_core::SiteId = site.cfg.site.parse()?;
+    let stream = bus
+        .jetstream()
+        .get_stream(subjects.stream(StreamKind::Commands))
+        .await?;
+    let name = format!("site-{site_id}");
+    let consumer = stream
+        .get_or_create_consumer(
+            &name,
+            pull::Config {
+                durable_name: Some(name.clone()),
+                filter_subject: subjects.commands_of_site(&site_id),
+                ack_policy: AckPolicy::Explicit,
+                max_deliver: 20,
+                ack_wait: Duration::from_secs(30),
+                max_ack_pending: 10_000,
+                ..Default::default()
+            },
+        )
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let gate = Arc::new(tokio::sync::Semaphore::new(site.cfg.concurrency.max(1)));
+    loop {
+        let msg = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            m = messages.next() => match m {
+                Some(m) => m.map_err(|e| anyhow::anyhow!("{e}"))?,
+                None => return Ok(()),
+            },
+        };
+        let permit = gate.clone().acquire_owned().await?;
+        let (site, bus, shutdown) = (site.clone(), bus.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let cmd: CloudEvent<CommandEnvelope> = match serde_json::from_slice(&msg.payload) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "sim site: dropping an undecodable command");
+                    let _ = msg.ack_with(async_nats::jetstream::AckKind::Term).await;
+                    return;
+                }
+            };
+            let cmd = cmd.data;
+            let known = site
+                .results
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&cmd.command_id)
+                .cloned();
+            let result = match known {
+                Some(r) => r,
+                None => {
+                    if site.cfg.latency_ms > 0 {
+                        tokio::time::sleep(Duration::from_millis(site.cfg.latency_ms)).await;
+                    }
+                    let r = execute(&site, &cmd, &shutdown);
+                    site.results
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(cmd.command_id.clone(), r.clone());
+                    r
+                }
+            };
+            let subject = bus.subjects().result(&cmd.site_id, &cmd.command_id);
+            let event = CloudEvent::new(
+                cmd.command_id.clone(),
+                bcm_bus::messages::types::COMMAND_RESULT.to_owned(),
+                cmd.node_id.map(|n| n.to_string()),
+                None,
+                result,
+            );
+            let payload = serde_json::to_vec(&event).unwrap_or_default();
+            match bus
+                .publish_durable(
+                    &subject,
+                    &cmd.command_id,
+                    &bcm_bus::trace_headers(),
+                    payload.into(),
+                )
+                .await
+            {
+                Ok(()) => {
+                    let _ = msg.ack().await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "sim site: publishing a result failed; redelivery retries")
+                }
+            }
+        });
+    }
+}
+
+fn ok(cmd: &CommandEnvelope, output: Value) -> CommandResult {
+    CommandResult {
+        command_id: cmd.command_id.clone(),
+        ok: true,
+        retryable: false,
+        output,
+        error: None,
+    }
+}
+
+fn err(cmd: &CommandEnvelope, retryable: bool, e: &str) -> CommandResult {
+    CommandResult {
+        command_id: cmd.command_id.clone(),
+        ok: false,
+        retryable,
+        output: json!({}),
+        error: Some(e.to_owned()),
+    }
+}
+
+fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken) -> CommandResult {
+    let node = cmd.node_id.map(|n| n.to_string()).unwrap_or_default();
+    let address = cmd
+        .params
+        .pointer("/bmc/address")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .or_else(|| site.machines.address_of(&node));
+    let Some(address) = address else {
+        return err(cmd, false, "sim: no machine is known for this node");
+    };
+    site.machines.remember(&node, &address);
+    let uses_bmc = cmd.kind.starts_with("bmc.") || cmd.kind == "metal.ensureRamdisk";
+    if uses_bmc && site.cfg.has(&address, Fault::BmcRejects) {
+        return err(
+            cmd,
+            false,
+            "sim BMC: 401 Unauthorized (Base.1.0.InsufficientPrivilege)",
+        );
+    }
+    let m = &site.machines;
+    match cmd.kind.as_str() {
+        "bmc.verify" => ok(cmd, json!({ "sim": true, "redfishVersion": "1.17.0" })),
+        "bmc.inspect" => ok(
+            cmd,
+            json!({ "sim": true, "manufacturer": "Better Compute Sim", "model": "sim-1",
+                    "serial": format!("SIM{:08X}", fnv(&address)), "macs": [mac_of(&address)] }),
+        ),
+        "bmc.bootDevice" => {
+            let pxe = cmd.params.get("device").and_then(Value::as_str) == Some("pxe");
+            let persistent = cmd
+                .params
+                .get("persistent")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            m.with(&address, |mm| {
+                mm.pxe = pxe;
+                mm.pxe_persistent = pxe && persistent;
+            });
+            ok(
+                cmd,
+                json!({ "sim": true, "device": if pxe { "pxe" } else { "disk" }, "persistent": persistent }),
+            )
+        }
+        "bmc.power" => {
+            let action = cmd
+                .params
+                .get("action")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            match action {
+                "off" => power_off(site, &address),
+                "on" | "cycle" | "reset" => power_on(site, &address, shutdown),
+                other => {
+                    return err(
+                        cmd,
+                        false,
+                        &format!("sim BMC: unsupported power action {other:?}"),
+                    )
+                }
+            }
+            ok(
+                cmd,
+                json!({ "sim": true, "powerState": if m.powered(&address) { "On" } else { "Off" } }),
+            )
+        }
+        "site.bootEntry.set" => {
+            let cmdline = cmd
+                .params
+                .pointer("/bootEntry/cmdline")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            m.with(&address, |mm| mm.cmdline = cmdline);
+            ok(cmd, json!({ "sim": true }))
+        }
+        "site.bootEntry.clear" => {
+            m.with(&address, |mm| mm.cmdline = None);
+            ok(cmd, json!({ "sim": true }))
+        }
+        "metal.ensureRamdisk" => {
+            let cmdline = cmd
+                .params
+                .pointer("/bootEntry/cmdline")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            m.with(&address, |mm| {
+                mm.cmdline = cmdline;
+                mm.pxe = true;
+                mm.pxe_persistent = false;
+            });
+            power_on(site, &address, shutdown);
+            ok(cmd, json!({ "sim": true, "booted": "ramdisk" }))
+        }
+        other => err(
+            cmd,
+            false,
+            &format!("sim: unsupported command kind {other}"),
+        ),
+    }
+}
+
+fn power_off(site: &Arc<Site>, address: &str) {
+    site.machines.with(address, |m| {
+        m.power_on = false;
+        if let Some(t) = m.running.take() {
+            t.cancel();
+        }
+    });
+}
+
+/// Powers a machine on (or resets it) and boots what its boot device says.
+fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
+    let stop = shutdown.child_token();
+    let boot = site.machines.with(address, |m| {
+        if let Some(t) = m.running.take() {
+            t.cancel();
+        }
+        m.power_on = true;
+        m.running = Some(stop.clone());
+        let pxe = m.pxe;
+        if pxe && !m.pxe_persistent {
+            m.pxe = false; // a one-time PXE boot falls back to disk next time
+        }
+        match (pxe, m.cmdline.as_deref().and_then(parse_cmdline)) {
+            (true, Some(params)) => Some(Ok(params)),
+            (true, None) => None,
+            (false, _) => m.disk.is_some().then_some(Err(())),
+        }
+    });
+    let (http, cfg, machines, address) = (
+        site.http.clone(),
+        site.cfg.clone(),
+        site.machines.clone(),
+        address.to_owned(),
+    );
+    match boot {
+        Some(Ok(params)) => {
+            tokio::spawn(agent::ramdisk(http, cfg, machines, address, params, stop));
+        }
+        Some(Err(())) => {
+            tokio::spawn(agent::os(http, cfg, machines, address, stop));
+        }
+        None => {}
+    }
+}
