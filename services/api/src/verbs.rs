@@ -285,13 +285,17 @@ async fn run_verb(
     let mut tx = a.db.begin().await?;
     bcm_db::lock_timeout_in_txn(&mut tx, a.lock_timeout_ms).await?;
     let node = nodes::node_fetch_for_update_in_txn(&mut tx, node_id).await?;
+    // The rescue ramdisk is up once `metal-rescue` succeeded; until then
+    // (not started yet, or running) it is still booting.
     let rescue_booting = match (node.provision_state, node.workflow_id) {
-        (ProvisionState::Rescue, Some(wf)) if !node.unrescue_pending => {
+        (ProvisionState::Rescue, _) if node.unrescue_pending => false,
+        (ProvisionState::Rescue, Some(wf)) => {
             bcm_db::workflows::workflow_status_in_txn(&mut tx, &wf.to_string())
                 .await?
                 .as_deref()
-                == Some("running")
+                != Some("succeeded")
         }
+        (ProvisionState::Rescue, None) => true,
         _ => false,
     };
     let facts = NodeFacts {

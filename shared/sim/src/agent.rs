@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::site::Machines;
-use crate::{Fault, SimConfig};
+use crate::{Fault, Faults, SimConfig};
 
 /// The boot parameters a ramdisk reads from `/proc/cmdline`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,12 +69,13 @@ async fn join(
 pub async fn ramdisk(
     http: reqwest::Client,
     cfg: Arc<SimConfig>,
+    faults: Faults,
     machines: Machines,
     address: String,
     boot: BootParams,
     stop: CancellationToken,
 ) {
-    if cfg.has(&address, Fault::RamdiskNeverJoins) {
+    if faults.has(&address, Fault::RamdiskNeverJoins) {
         tracing::info!(%address, "sim ramdisk: never joins (fault)");
         return;
     }
@@ -103,8 +104,8 @@ pub async fn ramdisk(
             if cfg.latency_ms > 0 {
                 tokio::time::sleep(Duration::from_millis(cfg.latency_ms)).await;
             }
-            let (ok, output, error) = execute(&cfg, &machines, &address, &boot, &cmd);
-            let unsigned = cmd.kind == "disk.wipe" && cfg.has(&address, Fault::UnsignedWipe);
+            let (ok, output, error) = execute(&faults, &machines, &address, &boot, &cmd);
+            let unsigned = cmd.kind == "disk.wipe" && faults.has(&address, Fault::UnsignedWipe);
             let signature = (!unsigned).then(|| {
                 let input = messages::signing_input(
                     &cmd.command_id,
@@ -139,7 +140,7 @@ pub async fn ramdisk(
 }
 
 fn execute(
-    cfg: &SimConfig,
+    faults: &Faults,
     machines: &Machines,
     address: &str,
     boot: &BootParams,
@@ -166,7 +167,7 @@ fn execute(
         ),
         "disk.wipe" => {
             let method = cmd.params.get("mode").cloned().unwrap_or(Value::Null);
-            let failed = cfg.has(address, Fault::WipeFailsReadBack);
+            let failed = faults.has(address, Fault::WipeFailsReadBack);
             (
                 true,
                 json!({
@@ -211,12 +212,12 @@ fn execute(
 /// joins the first time, heartbeats with role `node` at every boot.
 pub async fn os(
     http: reqwest::Client,
-    cfg: Arc<SimConfig>,
+    faults: Faults,
     machines: Machines,
     address: String,
     stop: CancellationToken,
 ) {
-    if cfg.has(&address, Fault::OsNeverJoins) {
+    if faults.has(&address, Fault::OsNeverJoins) {
         return;
     }
     let Some(disk) = machines.disk(&address) else {

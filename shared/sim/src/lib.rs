@@ -16,7 +16,8 @@ pub mod agent;
 pub mod site;
 
 use serde::Deserialize;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
 
 /// A fault a simulated machine shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -65,9 +66,54 @@ impl SimConfig {
             concurrency: default_concurrency(),
         }
     }
+}
+
+/// The faults machines show now; tests change them while the site runs.
+#[derive(Clone, Default, Debug)]
+pub struct Faults {
+    inner: Arc<RwLock<HashMap<String, HashSet<Fault>>>>,
+}
+
+impl Faults {
+    /// The faults of a configuration.
+    pub fn from_config(cfg: &SimConfig) -> Self {
+        let f = Faults::default();
+        for (address, faults) in &cfg.faults {
+            for fault in faults {
+                f.set(address, *fault);
+            }
+        }
+        f
+    }
+
+    /// Makes the machine at `address` show `fault`.
+    pub fn set(&self, address: &str, fault: Fault) {
+        self.inner
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(address.to_owned())
+            .or_default()
+            .insert(fault);
+    }
+
+    /// Heals the machine at `address` of `fault`.
+    pub fn clear(&self, address: &str, fault: Fault) {
+        if let Some(f) = self
+            .inner
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(address)
+        {
+            f.remove(&fault);
+        }
+    }
 
     /// Whether the machine at `address` shows `fault`.
     pub fn has(&self, address: &str, fault: Fault) -> bool {
-        self.faults.get(address).is_some_and(|f| f.contains(&fault))
+        self.inner
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(address)
+            .is_some_and(|f| f.contains(&fault))
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{self, parse_cmdline};
-use crate::{Fault, SimConfig};
+use crate::{Fault, Faults, SimConfig};
 
 /// FNV-1a of a string, for stable simulated serials and MACs.
 pub fn fnv(s: &str) -> u32 {
@@ -107,15 +107,23 @@ impl Machines {
 
 struct Site {
     cfg: Arc<SimConfig>,
+    faults: Faults,
     machines: Machines,
     http: reqwest::Client,
     results: Mutex<HashMap<String, CommandResult>>,
 }
 
 /// Runs the simulated site until `shutdown`.
-pub async fn run(bus: Bus, cfg: SimConfig, machines: Machines, shutdown: CancellationToken) {
+pub async fn run(
+    bus: Bus,
+    cfg: SimConfig,
+    machines: Machines,
+    faults: Faults,
+    shutdown: CancellationToken,
+) {
     let site = Arc::new(Site {
         cfg: Arc::new(cfg),
+        faults,
         machines,
         http: reqwest::Client::new(),
         results: Mutex::new(HashMap::new()),
@@ -255,7 +263,7 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
     };
     site.machines.remember(&node, &address);
     let uses_bmc = cmd.kind.starts_with("bmc.") || cmd.kind == "metal.ensureRamdisk";
-    if uses_bmc && site.cfg.has(&address, Fault::BmcRejects) {
+    if uses_bmc && site.faults.has(&address, Fault::BmcRejects) {
         return err(
             cmd,
             false,
@@ -371,18 +379,21 @@ fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
             (false, _) => m.disk.is_some().then_some(Err(())),
         }
     });
-    let (http, cfg, machines, address) = (
+    let (http, cfg, faults, machines, address) = (
         site.http.clone(),
         site.cfg.clone(),
+        site.faults.clone(),
         site.machines.clone(),
         address.to_owned(),
     );
     match boot {
         Some(Ok(params)) => {
-            tokio::spawn(agent::ramdisk(http, cfg, machines, address, params, stop));
+            tokio::spawn(agent::ramdisk(
+                http, cfg, faults, machines, address, params, stop,
+            ));
         }
         Some(Err(())) => {
-            tokio::spawn(agent::os(http, cfg, machines, address, stop));
+            tokio::spawn(agent::os(http, faults, machines, address, stop));
         }
         None => {}
     }

@@ -62,6 +62,8 @@ pub struct TestEnv {
     pub base: String,
     pub admin_token: String,
     pub http: reqwest::Client,
+    /// The simulated site's faults, changeable while it runs.
+    pub faults: bcm_sim::Faults,
     shutdown: CancellationToken,
 }
 
@@ -139,6 +141,11 @@ impl TestEnv {
             base,
             admin_token,
             http: reqwest::Client::new(),
+            faults: opts
+                .site
+                .as_ref()
+                .map(bcm_sim::Faults::from_config)
+                .unwrap_or_default(),
             shutdown,
         };
         if opts.relay {
@@ -153,6 +160,7 @@ impl TestEnv {
                 env.state.inner.bus.clone(),
                 sim,
                 bcm_sim::site::Machines::default(),
+                env.faults.clone(),
                 env.shutdown.child_token(),
             ));
         }

@@ -1,0 +1,225 @@
+//! Failure paths: a BMC fault, an abort mid-workflow with its cleanup, the
+//! recover table, unverified wipes, and unrescue while the rescue ramdisk
+//! still boots.
+
+use bcm_core::{NodeId, ProvisionState};
+use bcm_sim::Fault;
+use bcm_testkit::{eventually, Options, TestEnv};
+use serde_json::json;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+async fn enroll(env: &TestEnv, name: &str) -> NodeId {
+    let (s, b) = env
+        .post(
+            "/api/compute/metal/enroll",
+            Some(&env.admin_token),
+            &json!({"tenantId": "a", "poolId": "a-pool",
+                "bmc": {"driver": "sim", "address": format!("sim://{name}"), "username": "admin", "password": "pw"}}),
+        )
+        .await
+        .expect("post");
+    assert_eq!(s, 200, "{b}");
+    b["nodeId"].as_str().expect("id").parse().expect("node id")
+}
+
+async fn verb(
+    env: &TestEnv,
+    verb: &str,
+    node: &NodeId,
+    extra: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let mut body = json!({"tenantId": "a", "nodeId": node.to_string()});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    env.post(
+        &format!("/api/compute/metal/{verb}"),
+        Some(&env.admin_token),
+        &body,
+    )
+    .await
+    .expect("post")
+}
+
+#[tokio::test]
+async fn a_bmc_fault_fails_enrolling_with_a_clear_error() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    env.faults.set("sim://bad-bmc", Fault::BmcRejects);
+    let id = enroll(&env, "bad-bmc").await;
+    let n = env
+        .wait_state(&id, ProvisionState::Failed, T)
+        .await
+        .expect("failed");
+    assert_eq!(n.failed_from, Some(ProvisionState::Enrolling));
+    assert!(n.maintenance, "maintenance turns on");
+    let err = n.last_error.clone().unwrap_or_default();
+    assert!(err.contains("verify-bmc") && err.contains("401"), "{err}");
+
+    // recover goes back to enrolling; healed, the chain reaches ready.
+    env.faults.clear("sim://bad-bmc", Fault::BmcRejects);
+    let (s, b) = verb(&env, "recover", &id, json!({})).await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["provisionState"], "enrolling");
+    let n = env
+        .wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("ready after recover");
+    assert!(n.maintenance, "recover leaves maintenance on");
+}
+
+#[tokio::test]
+async fn abort_runs_the_cleanup_steps_and_fails_the_node() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    env.faults.set("sim://stuck", Fault::RamdiskNeverJoins);
+    let id = enroll(&env, "stuck").await;
+    env.wait_state(&id, ProvisionState::Inspecting, T)
+        .await
+        .expect("inspecting");
+    // Wait until the workflow waits for the ramdisk that never comes.
+    let wf = eventually(T, || async {
+        let n = env.node(&id).await?;
+        let Some(w) = n.workflow_id else {
+            return Ok(None);
+        };
+        let steps = bcm_db::workflows::steps_fetch(&env.db, &w.to_string()).await?;
+        Ok(steps
+            .iter()
+            .any(|s| s.name == "wait-ramdisk-join" && s.status == "running")
+            .then_some(w))
+    })
+    .await
+    .expect("waiting for the ramdisk");
+    let (s, b) = verb(
+        &env,
+        "abort",
+        &id,
+        json!({"reason": "ramdisk never came up"}),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["provisionState"], "failed");
+    assert_eq!(b["failedFrom"], "inspecting");
+    let done = eventually(T, || async {
+        let w = bcm_db::workflows::workflow_fetch(&env.db, &wf.to_string()).await?;
+        Ok((w.status == "cancelled").then_some(()))
+    })
+    .await;
+    done.expect("the workflow ends cancelled");
+    let steps = bcm_db::workflows::steps_fetch(&env.db, &wf.to_string())
+        .await
+        .expect("steps");
+    let cleanup: Vec<_> = steps
+        .iter()
+        .filter(|s| s.cleanup)
+        .map(|s| (s.name.as_str(), s.status.as_str()))
+        .collect();
+    assert_eq!(
+        cleanup,
+        vec![
+            ("clear-boot-entry", "succeeded"),
+            ("power-off", "succeeded")
+        ]
+    );
+    assert!(steps
+        .iter()
+        .any(|s| s.name == "wait-ramdisk-join" && s.status == "skipped"));
+    let n = env.node(&id).await.expect("node");
+    assert_eq!(
+        n.provision_state,
+        ProvisionState::Failed,
+        "the cancelled workflow does not move the node again"
+    );
+    assert!(n
+        .last_error
+        .unwrap_or_default()
+        .contains("ramdisk never came up"));
+}
+
+#[tokio::test]
+async fn an_unsigned_or_unverified_wipe_fails_the_release() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    for (name, fault) in [
+        ("unsigned", Fault::UnsignedWipe),
+        ("readback", Fault::WipeFailsReadBack),
+    ] {
+        let id = enroll(&env, name).await;
+        env.wait_state(&id, ProvisionState::Ready, T)
+            .await
+            .expect("ready");
+        let (s, b) = verb(
+            &env,
+            "deploy",
+            &id,
+            json!({"profileId": "p", "profileVersion": 1}),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+        env.wait_state(&id, ProvisionState::Deployed, T)
+            .await
+            .expect("deployed");
+        env.faults.set(&format!("sim://{name}"), fault);
+        let (s, b) = verb(&env, "undeploy", &id, json!({"wipe": "quick"})).await;
+        assert_eq!(s, 200, "{b}");
+        let n = env
+            .wait_state(&id, ProvisionState::Failed, T)
+            .await
+            .expect("failed, never ready");
+        assert_eq!(n.failed_from, Some(ProvisionState::Releasing));
+        assert!(
+            n.last_error
+                .clone()
+                .unwrap_or_default()
+                .contains("UNVERIFIED_WIPE"),
+            "{:?}",
+            n.last_error
+        );
+        // recover goes to releasing (which wipes again), never to ready.
+        env.faults.clear(&format!("sim://{name}"), fault);
+        let (s, b) = verb(&env, "recover", &id, json!({})).await;
+        assert_eq!((s, b["provisionState"].as_str()), (200, Some("releasing")));
+        env.wait_state(&id, ProvisionState::Ready, T)
+            .await
+            .expect("ready after a verified wipe");
+    }
+}
+
+#[tokio::test]
+async fn unrescue_while_the_rescue_ramdisk_boots_is_a_conflict() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let id = enroll(&env, "rescue-me").await;
+    env.wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("ready");
+    verb(
+        &env,
+        "deploy",
+        &id,
+        json!({"profileId": "p", "profileVersion": 1}),
+    )
+    .await;
+    env.wait_state(&id, ProvisionState::Deployed, T)
+        .await
+        .expect("deployed");
+    env.faults.set("sim://rescue-me", Fault::RamdiskNeverJoins);
+    let (s, _) = verb(&env, "rescue", &id, json!({})).await;
+    assert_eq!(s, 200);
+    let (s, b) = verb(&env, "unrescue", &id, json!({})).await;
+    assert_eq!((s, b["code"].as_str()), (409, Some("CONFLICT")), "{b}");
+    let n = env.node(&id).await.expect("node");
+    assert!(!n.unrescue_pending);
+    // Once the ramdisk is up, unrescue is accepted and brings the OS back.
+    env.faults
+        .clear("sim://rescue-me", Fault::RamdiskNeverJoins);
+    let (s, _) = verb(&env, "abort", &id, json!({})).await;
+    assert_eq!(s, 409, "abort is not legal from rescue");
+}
