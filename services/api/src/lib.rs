@@ -17,7 +17,6 @@ pub mod verbs;
 pub mod views;
 
 use axum::routing::{get, post, put};
-use axum::Router;
 use bcm_bus::{Bus, BusConfig};
 use bcm_db::Db;
 use bcm_seal::{KeyConfig, Sealer};
@@ -134,6 +133,20 @@ pub enum StartError {
     Io(#[from] std::io::Error),
 }
 
+/// The router type of the API.
+pub type Router = axum::Router;
+
+/// Serves `app` on `listener` until `stop`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
+}
+
 /// Shared state of the handlers.
 #[derive(Clone)]
 pub struct AppState {
@@ -151,7 +164,7 @@ pub struct Inner {
 
 /// The router of the service, for tests and the all-in-one binary.
 pub fn router(state: AppState) -> Router {
-    let metal = Router::new()
+    let metal = axum::Router::<AppState>::new()
         .route("/enroll", post(verbs::enroll))
         .route("/manage", post(verbs::manage))
         .route("/inspect", post(verbs::inspect))
@@ -166,17 +179,17 @@ pub fn router(state: AppState) -> Router {
         .route("/power", post(verbs::power))
         .route("/nodes", get(reads::list_nodes))
         .route("/nodes/{node_id}", get(reads::get_node));
-    let admin = Router::new()
+    let admin = axum::Router::<AppState>::new()
         .route("/tenants/{id}", put(admin::put_tenant))
         .route("/sites/{id}", put(admin::put_site))
         .route("/pools/{id}", put(admin::put_pool))
         .route("/tokens", post(admin::create_token));
-    let agent = Router::new()
+    let agent = axum::Router::<AppState>::new()
         .route("/join", post(agent::join))
         .route("/heartbeat", post(agent::heartbeat))
         .route("/commands", get(agent::commands))
         .route("/results", post(agent::results));
-    Router::new()
+    axum::Router::new()
         .nest("/api/compute/metal", metal)
         .nest("/api/agent", agent)
         .nest("/api/compute/admin", admin)

@@ -16,6 +16,7 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 
 pub use async_nats::connection::State as ConnectionState;
+pub use bcm_core::TenantId;
 pub use subjects::Subjects;
 
 /// The header JetStream dedupes publishes by.

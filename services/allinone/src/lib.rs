@@ -1,0 +1,105 @@
+//! `bcm`, the all-in-one: the API with its outbox relay, the workflow
+//! engine, a reconciler and a simulated site in one process, on the
+//! Postgres and NATS the configuration names. With `--sim-machines N` it
+//! enrolls N simulated machines, shows them moving to `ready`, deploys one
+//! and releases it, and leaves the API up for `metalctl`.
+
+pub mod demo;
+
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+/// Configuration of the all-in-one: one section per service.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub api: bcm_api::ApiConfig,
+    /// Defaults to the API's own URL as the agents' control plane.
+    #[serde(default)]
+    pub engine: Option<bcm_workflow::EngineConfig>,
+    #[serde(default)]
+    pub reconciler: bcm_reconciler::ReconcilerConfig,
+    /// The simulated site; its `site` must be a site of the seed.
+    pub sim: bcm_sim::SimConfig,
+}
+
+impl Config {
+    /// Loads a TOML file, then `BCM_*` environment variables (`BCM_API__DATABASE_URL`, …).
+    pub fn load(path: Option<&std::path::Path>) -> Result<Self, Box<figment::Error>> {
+        use figment::providers::{Env, Format, Toml};
+        let mut fig = figment::Figment::new();
+        if let Some(p) = path {
+            fig = fig.merge(Toml::file_exact(p));
+        }
+        fig.merge(Env::prefixed("BCM_ALL_").split("__"))
+            .extract()
+            .map_err(Box::new)
+    }
+}
+
+/// Runs every service until `shutdown`; returns the API's base URL through
+/// `ready` once it listens.
+pub async fn run(
+    cfg: Config,
+    listener: tokio::net::TcpListener,
+    ready: tokio::sync::oneshot::Sender<String>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let base = format!("http://{}", listener.local_addr()?);
+    let state = bcm_api::prepare(&cfg.api).await?;
+    let db = state.inner.db.clone();
+    let bus = state.inner.bus.clone();
+    let mut tasks = vec![];
+    if cfg.api.relay.enabled {
+        tasks.push(tokio::spawn(bcm_api::relay::run(
+            db.clone(),
+            bus.clone(),
+            cfg.api.relay.clone(),
+            bcm_api::relay::RelayFaults::default(),
+            shutdown.clone(),
+        )));
+    }
+    let engine = cfg
+        .engine
+        .clone()
+        .unwrap_or_else(|| bcm_workflow::EngineConfig::new(base.clone()));
+    tasks.push(tokio::spawn(bcm_workflow::run(
+        db.clone(),
+        bus.clone(),
+        engine,
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(bcm_reconciler::run(
+        db.clone(),
+        bus.clone(),
+        cfg.reconciler.clone(),
+        shutdown.clone(),
+    )));
+    let faults = bcm_sim::Faults::from_config(&cfg.sim);
+    tasks.push(tokio::spawn(bcm_sim::site::run(
+        bus.clone(),
+        cfg.sim.clone(),
+        bcm_sim::site::Machines::default(),
+        faults,
+        shutdown.clone(),
+    )));
+    let app = bcm_api::router(state.clone());
+    let stop = shutdown.clone();
+    let server = tokio::spawn(async move { axum_serve(listener, app, stop).await });
+    let _ = ready.send(base);
+    server.await??;
+    shutdown.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    db.close().await;
+    Ok(())
+}
+
+async fn axum_serve(
+    listener: tokio::net::TcpListener,
+    app: bcm_api::Router,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    bcm_api::serve(listener, app, stop).await
+}

@@ -1,0 +1,53 @@
+//! `bcm`: the whole control plane in one process with a simulated site.
+
+use clap::Parser;
+
+/// Every service in one process, with a simulated site.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// A TOML configuration file (see deploy/config/bcm.example.toml).
+    #[arg(long, env = "BCM_ALL_CONFIG")]
+    config: Option<std::path::PathBuf>,
+    /// Enroll this many simulated machines, bring them to ready, deploy one
+    /// and release it; 0 skips the demo.
+    #[arg(long, default_value_t = 8)]
+    sim_machines: usize,
+    /// Tenant and pool of the demo.
+    #[arg(long, default_value = "root")]
+    tenant: String,
+    #[arg(long, default_value = "default")]
+    pool: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let cfg = bcm_allinone::Config::load(args.config.as_deref())?;
+    bcm_telemetry::init("bcm", &cfg.api.telemetry)?;
+    let listener = tokio::net::TcpListener::bind(cfg.api.listen).await?;
+    let token = secrecy::ExposeSecret::expose_secret(&cfg.api.admin_token).to_owned();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let server = tokio::spawn(bcm_allinone::run(cfg, listener, ready_tx, shutdown.clone()));
+    let base = ready_rx.await?;
+    if args.sim_machines > 0 {
+        let client = bcm_allinone::demo::Client::new(&base, &token);
+        if let Err(e) =
+            bcm_allinone::demo::run(&client, &args.tenant, &args.pool, args.sim_machines).await
+        {
+            eprintln!("demo failed: {e:#}");
+        }
+    }
+    println!(
+        "the API stays up on {base}; try: metalctl --api {base} list   (Ctrl-C stops everything)"
+    );
+    server.await??;
+    bcm_telemetry::shutdown();
+    Ok(())
+}

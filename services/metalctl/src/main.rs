@@ -1,0 +1,412 @@
+//! `metalctl`: calls the metal API. Tables for people, `--output json` for
+//! scripts; `watch` follows a node's events from JetStream.
+
+use anyhow::{bail, Context as _};
+use async_nats::jetstream::consumer::{pull, DeliverPolicy};
+use clap::{Parser, Subcommand, ValueEnum};
+use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
+use futures::StreamExt as _;
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+#[command(version, about = "Drive Better Compute Metal from the command line")]
+struct Cli {
+    /// The API's base URL.
+    #[arg(
+        long,
+        env = "BCM_API_URL",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    api: String,
+    /// Bearer token.
+    #[arg(long, env = "BCM_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// Tenant of the nodes.
+    #[arg(long, env = "BCM_TENANT", default_value = "root", global = true)]
+    tenant: String,
+    /// `table` for people, `json` for scripts.
+    #[arg(long, short, value_enum, default_value_t = Output::Table, global = true)]
+    output: Output,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Enroll a machine by its BMC.
+    Enroll {
+        #[arg(long)]
+        pool: String,
+        #[arg(long, default_value = "redfish")]
+        driver: String,
+        #[arg(long)]
+        address: String,
+        #[arg(long)]
+        username: String,
+        /// The BMC password; read from BCM_BMC_PASSWORD when absent.
+        #[arg(long, env = "BCM_BMC_PASSWORD", hide_env_values = true)]
+        password: String,
+    },
+    /// List nodes.
+    List {
+        #[arg(long)]
+        pool: Option<String>,
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// Show one node.
+    Show {
+        node: String,
+    },
+    Manage {
+        node: String,
+    },
+    Inspect {
+        node: String,
+    },
+    Provide {
+        node: String,
+    },
+    Deploy {
+        node: String,
+        #[arg(long)]
+        profile: String,
+        #[arg(long, default_value_t = 1)]
+        profile_version: u32,
+    },
+    Undeploy {
+        node: String,
+        /// none, quick, secure-erase or crypto-erase.
+        #[arg(long, default_value = "quick")]
+        wipe: String,
+    },
+    Rescue {
+        node: String,
+    },
+    Unrescue {
+        node: String,
+    },
+    Abort {
+        node: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    Recover {
+        node: String,
+    },
+    Retire {
+        node: String,
+    },
+    /// on, off, cycle or reset.
+    Power {
+        node: String,
+        action: String,
+    },
+    /// Follow a node's events from JetStream (history, then live).
+    Watch {
+        node: String,
+        #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+        nats: String,
+        /// The bus namespace of the control plane, if any.
+        #[arg(long, env = "BCM_NAMESPACE")]
+        namespace: Option<String>,
+    },
+}
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl Api {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req
+            .send()
+            .await
+            .with_context(|| format!("calling {}", self.base))?;
+        let status = res.status();
+        let v: Value = res.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!(
+                "{} {}: {}",
+                status.as_u16(),
+                v["code"].as_str().unwrap_or("ERROR"),
+                v["message"].as_str().unwrap_or("")
+            );
+        }
+        Ok(v)
+    }
+}
+
+fn node_table(nodes: &[Value]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY);
+    t.set_header([
+        "NODE",
+        "POOL",
+        "STATE",
+        "POWER",
+        "MAINT",
+        "BMC",
+        "MACS",
+        "LAST ERROR",
+    ]);
+    for n in nodes {
+        let s = |k: &str| n[k].as_str().unwrap_or("").to_owned();
+        let state = match n["failedFrom"].as_str() {
+            Some(f) => format!("{} (from {f})", s("provisionState")),
+            None => s("provisionState"),
+        };
+        let macs = n["macs"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default();
+        let mut err = s("lastError");
+        if err.chars().count() > 60 {
+            err = err.chars().take(57).collect::<String>() + "...";
+        }
+        t.add_row([
+            s("nodeId"),
+            s("poolId"),
+            state,
+            s("power"),
+            if n["maintenance"] == true {
+                "yes".into()
+            } else {
+                "".into()
+            },
+            format!(
+                "{} {}",
+                n["bmc"]["driver"].as_str().unwrap_or(""),
+                n["bmc"]["address"].as_str().unwrap_or("")
+            ),
+            macs,
+            err,
+        ]);
+    }
+    t
+}
+
+fn print(out: Output, v: &Value) {
+    match out {
+        Output::Json => emit(serde_json::to_string_pretty(v).unwrap_or_default()),
+        Output::Table => {
+            let nodes = match v.get("items") {
+                Some(items) => items.as_array().cloned().unwrap_or_default(),
+                None => vec![v.clone()],
+            };
+            emit(node_table(&nodes));
+        }
+    }
+}
+
+/// Prints a line; a closed pipe (`metalctl watch | head`) ends quietly.
+fn emit(line: impl std::fmt::Display) {
+    use std::io::Write as _;
+    if writeln!(std::io::stdout(), "{line}").is_err() {
+        std::process::exit(0);
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let api = Api {
+        http: reqwest::Client::new(),
+        base: cli.api.trim_end_matches('/').to_owned(),
+        token: cli.token.clone(),
+    };
+    let tenant = cli.tenant.clone();
+    let verb = |name: &str, node: &str, extra: Value| {
+        let mut body = json!({ "tenantId": tenant, "nodeId": node });
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        (format!("/api/compute/metal/{name}"), body)
+    };
+    let post = reqwest::Method::POST;
+    let (path, body) = match &cli.cmd {
+        Cmd::Enroll {
+            pool,
+            driver,
+            address,
+            username,
+            password,
+        } => (
+            "/api/compute/metal/enroll".to_owned(),
+            json!({"tenantId": tenant, "poolId": pool, "bmc": {"driver": driver, "address": address, "username": username, "password": password}}),
+        ),
+        Cmd::List { pool, state } => {
+            let mut items = vec![];
+            let mut page: Option<String> = None;
+            loop {
+                let mut q = format!("/api/compute/metal/nodes?tenantId={tenant}&limit=1000");
+                if let Some(p) = pool {
+                    q.push_str(&format!("&poolId={p}"));
+                }
+                if let Some(s) = state {
+                    q.push_str(&format!("&state={s}"));
+                }
+                if let Some(p) = &page {
+                    q.push_str(&format!("&pageToken={p}"));
+                }
+                let v = api.call(reqwest::Method::GET, &q, None).await?;
+                items.extend(v["items"].as_array().cloned().unwrap_or_default());
+                match v["nextPageToken"].as_str() {
+                    Some(t) => page = Some(t.to_owned()),
+                    None => break,
+                }
+            }
+            print(cli.output, &json!({ "items": items }));
+            return Ok(());
+        }
+        Cmd::Show { node } => {
+            let v = api
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/api/compute/metal/nodes/{node}"),
+                    None,
+                )
+                .await?;
+            print(cli.output, &v);
+            return Ok(());
+        }
+        Cmd::Manage { node } => verb("manage", node, json!({})),
+        Cmd::Inspect { node } => verb("inspect", node, json!({})),
+        Cmd::Provide { node } => verb("provide", node, json!({})),
+        Cmd::Deploy {
+            node,
+            profile,
+            profile_version,
+        } => verb(
+            "deploy",
+            node,
+            json!({"profileId": profile, "profileVersion": profile_version}),
+        ),
+        Cmd::Undeploy { node, wipe } => verb("undeploy", node, json!({"wipe": wipe})),
+        Cmd::Rescue { node } => verb("rescue", node, json!({})),
+        Cmd::Unrescue { node } => verb("unrescue", node, json!({})),
+        Cmd::Abort { node, reason } => verb("abort", node, json!({"reason": reason})),
+        Cmd::Recover { node } => verb("recover", node, json!({})),
+        Cmd::Retire { node } => verb("retire", node, json!({})),
+        Cmd::Power { node, action } => verb("power", node, json!({"action": action})),
+        Cmd::Watch {
+            node,
+            nats,
+            namespace,
+        } => return watch(&tenant, node, nats, namespace.clone(), cli.output).await,
+    };
+    let v = api.call(post, &path, Some(body)).await?;
+    print(cli.output, &v);
+    Ok(())
+}
+
+async fn watch(
+    tenant: &str,
+    node: &str,
+    nats: &str,
+    namespace: Option<String>,
+    out: Output,
+) -> anyhow::Result<()> {
+    let cfg = bcm_bus::BusConfig {
+        url: nats.to_owned(),
+        namespace,
+        shards: 16,
+    };
+    let bus = bcm_bus::Bus::connect(&cfg).await?;
+    let tenant: bcm_bus::TenantId = tenant.parse()?;
+    let subjects = bus.subjects();
+    let stream = bus
+        .jetstream()
+        .get_stream(subjects.stream(bcm_bus::subjects::StreamKind::Events))
+        .await?;
+    let consumer = stream
+        .create_consumer(pull::Config {
+            filter_subject: subjects.events_of_tenant(&tenant),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            inactive_threshold: std::time::Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    while let Some(msg) = messages.next().await {
+        let msg = msg.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let Ok(ev) = serde_json::from_slice::<Value>(&msg.payload) else {
+            continue;
+        };
+        if ev["subject"].as_str() != Some(node) {
+            continue;
+        }
+        match out {
+            Output::Json => emit(&ev),
+            Output::Table => {
+                let d = &ev["data"];
+                let detail = [
+                    d["provisionState"].as_str(),
+                    d["profileId"].as_str(),
+                    d["step"].as_str(),
+                    d["status"].as_str(),
+                    d["error"].as_str(),
+                    d["lastError"].as_str(),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join("  ");
+                emit(format!(
+                    "{}  v{:<4} {:<28} {}",
+                    ev["time"].as_str().unwrap_or(""),
+                    ev["nodeversion"]
+                        .as_i64()
+                        .map(|v| v.to_string())
+                        .unwrap_or_default(),
+                    ev["type"].as_str().unwrap_or(""),
+                    detail
+                ));
+            }
+        }
+    }
+    Ok(())
+}
