@@ -37,10 +37,37 @@ impl Config {
     }
 }
 
-/// Runs every service until `shutdown`; returns the API's base URL through
+/// A service the all-in-one can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Service {
+    /// The HTTP API.
+    Api,
+    /// The outbox relay.
+    Relay,
+    /// The workflow engine.
+    Workflow,
+    /// A reconciler worker.
+    Reconciler,
+    /// The simulated site.
+    Sim,
+}
+
+impl Service {
+    /// Every service.
+    pub const ALL: [Service; 5] = [
+        Service::Api,
+        Service::Relay,
+        Service::Workflow,
+        Service::Reconciler,
+        Service::Sim,
+    ];
+}
+
+/// Runs `services` until `shutdown`; sends the API's base URL through
 /// `ready` once it listens.
 pub async fn run(
     cfg: Config,
+    services: &[Service],
     listener: tokio::net::TcpListener,
     ready: tokio::sync::oneshot::Sender<String>,
     shutdown: CancellationToken,
@@ -49,8 +76,9 @@ pub async fn run(
     let state = bcm_api::prepare(&cfg.api).await?;
     let db = state.inner.db.clone();
     let bus = state.inner.bus.clone();
+    let on = |s: Service| services.contains(&s);
     let mut tasks = vec![];
-    if cfg.api.relay.enabled {
+    if cfg.api.relay.enabled && on(Service::Relay) {
         tasks.push(tokio::spawn(bcm_api::relay::run(
             db.clone(),
             bus.clone(),
@@ -59,35 +87,47 @@ pub async fn run(
             shutdown.clone(),
         )));
     }
-    let engine = cfg
-        .engine
-        .clone()
-        .unwrap_or_else(|| bcm_workflow::EngineConfig::new(base.clone()));
-    tasks.push(tokio::spawn(bcm_workflow::run(
-        db.clone(),
-        bus.clone(),
-        engine,
-        shutdown.clone(),
-    )));
-    tasks.push(tokio::spawn(bcm_reconciler::run(
-        db.clone(),
-        bus.clone(),
-        cfg.reconciler.clone(),
-        shutdown.clone(),
-    )));
-    let faults = bcm_sim::Faults::from_config(&cfg.sim);
-    tasks.push(tokio::spawn(bcm_sim::site::run(
-        bus.clone(),
-        cfg.sim.clone(),
-        bcm_sim::site::Machines::default(),
-        faults,
-        shutdown.clone(),
-    )));
-    let app = bcm_api::router(state.clone());
-    let stop = shutdown.clone();
-    let server = tokio::spawn(async move { axum_serve(listener, app, stop).await });
-    let _ = ready.send(base);
-    server.await??;
+    if on(Service::Workflow) {
+        let engine = cfg
+            .engine
+            .clone()
+            .unwrap_or_else(|| bcm_workflow::EngineConfig::new(base.clone()));
+        tasks.push(tokio::spawn(bcm_workflow::run(
+            db.clone(),
+            bus.clone(),
+            engine,
+            shutdown.clone(),
+        )));
+    }
+    if on(Service::Reconciler) {
+        tasks.push(tokio::spawn(bcm_reconciler::run(
+            db.clone(),
+            bus.clone(),
+            cfg.reconciler.clone(),
+            shutdown.clone(),
+        )));
+    }
+    if on(Service::Sim) {
+        let faults = bcm_sim::Faults::from_config(&cfg.sim);
+        tasks.push(tokio::spawn(bcm_sim::site::run(
+            bus.clone(),
+            cfg.sim.clone(),
+            bcm_sim::site::Machines::default(),
+            faults,
+            shutdown.clone(),
+        )));
+    }
+    if on(Service::Api) {
+        let app = bcm_api::router(state.clone());
+        let stop = shutdown.clone();
+        let server = tokio::spawn(async move { axum_serve(listener, app, stop).await });
+        let _ = ready.send(base);
+        server.await??;
+    } else {
+        drop(listener);
+        let _ = ready.send(base);
+        shutdown.cancelled().await;
+    }
     shutdown.cancel();
     for t in tasks {
         let _ = t.await;

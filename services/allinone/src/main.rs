@@ -18,6 +18,9 @@ struct Args {
     tenant: String,
     #[arg(long, default_value = "default")]
     pool: String,
+    /// Which services to run (all by default), e.g. `--services workflow,reconciler`.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    services: Vec<bcm_allinone::Service>,
 }
 
 #[tokio::main]
@@ -34,9 +37,17 @@ async fn main() -> anyhow::Result<()> {
         stop.cancel();
     });
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let server = tokio::spawn(bcm_allinone::run(cfg, listener, ready_tx, shutdown.clone()));
+    let services = if args.services.is_empty() {
+        bcm_allinone::Service::ALL.to_vec()
+    } else {
+        args.services.clone()
+    };
+    let with_api = services.contains(&bcm_allinone::Service::Api);
+    let server = tokio::spawn(async move {
+        bcm_allinone::run(cfg, &services, listener, ready_tx, shutdown.clone()).await
+    });
     let base = ready_rx.await?;
-    if args.sim_machines > 0 {
+    if args.sim_machines > 0 && with_api {
         let client = bcm_allinone::demo::Client::new(&base, &token);
         if let Err(e) =
             bcm_allinone::demo::run(&client, &args.tenant, &args.pool, args.sim_machines).await

@@ -30,6 +30,7 @@ pub async fn run(
     let ttl = Duration::from_millis(cfg.lease_ttl_ms.max(300));
     let mut owned: HashMap<u32, CancellationToken> = HashMap::new();
     let mut next_poll = tokio::time::Instant::now();
+    let mut polling: Option<tokio::task::JoinHandle<()>> = None;
     let offset = holder
         .bytes()
         .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
@@ -45,11 +46,15 @@ pub async fn run(
         }
         metrics::gauge!("bcm_reconciler_owned_shards", "holder" => holder.clone())
             .set(owned.len() as f64);
-        if tokio::time::Instant::now() >= next_poll {
+        // One periodic look at a time: a slow round is not stacked upon.
+        let idle = polling.as_ref().is_none_or(|p| p.is_finished());
+        if idle && tokio::time::Instant::now() >= next_poll {
             next_poll = tokio::time::Instant::now() + Duration::from_millis(cfg.poll_ms.max(10));
             let shard_set: Vec<u32> = owned.keys().copied().collect();
             let (db2, bus2, lock) = (db.clone(), bus.clone(), cfg.lock_timeout_ms);
-            tokio::spawn(async move { poll_owned(&db2, &bus2, &shard_set, shards, lock).await });
+            polling = Some(tokio::spawn(async move {
+                poll_owned(&db2, &bus2, &shard_set, shards, lock).await
+            }));
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -188,7 +193,7 @@ async fn consume_once(
                 filter_subject: subjects.reconcile_shard(shard),
                 ack_policy: AckPolicy::Explicit,
                 max_deliver: 10,
-                ack_wait: Duration::from_secs(30),
+                ack_wait: Duration::from_secs(10),
                 ..Default::default()
             },
         )

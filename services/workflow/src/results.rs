@@ -57,7 +57,7 @@ async fn consume_once(db: &Db, bus: &Bus, shutdown: &CancellationToken) -> anyho
                 filter_subject: subjects.results_all(),
                 ack_policy: AckPolicy::Explicit,
                 max_deliver: 20,
-                ack_wait: Duration::from_secs(30),
+                ack_wait: Duration::from_secs(10),
                 ..Default::default()
             },
         )

@@ -308,3 +308,28 @@ pub async fn workflow_count_for_node(db: &Db, node_id: &str) -> Result<i64, DbEr
             .await?,
     )
 }
+
+/// Every workflow of a node, oldest first.
+pub async fn workflows_of_node(db: &Db, node_id: &str) -> Result<Vec<WorkflowRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {WF_COLUMNS} FROM workflows WHERE node_id = $1 ORDER BY created_at, id"
+    ))
+    .bind(node_id)
+    .fetch_all(db.pool())
+    .await?)
+}
+
+/// How many commands each step of a workflow recorded: `(step, attempt, commands)`.
+pub async fn command_counts_by_step(
+    db: &Db,
+    workflow_id: &str,
+) -> Result<Vec<(i32, i32, i64)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT s.idx, s.attempt, count(c.id) FROM workflow_steps s \
+         LEFT JOIN commands c ON c.workflow_id = s.workflow_id AND c.step_idx = s.idx \
+         WHERE s.workflow_id = $1 GROUP BY s.idx, s.attempt ORDER BY s.idx",
+    )
+    .bind(workflow_id)
+    .fetch_all(db.pool())
+    .await?)
+}

@@ -30,6 +30,8 @@ pub struct Options {
     pub site: Option<bcm_sim::SimConfig>,
     /// How many reconciler workers to start with the site.
     pub reconcilers: usize,
+    /// Start a workflow engine in-process with the site.
+    pub engine: bool,
 }
 
 impl Default for Options {
@@ -39,6 +41,7 @@ impl Default for Options {
             lock_timeout_ms: 2000,
             site: None,
             reconcilers: 1,
+            engine: true,
         }
     }
 }
@@ -152,7 +155,9 @@ impl TestEnv {
             env.spawn_relay(RelayFaults::default());
         }
         if let Some(sim) = opts.site.clone() {
-            env.spawn_engine();
+            if opts.engine {
+                env.spawn_engine();
+            }
             for _ in 0..opts.reconcilers {
                 env.spawn_reconciler();
             }
@@ -186,7 +191,7 @@ impl TestEnv {
     pub fn spawn_reconciler(&self) -> CancellationToken {
         let stop = self.shutdown.child_token();
         let cfg = bcm_reconciler::ReconcilerConfig {
-            poll_ms: 1000,
+            poll_ms: 5000,
             lease_ttl_ms: 3000,
             holder: None,
             lock_timeout_ms: 2000,

@@ -1,0 +1,202 @@
+//! SIGKILL the workflow engine and the reconciler (a separate `bcm
+//! --services workflow,reconciler` process) in the middle of a 50-node
+//! lifecycle, twice, and restart them: every node reaches its target, every
+//! step of every workflow ran, and no step recorded more commands than it
+//! made attempts (a restarted engine never re-sends).
+
+use bcm_core::{NodeId, ProvisionState};
+use bcm_testkit::{eventually, Options, TestEnv};
+use serde_json::json;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const NODES: usize = 50;
+const T: Duration = Duration::from_secs(240);
+
+fn child_config(env: &TestEnv, dir: &std::path::Path) -> std::path::PathBuf {
+    let ns = env.bus_config.namespace.clone().expect("namespace");
+    let text = format!(
+        r#"
+[api]
+database_url = "{db}"
+admin_token = "child-admin-token-unused"
+[api.bus]
+url = "{nats}"
+namespace = "{ns}"
+[[api.sealing_keys]]
+id = "child"
+key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+[engine]
+control_plane_url = "{api}"
+poll_ms = 100
+join_poll_ms = 50
+[reconciler]
+poll_ms = 2000
+lease_ttl_ms = 2000
+[sim]
+site = "s1"
+"#,
+        db = env.database_url,
+        nats = env.bus_config.url,
+        api = env.base,
+    );
+    let path = dir.join("child.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+fn spawn_child(config: &std::path::Path, log: &std::path::Path) -> Child {
+    let log = std::fs::File::create(log).expect("log file");
+    Command::new(env!("CARGO_BIN_EXE_bcm"))
+        .args([
+            "--sim-machines",
+            "0",
+            "--services",
+            "workflow,reconciler",
+            "--config",
+        ])
+        .arg(config)
+        .env("BCM_ALL_API__LISTEN", "127.0.0.1:0")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn bcm")
+}
+
+async fn count_in(env: &TestEnv, ids: &[NodeId], state: ProvisionState) -> usize {
+    let mut n = 0;
+    for id in ids {
+        if env
+            .node(id)
+            .await
+            .map(|x| x.provision_state == state)
+            .unwrap_or(false)
+        {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Waits until at least `min` nodes are in `state`, then kills the child.
+async fn kill_midway(
+    env: &TestEnv,
+    ids: &[NodeId],
+    state: ProvisionState,
+    min: usize,
+    child: &mut Child,
+) -> usize {
+    let reached = eventually(T, || async {
+        let n = count_in(env, ids, state).await;
+        Ok((n >= min).then_some(n))
+    })
+    .await
+    .expect("progress before the kill");
+    child.kill().expect("SIGKILL"); // std's kill is SIGKILL on Unix
+    let _ = child.wait();
+    reached
+}
+
+async fn all_reach(env: &TestEnv, ids: &[NodeId], state: ProvisionState) {
+    for id in ids {
+        env.wait_state(id, state, T).await.expect("target state");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_engine_and_reconciler_resume_without_resending_or_skipping() {
+    let opts = Options {
+        reconcilers: 0,
+        engine: false,
+        ..Options::with_site()
+    };
+    let env = TestEnv::start_with(opts).await.expect("env");
+    let dir = std::env::temp_dir().join(format!("bcm-crash-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let config = child_config(&env, &dir);
+    let mut child = spawn_child(&config, &dir.join("child-1.log"));
+
+    let mut ids = vec![];
+    for i in 0..NODES {
+        let (s, b) = env
+            .post("/api/compute/metal/enroll", Some(&env.admin_token), &json!({"tenantId": "a", "poolId": "a-pool",
+                "bmc": {"driver": "sim", "address": format!("sim://crash-{i}"), "username": "u", "password": "p"}}))
+            .await
+            .expect("enroll");
+        assert_eq!(s, 200, "{b}");
+        ids.push(
+            b["nodeId"]
+                .as_str()
+                .expect("id")
+                .parse::<NodeId>()
+                .expect("id"),
+        );
+    }
+    let before = kill_midway(&env, &ids, ProvisionState::Ready, 5, &mut child).await;
+    eprintln!("killed the engine and reconciler with {before}/{NODES} nodes ready");
+    let mut child = spawn_child(&config, &dir.join("child-2.log"));
+    all_reach(&env, &ids, ProvisionState::Ready).await;
+
+    for id in &ids {
+        let (s, b) = env
+            .post("/api/compute/metal/deploy", Some(&env.admin_token),
+                &json!({"tenantId": "a", "nodeId": id.to_string(), "profileId": "p", "profileVersion": 1}))
+            .await
+            .expect("deploy");
+        assert_eq!(s, 200, "{b}");
+    }
+    let before = kill_midway(&env, &ids, ProvisionState::Deployed, 5, &mut child).await;
+    eprintln!("killed them again with {before}/{NODES} nodes deployed");
+    let mut child = spawn_child(&config, &dir.join("child-3.log"));
+    all_reach(&env, &ids, ProvisionState::Deployed).await;
+    for id in &ids {
+        let (s, b) = env
+            .post(
+                "/api/compute/metal/undeploy",
+                Some(&env.admin_token),
+                &json!({"tenantId": "a", "nodeId": id.to_string()}),
+            )
+            .await
+            .expect("undeploy");
+        assert_eq!(s, 200, "{b}");
+    }
+    all_reach(&env, &ids, ProvisionState::Ready).await;
+    let _ = child.kill();
+    let _ = child.wait();
+
+    for id in &ids {
+        let wfs = bcm_db::workflows::workflows_of_node(&env.db, &id.to_string())
+            .await
+            .expect("workflows");
+        assert_eq!(
+            wfs.len(),
+            5,
+            "enroll, inspect, commission, deploy, release: one each"
+        );
+        for wf in wfs {
+            assert_eq!(wf.status, "succeeded", "{}", wf.profile_id);
+            let steps = bcm_db::workflows::steps_fetch(&env.db, &wf.id)
+                .await
+                .expect("steps");
+            for s in steps.iter().filter(|s| !s.cleanup) {
+                assert_eq!(
+                    s.status, "succeeded",
+                    "{} / {}: no step skipped",
+                    wf.profile_id, s.name
+                );
+            }
+            for (idx, attempt, commands) in
+                bcm_db::workflows::command_counts_by_step(&env.db, &wf.id)
+                    .await
+                    .expect("counts")
+            {
+                assert!(
+                    commands <= i64::from(attempt.max(1)),
+                    "{} step {idx}: {commands} commands for {attempt} attempts",
+                    wf.profile_id
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,131 @@
+//! The event sequence of every node, and several reconcilers sharing the
+//! work: the same final states, never two workflows for one node state.
+
+use bcm_core::{NodeId, ProvisionState};
+use bcm_testkit::{Options, TestEnv};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+async fn enroll_many(env: &TestEnv, n: usize, prefix: &str) -> Vec<NodeId> {
+    let mut ids = vec![];
+    for i in 0..n {
+        let (s, b) = env
+            .post(
+                "/api/compute/metal/enroll",
+                Some(&env.admin_token),
+                &json!({"tenantId": "a", "poolId": "a-pool",
+                    "bmc": {"driver": "sim", "address": format!("sim://{prefix}-{i}"), "username": "u", "password": "p"}}),
+            )
+            .await
+            .expect("post");
+        assert_eq!(s, 200, "{b}");
+        ids.push(b["nodeId"].as_str().expect("id").parse().expect("id"));
+    }
+    ids
+}
+
+#[tokio::test]
+async fn a_durable_subscriber_sees_the_spec_sequence_per_node() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let reader = env
+        .events_consumer(
+            "seq",
+            &format!(
+                "{}",
+                env.subjects().events_of_tenant(&bcm_testkit::tenant_a())
+            ),
+        )
+        .await
+        .expect("consumer");
+    let ids = enroll_many(&env, 10, "seq").await;
+    for id in &ids {
+        env.wait_state(id, ProvisionState::Ready, Duration::from_secs(60))
+            .await
+            .expect("ready");
+        let (s, b) = env
+            .post("/api/compute/metal/deploy", Some(&env.admin_token),
+                &json!({"tenantId": "a", "nodeId": id.to_string(), "profileId": "p", "profileVersion": 1}))
+            .await
+            .expect("deploy");
+        assert_eq!(s, 200, "{b}");
+    }
+    for id in &ids {
+        env.wait_state(id, ProvisionState::Deployed, Duration::from_secs(60))
+            .await
+            .expect("deployed");
+    }
+    let events = reader
+        .drain(Duration::from_millis(1500))
+        .await
+        .expect("events");
+    let mut per_node: BTreeMap<String, Vec<(String, i64)>> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.event.ty.starts_with("node.")) {
+        per_node
+            .entry(e.event.subject.clone().expect("subject"))
+            .or_default()
+            .push((e.event.ty.clone(), e.event.nodeversion.expect("version")));
+    }
+    let expected: Vec<(String, i64)> = [
+        ("node.enrolled", 1),
+        ("node.provision.enrolling", 1),
+        ("node.provision.workflow", 2),
+        ("node.provision.inspecting", 3),
+        ("node.provision.workflow", 4),
+        ("node.provision.commissioning", 5),
+        ("node.provision.workflow", 6),
+        ("node.provision.ready", 7),
+        ("node.provision.deploying", 8),
+        ("node.provision.workflow", 9),
+        ("node.provision.deployed", 10),
+    ]
+    .into_iter()
+    .map(|(t, v)| (t.to_owned(), v))
+    .collect();
+    assert_eq!(per_node.len(), ids.len());
+    for (node, seq) in per_node {
+        assert_eq!(
+            seq, expected,
+            "node {node}: in version order, no gaps, no duplicates"
+        );
+    }
+}
+
+#[tokio::test]
+async fn three_reconcilers_on_200_nodes_match_one() {
+    for reconcilers in [3usize, 1] {
+        let env = TestEnv::start_with(Options {
+            reconcilers,
+            ..Options::with_site()
+        })
+        .await
+        .expect("env");
+        let ids = enroll_many(&env, 200, "scale").await;
+        for id in &ids {
+            env.wait_state(id, ProvisionState::Ready, Duration::from_secs(180))
+                .await
+                .expect("ready");
+        }
+        for id in &ids {
+            let wfs = bcm_db::workflows::workflows_of_node(&env.db, &id.to_string())
+                .await
+                .expect("workflows");
+            let profiles: Vec<_> = wfs
+                .iter()
+                .map(|w| (w.profile_id.as_str(), w.status.as_str()))
+                .collect();
+            assert_eq!(
+                profiles,
+                vec![
+                    ("metal-enroll", "succeeded"),
+                    ("metal-inspect", "succeeded"),
+                    ("metal-commission", "succeeded")
+                ],
+                "{reconcilers} reconcilers, node {id}: exactly one workflow per state"
+            );
+        }
+        env.stop();
+    }
+}
