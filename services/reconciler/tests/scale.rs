@@ -33,10 +33,7 @@ async fn a_durable_subscriber_sees_the_spec_sequence_per_node() {
     let reader = env
         .events_consumer(
             "seq",
-            &format!(
-                "{}",
-                env.subjects().events_of_tenant(&bcm_testkit::tenant_a())
-            ),
+            &env.subjects().events_of_tenant(&bcm_testkit::tenant_a()),
         )
         .await
         .expect("consumer");
