@@ -117,6 +117,7 @@ pub async fn join(
         &serde_json::json!({ "role": req.role, "event": "join" }),
     )
     .await?;
+    bcm_db::workflows::steps_wake_for_node_in_txn(&mut tx, &node_id).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     tracing::info!(node = %node_id, %purpose, "agent joined");
     Ok(Json(JoinResponse {
@@ -140,6 +141,7 @@ pub async fn heartbeat(
         &serde_json::json!({ "role": hb.role, "event": "heartbeat" }),
     )
     .await?;
+    bcm_db::workflows::steps_wake_for_node_in_txn(&mut tx, &agent.node_id).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
@@ -161,24 +163,45 @@ pub async fn commands(
 ) -> Result<Json<Vec<AgentCommand>>, ApiError> {
     let deadline =
         tokio::time::Instant::now() + Duration::from_millis(q.wait_ms.unwrap_or(0).min(30_000));
+    let mut wakeups = app.inner.agent_wakeups.subscribe();
     loop {
-        let mut tx = app.inner.db.begin().await?;
-        let taken =
-            bcm_db::commands::commands_take_for_agent_in_txn(&mut tx, &agent.node_id, 16).await?;
-        tx.commit().await.map_err(bcm_db::DbError::from)?;
-        if !taken.is_empty() || tokio::time::Instant::now() >= deadline {
-            return Ok(Json(
-                taken
-                    .into_iter()
-                    .map(|c| AgentCommand {
-                        command_id: c.id,
-                        kind: c.kind,
-                        params: c.params,
-                    })
-                    .collect(),
-            ));
+        if bcm_db::commands::commands_pending_for_agent(&app.inner.db, &agent.node_id).await? {
+            let mut tx = app.inner.db.begin().await?;
+            let taken =
+                bcm_db::commands::commands_take_for_agent_in_txn(&mut tx, &agent.node_id, 16)
+                    .await?;
+            tx.commit().await.map_err(bcm_db::DbError::from)?;
+            if !taken.is_empty() {
+                return Ok(Json(
+                    taken
+                        .into_iter()
+                        .map(|c| AgentCommand {
+                            command_id: c.id,
+                            kind: c.kind,
+                            params: c.params,
+                        })
+                        .collect(),
+                ));
+            }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Wait for a notification for this node (or a lagged channel), and
+        // re-check at least every few seconds in case one was missed.
+        let wait = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .min(Duration::from_secs(15));
+        if wait.is_zero() {
+            return Ok(Json(vec![]));
+        }
+        let _ = tokio::time::timeout(wait, async {
+            loop {
+                match wakeups.recv().await {
+                    Ok(node) if node == agent.node_id => return,
+                    Ok(_) => continue,
+                    Err(_) => return,
+                }
+            }
+        })
+        .await;
     }
 }
 

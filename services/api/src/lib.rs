@@ -160,6 +160,8 @@ pub struct Inner {
     pub sealer: Sealer,
     pub admin_token_hash: Vec<u8>,
     pub lock_timeout_ms: u32,
+    /// Node ids with new agent commands, fanned out to long-polls.
+    pub agent_wakeups: tokio::sync::broadcast::Sender<String>,
 }
 
 /// The router of the service, for tests and the all-in-one binary.
@@ -236,6 +238,8 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
     db.migrate().await?;
     seed(&db, &cfg.seed).await?;
     let bus = Bus::connect(&cfg.bus).await?;
+    let (agent_wakeups, _) = tokio::sync::broadcast::channel(4096);
+    tokio::spawn(forward_agent_wakeups(db.clone(), agent_wakeups.clone()));
     Ok(AppState {
         inner: Arc::new(Inner {
             db,
@@ -243,8 +247,32 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             sealer,
             admin_token_hash: auth::token_hash(cfg.admin_token.expose_secret()),
             lock_timeout_ms: cfg.lock_timeout_ms,
+            agent_wakeups,
         }),
     })
+}
+
+/// Forwards `bcm_agent` notifications to waiting long-polls, reconnecting
+/// on failure (long-polls re-check every few seconds meanwhile); ends when
+/// the pool is closed.
+async fn forward_agent_wakeups(db: Db, tx: tokio::sync::broadcast::Sender<String>) {
+    while !db.is_closed() {
+        match bcm_db::commands::agent_listener(&db).await {
+            Ok(mut l) => loop {
+                match l.next().await {
+                    Ok(node) => {
+                        let _ = tx.send(node);
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "agent wake-up listener ended; reconnecting");
+                        break;
+                    }
+                }
+            },
+            Err(e) => tracing::debug!(error = %e, "cannot listen for agent commands"),
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
 }
 
 async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {

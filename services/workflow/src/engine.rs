@@ -25,21 +25,46 @@ pub struct Ctx {
     pub db: Db,
     pub bus: Bus,
     pub cfg: EngineConfig,
+    /// Wakes idle workers.
+    pub wake: tokio::sync::Notify,
+}
+
+/// Wakes one idle worker per notification of a due step; a worker that
+/// found work wakes the next, so wake-ups fan out with the work instead of
+/// every worker polling an empty queue at each notification.
+pub async fn listen(ctx: Arc<Ctx>, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        match bcm_db::workflows::workflow_listener(&ctx.db).await {
+            Ok(mut l) => loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    r = l.notified() => match r {
+                        Ok(()) => ctx.wake.notify_one(),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "workflow listener ended; reconnecting");
+                            break;
+                        }
+                    },
+                }
+            },
+            Err(e) => tracing::warn!(error = %e, "no LISTEN connection; workers poll"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
 }
 
 /// One worker: advances due steps until `shutdown`.
 pub async fn worker(ctx: Arc<Ctx>, index: usize, shutdown: CancellationToken) {
     let poll = Duration::from_millis(ctx.cfg.poll_ms.max(10));
-    let mut listener = match bcm_db::workflows::workflow_listener(&ctx.db).await {
-        Ok(l) => Some(l),
-        Err(e) => {
-            tracing::warn!(error = %e, "no LISTEN connection; polling only");
-            None
-        }
-    };
     while !shutdown.is_cancelled() {
         match tick(&ctx).await {
-            Ok(true) => continue,
+            Ok(true) => {
+                ctx.wake.notify_one();
+                continue;
+            }
             Ok(false) => {}
             Err(DbError::Stale) => continue,
             Err(e) => {
@@ -49,9 +74,7 @@ pub async fn worker(ctx: Arc<Ctx>, index: usize, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(poll) => {}
-            r = async { match listener.as_mut() { Some(l) => l.notified().await, None => std::future::pending().await } } => {
-                if r.is_err() { listener = None; }
-            }
+            _ = ctx.wake.notified() => {}
         }
     }
 }

@@ -50,7 +50,8 @@ fn default_token_ttl() -> u64 {
     3600
 }
 fn default_join_poll_ms() -> u64 {
-    200
+    // Joins and heartbeats wake the waiting step; this is the backstop.
+    2_000
 }
 
 impl EngineConfig {
@@ -73,8 +74,9 @@ pub async fn run(db: Db, bus: Bus, cfg: EngineConfig, shutdown: CancellationToke
         db: db.clone(),
         bus: bus.clone(),
         cfg: cfg.clone(),
+        wake: tokio::sync::Notify::new(),
     });
-    let mut tasks = vec![];
+    let mut tasks = vec![tokio::spawn(engine::listen(ctx.clone(), shutdown.clone()))];
     for i in 0..cfg.workers.max(1) {
         tasks.push(tokio::spawn(engine::worker(
             ctx.clone(),

@@ -29,3 +29,21 @@ pub async fn database_create(server_url: &str, name: &str) -> Result<String, DbE
         .unwrap_or(base.len());
     Ok(format!("{}/{name}", &base[..cut]))
 }
+
+/// Transactions committed in the current database so far
+/// (`pg_stat_database.xact_commit`; statistics lag by up to a second).
+pub async fn commit_count(db: &crate::Db) -> Result<i64, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(db.pool())
+    .await?)
+}
+
+/// Forces fresh statistics for [`commit_count`].
+pub async fn stats_refresh(db: &crate::Db) -> Result<(), DbError> {
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(db.pool())
+        .await?;
+    Ok(())
+}

@@ -58,7 +58,49 @@ pub async fn command_insert_in_txn(tx: &mut Tx<'_>, c: &NewCommand) -> Result<()
     .bind(&c.params)
     .execute(&mut **tx)
     .await?;
+    if c.target == "ramdisk" || c.target == "node" {
+        if let Some(node) = &c.node_id {
+            // Wakes the agent's long-poll on commit.
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(AGENT_CHANNEL)
+                .bind(node)
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
     Ok(())
+}
+
+/// The channel a commit with new agent commands notifies, with the node id.
+pub const AGENT_CHANNEL: &str = "bcm_agent";
+
+/// Whether a node has agent commands waiting (a cheap check before taking).
+pub async fn commands_pending_for_agent(db: &Db, node_id: &str) -> Result<bool, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = $1 AND target = 'ramdisk' AND status = 'pending')",
+    )
+    .bind(node_id)
+    .fetch_one(db.pool())
+    .await?)
+}
+
+/// Listens for new agent commands: yields node ids.
+pub struct AgentListener {
+    inner: sqlx::postgres::PgListener,
+}
+
+impl AgentListener {
+    /// The node id of the next notification.
+    pub async fn next(&mut self) -> Result<String, DbError> {
+        Ok(self.inner.recv().await?.payload().to_owned())
+    }
+}
+
+/// Starts listening for new agent commands.
+pub async fn agent_listener(db: &Db) -> Result<AgentListener, DbError> {
+    let mut inner = sqlx::postgres::PgListener::connect_with(db.pool()).await?;
+    inner.listen(AGENT_CHANNEL).await?;
+    Ok(AgentListener { inner })
 }
 
 /// Reads a command.

@@ -74,6 +74,11 @@ impl Db {
         &self.pool
     }
 
+    /// Whether [`Db::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.pool.is_closed()
+    }
+
     /// Closes every connection.
     pub async fn close(&self) {
         self.pool.close().await;

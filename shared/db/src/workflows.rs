@@ -268,6 +268,22 @@ pub async fn step_wake_for_command_in_txn(
     notify_in_txn(tx).await
 }
 
+/// Makes the running steps of the node's running workflows due now (an
+/// agent joined or reported in).
+pub async fn steps_wake_for_node_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<(), DbError> {
+    let n = sqlx::query(
+        "UPDATE workflow_steps s SET due_at = now() FROM workflows w          WHERE s.workflow_id = w.id AND w.node_id = $1 AND w.status = 'running' AND s.status = 'running'",
+    )
+    .bind(node_id)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if n > 0 {
+        notify_in_txn(tx).await?;
+    }
+    Ok(())
+}
+
 /// Status of a workflow, or `None` when it does not exist.
 pub async fn workflow_status_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<Option<String>, DbError> {
     Ok(

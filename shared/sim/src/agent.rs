@@ -90,7 +90,7 @@ pub async fn ramdisk(
     while !stop.is_cancelled() {
         let polled = tokio::select! {
             _ = stop.cancelled() => return,
-            r = http.get(format!("{}/api/agent/commands?waitMs=1000", boot.api)).bearer_auth(&session.session_token).send() => r,
+            r = http.get(format!("{}/api/agent/commands?waitMs=25000", boot.api)).bearer_auth(&session.session_token).send() => r,
         };
         let cmds: Vec<AgentCommand> = match polled {
             Ok(r) if r.status().is_success() => r.json().await.unwrap_or_default(),

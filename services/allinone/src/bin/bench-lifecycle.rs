@@ -1,0 +1,322 @@
+//! `bench-lifecycle`: N simulated machines at zero simulated latency through
+//! enroll → ready → deploy → deployed → release → ready against the real
+//! services (in this process), Postgres and NATS JetStream, through the
+//! public HTTP API. Prints one JSON line of figures.
+//!
+//! `eval "$(deploy/dev/stack.sh env)"; cargo run --release -p bcm-allinone --bin bench-lifecycle -- --nodes 1000`
+
+use anyhow::Context as _;
+use clap::Parser;
+use futures::StreamExt as _;
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+struct Args {
+    /// Simulated machines.
+    #[arg(long, default_value_t = 100)]
+    nodes: usize,
+    /// Concurrent API callers.
+    #[arg(long, default_value_t = 32)]
+    callers: usize,
+    /// Workflow engine workers.
+    #[arg(long, default_value_t = 8)]
+    engine_workers: usize,
+    /// Reconciler workers in this process.
+    #[arg(long, default_value_t = 1)]
+    reconcilers: usize,
+    /// Give up after this many seconds per phase.
+    #[arg(long, default_value_t = 1800)]
+    phase_timeout_secs: u64,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn rss_kib(pid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .or_else(|| status.lines().find(|l| l.starts_with("VmRSS:")))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Peak RSS of processes whose command line contains `needle`, summed, in MiB.
+fn rss_of(needle: &str) -> f64 {
+    let mut total = 0u64;
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let pid = e.file_name().to_string_lossy().to_string();
+            if !pid.chars().all(|c| c.is_ascii_digit()) {
+                continue;
+            }
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmd).contains(needle) {
+                total += rss_kib(&pid).unwrap_or(0);
+            }
+        }
+    }
+    total as f64 / 1024.0
+}
+
+struct Run {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+    latencies: Mutex<Vec<f64>>,
+}
+
+impl Run {
+    async fn verb(&self, verb: &str, body: Value) -> anyhow::Result<Value> {
+        let t = Instant::now();
+        let res = self
+            .http
+            .post(format!("{}/api/compute/metal/{verb}", self.base))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await?;
+        let status = res.status();
+        let v: Value = res.json().await?;
+        self.latencies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(t.elapsed().as_secs_f64() * 1000.0);
+        anyhow::ensure!(status.is_success(), "{verb}: {status} {v}");
+        Ok(v)
+    }
+}
+
+async fn wait_all(
+    db: &bcm_db::Db,
+    state: bcm_core::ProvisionState,
+    n: usize,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let counts = bcm_db::nodes::node_count_by_state(db).await?;
+        let have = counts
+            .iter()
+            .find(|(s, _)| *s == state)
+            .map(|(_, c)| *c as usize)
+            .unwrap_or(0);
+        let failed = counts
+            .iter()
+            .find(|(s, _)| *s == bcm_core::ProvisionState::Failed)
+            .map(|(_, c)| *c)
+            .unwrap_or(0);
+        anyhow::ensure!(failed == 0, "{failed} nodes failed");
+        if have >= n {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            started.elapsed() < timeout,
+            "only {have}/{n} reached {state}: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn each(
+    run: &Arc<Run>,
+    callers: usize,
+    items: Vec<Value>,
+    verb: &'static str,
+) -> anyhow::Result<Vec<Value>> {
+    futures::stream::iter(items)
+        .map(|body| {
+            let run = run.clone();
+            async move { run.verb(verb, body).await }
+        })
+        .buffer_unordered(callers.max(1))
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect()
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let database = std::env::var("DATABASE_URL")
+        .context("DATABASE_URL: run `eval \"$(deploy/dev/stack.sh env)\"` first")?;
+    let nats = std::env::var("NATS_URL")
+        .context("NATS_URL: run `eval \"$(deploy/dev/stack.sh env)\"` first")?;
+    let suffix = format!("{}", std::process::id());
+    let db_url = bcm_db::admin::database_create(&database, &format!("bcm_bench_{suffix}")).await?;
+    let token = format!("bench-admin-{suffix}-token");
+    let cfg: bcm_allinone::Config = serde_json::from_value(json!({
+        "api": {
+            "database_url": db_url, "database_max_connections": 32, "admin_token": token,
+            "bus": {"url": nats, "namespace": format!("bench{suffix}")},
+            "sealing_keys": [{"id": "bench", "key": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="}],
+            "telemetry": {"log_filter": "warn"},
+            "seed": {"tenants": [{"id": "root", "name": "Root"}], "sites": [{"id": "local", "name": "bench"}],
+                     "pools": [{"id": "default", "tenant": "root", "site": "local", "hardware_profile": "gpu-redfish"}]}
+        },
+        "reconciler": {"poll_ms": 30000},
+        "sim": {"site": "local", "concurrency": 256}
+    }))?;
+    bcm_telemetry::init("bench", &cfg.api.telemetry)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let mut cfg = cfg;
+    let mut engine = bcm_workflow::EngineConfig::new(base.clone());
+    engine.workers = args.engine_workers;
+    cfg.engine = Some(engine);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let services = bcm_allinone::Service::ALL.to_vec();
+    let server_cfg = cfg.clone();
+    let stop = shutdown.clone();
+    let server =
+        tokio::spawn(
+            async move { bcm_allinone::run(server_cfg, &services, listener, tx, stop).await },
+        );
+    let _ = rx.await?;
+    let db = bcm_db::Db::connect(&db_url, 4).await?;
+    let bus = bcm_bus::Bus::connect(&cfg.api.bus).await?;
+    for _ in 1..args.reconcilers {
+        tokio::spawn(bcm_reconciler::run(
+            db.clone(),
+            bus.clone(),
+            cfg.reconciler.clone(),
+            shutdown.clone(),
+        ));
+    }
+
+    // Commit-to-delivery of every event, from a durable consumer.
+    let delivery: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let transitions = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    {
+        let stream = bus
+            .jetstream()
+            .get_stream(bus.subjects().stream(bcm_bus::subjects::StreamKind::Events))
+            .await?;
+        let consumer = stream
+            .get_or_create_consumer(
+                "bench",
+                async_nats::jetstream::consumer::pull::Config {
+                    durable_name: Some("bench".into()),
+                    filter_subject: bus.subjects().events_all(),
+                    ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let (delivery, transitions) = (delivery.clone(), transitions.clone());
+        tokio::spawn(async move {
+            let Ok(mut messages) = consumer.messages().await else {
+                return;
+            };
+            while let Some(Ok(m)) = messages.next().await {
+                if let Ok(ev) =
+                    serde_json::from_slice::<bcm_bus::messages::CloudEvent<Value>>(&m.payload)
+                {
+                    let ms = (chrono::Utc::now() - ev.time)
+                        .num_microseconds()
+                        .unwrap_or(0) as f64
+                        / 1000.0;
+                    delivery.lock().unwrap_or_else(|p| p.into_inner()).push(ms);
+                    if ev.ty.starts_with("node.provision.") && ev.ty != "node.provision.workflow" {
+                        transitions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+    }
+
+    let run = Arc::new(Run {
+        http: reqwest::Client::new(),
+        base,
+        token,
+        latencies: Mutex::default(),
+    });
+    let n = args.nodes;
+    let timeout = Duration::from_secs(args.phase_timeout_secs);
+    let commits_before = bcm_db::admin::commit_count(&db).await?;
+    let t0 = Instant::now();
+    let enrolled = each(
+        &run,
+        args.callers,
+        (0..n)
+            .map(|i| json!({"tenantId": "root", "poolId": "default",
+                "bmc": {"driver": "sim", "address": format!("sim://bench-{i}"), "username": "u", "password": "p"}}))
+            .collect(),
+        "enroll",
+    )
+    .await?;
+    wait_all(&db, bcm_core::ProvisionState::Ready, n, timeout).await?;
+    let t_ready = t0.elapsed();
+    let ids: Vec<String> = enrolled
+        .iter()
+        .filter_map(|v| v["nodeId"].as_str().map(str::to_owned))
+        .collect();
+    let t1 = Instant::now();
+    each(
+        &run,
+        args.callers,
+        ids.iter().map(|id| json!({"tenantId": "root", "nodeId": id, "profileId": "ubuntu-24.04", "profileVersion": 1})).collect(),
+        "deploy",
+    )
+    .await?;
+    wait_all(&db, bcm_core::ProvisionState::Deployed, n, timeout).await?;
+    let t_deployed = t1.elapsed();
+    let t2 = Instant::now();
+    each(
+        &run,
+        args.callers,
+        ids.iter()
+            .map(|id| json!({"tenantId": "root", "nodeId": id, "wipe": "quick"}))
+            .collect(),
+        "undeploy",
+    )
+    .await?;
+    wait_all(&db, bcm_core::ProvisionState::Ready, n, timeout).await?;
+    let t_released = t2.elapsed();
+    let total = t0.elapsed();
+    tokio::time::sleep(Duration::from_millis(1500)).await; // let the last events and statistics land
+    bcm_db::admin::stats_refresh(&db).await?;
+    let commits = bcm_db::admin::commit_count(&db).await? - commits_before;
+
+    let mut lat = run
+        .latencies
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    lat.sort_by(f64::total_cmp);
+    let mut del = delivery.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    del.sort_by(f64::total_cmp);
+    let secs = |d: Duration| d.as_secs_f64();
+    let out = json!({
+        "nodes": n,
+        "seconds": { "enrollToReady": secs(t_ready), "deploy": secs(t_deployed), "release": secs(t_released), "total": secs(total) },
+        "nodesPerSecond": {
+            "enrollToReady": n as f64 / secs(t_ready), "deploy": n as f64 / secs(t_deployed),
+            "release": n as f64 / secs(t_released), "wholeLifecycle": n as f64 / secs(total)
+        },
+        "transitionsPerSecond": transitions.load(std::sync::atomic::Ordering::Relaxed) as f64 / secs(total),
+        "verbLatencyMs": { "p50": percentile(&lat, 0.5), "p99": percentile(&lat, 0.99), "count": lat.len() },
+        "eventCommitToDeliveryMs": { "p50": percentile(&del, 0.5), "p99": percentile(&del, 0.99), "count": del.len() },
+        "postgresCommitsPerNodeLifecycle": commits as f64 / n as f64,
+        "peakRssMiB": {
+            "controlPlane(all services, this process)": rss_kib("self").unwrap_or(0) as f64 / 1024.0,
+            "postgres": rss_of("postgres"),
+            "nats-server": rss_of("nats-server"),
+        },
+        "engineWorkers": args.engine_workers,
+        "reconcilers": args.reconcilers,
+    });
+    println!("{out}");
+    shutdown.cancel();
+    let _ = server.await;
+    Ok(())
+}
