@@ -402,12 +402,40 @@ impl TestEnv {
     ) -> anyhow::Result<i64> {
         let mut tx = self.db.begin().await?;
         let n = bcm_db::nodes::node_fetch_for_update_in_txn(&mut tx, node).await?;
-        let next = bcm_db::nodes::Node {
+        let mut next = bcm_db::nodes::Node {
             provision_state: state,
             failed_from,
             maintenance: failed_from.is_some() || n.maintenance,
+            workflow_id: None,
+            unrescue_pending: false,
             ..n
         };
+        if state == ProvisionState::Rescue {
+            // As after `metal-rescue` succeeded: the rescue ramdisk is up.
+            let id = bcm_core::WorkflowId::generate();
+            let profile = bcm_core::workflow::metal_rescue();
+            bcm_db::workflows::workflow_insert_in_txn(
+                &mut tx,
+                &bcm_db::workflows::NewWorkflow {
+                    id: id.to_string(),
+                    node_id: node.to_string(),
+                    owner: "metal".into(),
+                    profile_id: profile.id.clone(),
+                    profile_version: profile.version as i32,
+                    for_state: state.as_str().into(),
+                    for_version: next.version,
+                    definition: serde_json::to_value(&profile)?,
+                    steps: vec![],
+                },
+            )
+            .await?;
+            let mut wf =
+                bcm_db::workflows::workflow_fetch_for_update_in_txn(&mut tx, &id.to_string())
+                    .await?;
+            wf.status = "succeeded".into();
+            bcm_db::workflows::workflow_update_in_txn(&mut tx, &wf, true).await?;
+            next.workflow_id = Some(id);
+        }
         let v = bcm_db::nodes::node_update_guarded_in_txn(&mut tx, &next).await?;
         tx.commit().await?;
         Ok(v)
