@@ -5,7 +5,7 @@
 //! made attempts (a restarted engine never re-sends).
 
 use bcm_core::{NodeId, ProvisionState};
-use bcm_testkit::{eventually, Options, TestEnv};
+use bcm_testkit::{Options, TestEnv};
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -79,22 +79,43 @@ async fn count_in(env: &TestEnv, ids: &[NodeId], state: ProvisionState) -> usize
 }
 
 /// Waits until at least `min` nodes are in `state`, then kills the child.
+/// A child that dies on its own fails the test with the end of its log.
 async fn kill_midway(
     env: &TestEnv,
     ids: &[NodeId],
     state: ProvisionState,
     min: usize,
     child: &mut Child,
+    log: &std::path::Path,
 ) -> usize {
-    let reached = eventually(T, || async {
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: String = text
+                .lines()
+                .rev()
+                .take(40)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
+            panic!("the child exited by itself ({status}):\n{tail}");
+        }
         let n = count_in(env, ids, state).await;
-        Ok((n >= min).then_some(n))
-    })
-    .await
-    .expect("progress before the kill");
-    child.kill().expect("SIGKILL"); // std's kill is SIGKILL on Unix
-    let _ = child.wait();
-    reached
+        if n >= min {
+            child.kill().expect("SIGKILL"); // std's kill is SIGKILL on Unix
+            let _ = child.wait();
+            return n;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no progress before the kill: {n}/{} in {state}",
+            ids.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn all_reach(env: &TestEnv, ids: &[NodeId], state: ProvisionState) {
@@ -132,7 +153,15 @@ async fn killed_engine_and_reconciler_resume_without_resending_or_skipping() {
                 .expect("id"),
         );
     }
-    let before = kill_midway(&env, &ids, ProvisionState::Ready, 5, &mut child).await;
+    let before = kill_midway(
+        &env,
+        &ids,
+        ProvisionState::Ready,
+        5,
+        &mut child,
+        &dir.join("child-1.log"),
+    )
+    .await;
     eprintln!("killed the engine and reconciler with {before}/{NODES} nodes ready");
     let mut child = spawn_child(&config, &dir.join("child-2.log"));
     all_reach(&env, &ids, ProvisionState::Ready).await;
@@ -145,7 +174,15 @@ async fn killed_engine_and_reconciler_resume_without_resending_or_skipping() {
             .expect("deploy");
         assert_eq!(s, 200, "{b}");
     }
-    let before = kill_midway(&env, &ids, ProvisionState::Deployed, 5, &mut child).await;
+    let before = kill_midway(
+        &env,
+        &ids,
+        ProvisionState::Deployed,
+        5,
+        &mut child,
+        &dir.join("child-2.log"),
+    )
+    .await;
     eprintln!("killed them again with {before}/{NODES} nodes deployed");
     let mut child = spawn_child(&config, &dir.join("child-3.log"));
     all_reach(&env, &ids, ProvisionState::Deployed).await;

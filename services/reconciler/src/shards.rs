@@ -13,6 +13,7 @@ use futures::StreamExt as _;
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::{reconcile, ReconcilerConfig};
 
@@ -218,8 +219,10 @@ async fn consume_once(
         let parent = bcm_bus::traceparent_of(msg.headers.as_ref());
         let span = tracing::info_span!("reconcile", node = %req.data.node_id);
         bcm_telemetry::set_remote_parent(&span, parent.as_deref());
-        let _enter = span.enter();
-        match reconcile::node(db, bus, &req.data.node_id, lock_timeout_ms).await {
+        let pass = reconcile::node(db, bus, &req.data.node_id, lock_timeout_ms)
+            .instrument(span)
+            .await;
+        match pass {
             Ok(_) | Err(bcm_db::DbError::NotFound) => {
                 let _ = msg.ack().await;
             }
