@@ -10,17 +10,6 @@ use bcm_db::{Db, DbError};
 /// At most this many transitions per pass.
 pub const MAX_TRANSITIONS: usize = 8;
 
-fn phase_of(s: &str) -> WorkflowPhase {
-    match s {
-        "failing-cleanup" => WorkflowPhase::FailingCleanup,
-        "cancelling-cleanup" => WorkflowPhase::CancellingCleanup,
-        "succeeded" => WorkflowPhase::Succeeded,
-        "failed" => WorkflowPhase::Failed,
-        "cancelled" => WorkflowPhase::Cancelled,
-        _ => WorkflowPhase::Running,
-    }
-}
-
 /// What a pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PassReport {
@@ -48,7 +37,7 @@ pub async fn node(
         };
         let summary = wf.as_ref().map(|w| WorkflowSummary {
             profile_id: w.profile_id.clone(),
-            phase: phase_of(&w.status),
+            phase: WorkflowPhase::parse(&w.status),
             wipe_verified: w.wipe_verified,
             error: w.error.clone(),
         });

@@ -2,7 +2,7 @@
 //! recover table, unverified wipes, and unrescue while the rescue ramdisk
 //! still boots.
 
-use bcm_core::{NodeId, ProvisionState};
+use bcm_core::ProvisionState;
 use bcm_sim::Fault;
 use bcm_testkit::{eventually, Options, TestEnv};
 use serde_json::json;
@@ -10,46 +10,13 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
 
-async fn enroll(env: &TestEnv, name: &str) -> NodeId {
-    let (s, b) = env
-        .post(
-            "/api/compute/metal/enroll",
-            Some(&env.admin_token),
-            &json!({"tenantId": "a", "poolId": "a-pool",
-                "bmc": {"driver": "sim", "address": format!("sim://{name}"), "username": "admin", "password": "pw"}}),
-        )
-        .await
-        .expect("post");
-    assert_eq!(s, 200, "{b}");
-    b["nodeId"].as_str().expect("id").parse().expect("node id")
-}
-
-async fn verb(
-    env: &TestEnv,
-    verb: &str,
-    node: &NodeId,
-    extra: serde_json::Value,
-) -> (u16, serde_json::Value) {
-    let mut body = json!({"tenantId": "a", "nodeId": node.to_string()});
-    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
-        b.extend(e.clone());
-    }
-    env.post(
-        &format!("/api/compute/metal/{verb}"),
-        Some(&env.admin_token),
-        &body,
-    )
-    .await
-    .expect("post")
-}
-
 #[tokio::test]
 async fn a_bmc_fault_fails_enrolling_with_a_clear_error() {
     let env = TestEnv::start_with(Options::with_site())
         .await
         .expect("env");
     env.faults.set("sim://bad-bmc", Fault::BmcRejects);
-    let id = enroll(&env, "bad-bmc").await;
+    let id = env.enroll_sim("bad-bmc").await;
     let n = env
         .wait_state(&id, ProvisionState::Failed, T)
         .await
@@ -61,7 +28,7 @@ async fn a_bmc_fault_fails_enrolling_with_a_clear_error() {
 
     // recover goes back to enrolling; healed, the chain reaches ready.
     env.faults.clear("sim://bad-bmc", Fault::BmcRejects);
-    let (s, b) = verb(&env, "recover", &id, json!({})).await;
+    let (s, b) = env.verb("recover", &id, json!({})).await;
     assert_eq!(s, 200, "{b}");
     assert_eq!(b["provisionState"], "enrolling");
     let n = env
@@ -77,7 +44,7 @@ async fn abort_runs_the_cleanup_steps_and_fails_the_node() {
         .await
         .expect("env");
     env.faults.set("sim://stuck", Fault::RamdiskNeverJoins);
-    let id = enroll(&env, "stuck").await;
+    let id = env.enroll_sim("stuck").await;
     env.wait_state(&id, ProvisionState::Inspecting, T)
         .await
         .expect("inspecting");
@@ -95,13 +62,9 @@ async fn abort_runs_the_cleanup_steps_and_fails_the_node() {
     })
     .await
     .expect("waiting for the ramdisk");
-    let (s, b) = verb(
-        &env,
-        "abort",
-        &id,
-        json!({"reason": "ramdisk never came up"}),
-    )
-    .await;
+    let (s, b) = env
+        .verb("abort", &id, json!({"reason": "ramdisk never came up"}))
+        .await;
     assert_eq!(s, 200, "{b}");
     assert_eq!(b["provisionState"], "failed");
     assert_eq!(b["failedFrom"], "inspecting");
@@ -150,23 +113,23 @@ async fn an_unsigned_or_unverified_wipe_fails_the_release() {
         ("unsigned", Fault::UnsignedWipe),
         ("readback", Fault::WipeFailsReadBack),
     ] {
-        let id = enroll(&env, name).await;
+        let id = env.enroll_sim(name).await;
         env.wait_state(&id, ProvisionState::Ready, T)
             .await
             .expect("ready");
-        let (s, b) = verb(
-            &env,
-            "deploy",
-            &id,
-            json!({"profileId": "p", "profileVersion": 1}),
-        )
-        .await;
+        let (s, b) = env
+            .verb(
+                "deploy",
+                &id,
+                json!({"profileId": "p", "profileVersion": 1}),
+            )
+            .await;
         assert_eq!(s, 200, "{b}");
         env.wait_state(&id, ProvisionState::Deployed, T)
             .await
             .expect("deployed");
         env.faults.set(&format!("sim://{name}"), fault);
-        let (s, b) = verb(&env, "undeploy", &id, json!({"wipe": "quick"})).await;
+        let (s, b) = env.verb("undeploy", &id, json!({"wipe": "quick"})).await;
         assert_eq!(s, 200, "{b}");
         let n = env
             .wait_state(&id, ProvisionState::Failed, T)
@@ -183,7 +146,7 @@ async fn an_unsigned_or_unverified_wipe_fails_the_release() {
         );
         // recover goes to releasing (which wipes again), never to ready.
         env.faults.clear(&format!("sim://{name}"), fault);
-        let (s, b) = verb(&env, "recover", &id, json!({})).await;
+        let (s, b) = env.verb("recover", &id, json!({})).await;
         assert_eq!((s, b["provisionState"].as_str()), (200, Some("releasing")));
         env.wait_state(&id, ProvisionState::Ready, T)
             .await
@@ -196,12 +159,11 @@ async fn unrescue_while_the_rescue_ramdisk_boots_is_a_conflict() {
     let env = TestEnv::start_with(Options::with_site())
         .await
         .expect("env");
-    let id = enroll(&env, "rescue-me").await;
+    let id = env.enroll_sim("rescue-me").await;
     env.wait_state(&id, ProvisionState::Ready, T)
         .await
         .expect("ready");
-    verb(
-        &env,
+    env.verb(
         "deploy",
         &id,
         json!({"profileId": "p", "profileVersion": 1}),
@@ -211,15 +173,15 @@ async fn unrescue_while_the_rescue_ramdisk_boots_is_a_conflict() {
         .await
         .expect("deployed");
     env.faults.set("sim://rescue-me", Fault::RamdiskNeverJoins);
-    let (s, _) = verb(&env, "rescue", &id, json!({})).await;
+    let (s, _) = env.verb("rescue", &id, json!({})).await;
     assert_eq!(s, 200);
-    let (s, b) = verb(&env, "unrescue", &id, json!({})).await;
+    let (s, b) = env.verb("unrescue", &id, json!({})).await;
     assert_eq!((s, b["code"].as_str()), (409, Some("CONFLICT")), "{b}");
     let n = env.node(&id).await.expect("node");
     assert!(!n.unrescue_pending);
     // Once the ramdisk is up, unrescue is accepted and brings the OS back.
     env.faults
         .clear("sim://rescue-me", Fault::RamdiskNeverJoins);
-    let (s, _) = verb(&env, "abort", &id, json!({})).await;
+    let (s, _) = env.verb("abort", &id, json!({})).await;
     assert_eq!(s, 409, "abort is not legal from rescue");
 }

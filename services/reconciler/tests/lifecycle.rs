@@ -1,55 +1,19 @@
 //! Whole chains with no caller, driven by the real engine and reconciler
 //! against a simulated site, real Postgres and JetStream.
 
-use bcm_core::{NodeId, ProvisionState};
+use bcm_core::ProvisionState;
 use bcm_testkit::{Options, TestEnv};
 use serde_json::json;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
 
-async fn enroll(env: &TestEnv, name: &str) -> NodeId {
-    let (s, b) = env
-        .post(
-            "/api/compute/metal/enroll",
-            Some(&env.admin_token),
-            &json!({"tenantId": "a", "poolId": "a-pool",
-                "bmc": {"driver": "sim", "address": format!("sim://{name}"), "username": "admin", "password": "pw"}}),
-        )
-        .await
-        .expect("post");
-    assert_eq!(s, 200, "{b}");
-    b["nodeId"].as_str().expect("id").parse().expect("node id")
-}
-
-async fn verb(
-    env: &TestEnv,
-    verb: &str,
-    node: &NodeId,
-    extra: serde_json::Value,
-) -> serde_json::Value {
-    let mut body = json!({"tenantId": "a", "nodeId": node.to_string()});
-    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
-        b.extend(e.clone());
-    }
-    let (s, b) = env
-        .post(
-            &format!("/api/compute/metal/{verb}"),
-            Some(&env.admin_token),
-            &body,
-        )
-        .await
-        .expect("post");
-    assert_eq!(s, 200, "{verb}: {b}");
-    b
-}
-
 #[tokio::test]
 async fn enroll_reaches_ready_then_deploy_release_rescue_and_retire() {
     let env = TestEnv::start_with(Options::with_site())
         .await
         .expect("env");
-    let id = enroll(&env, "m1").await;
+    let id = env.enroll_sim("m1").await;
     let ready = env
         .wait_state(&id, ProvisionState::Ready, T)
         .await
@@ -69,8 +33,7 @@ async fn enroll_reaches_ready_then_deploy_release_rescue_and_retire() {
         "the ramdisk reported inventory"
     );
 
-    verb(
-        &env,
+    env.verb_ok(
         "deploy",
         &id,
         json!({"profileId": "ubuntu-24.04", "profileVersion": 1}),
@@ -82,7 +45,7 @@ async fn enroll_reaches_ready_then_deploy_release_rescue_and_retire() {
         .expect("deploy → deployed");
     assert_eq!(deployed.role.as_deref(), Some("host"));
 
-    verb(&env, "rescue", &id, json!({})).await;
+    env.verb_ok("rescue", &id, json!({})).await;
     let rescued = env
         .wait_state(&id, ProvisionState::Rescue, T)
         .await
@@ -101,8 +64,8 @@ async fn enroll_reaches_ready_then_deploy_release_rescue_and_retire() {
     })
     .await
     .expect("the rescue ramdisk is up");
-    verb(&env, "unrescue", &id, json!({})).await;
-    let again = verb(&env, "unrescue", &id, json!({})).await;
+    env.verb_ok("unrescue", &id, json!({})).await;
+    let again = env.verb_ok("unrescue", &id, json!({})).await;
     assert_eq!(
         again["provisionState"], "rescue",
         "a second unrescue returns the node unchanged"
@@ -112,13 +75,12 @@ async fn enroll_reaches_ready_then_deploy_release_rescue_and_retire() {
         .expect("unrescue → deployed");
 
     for wipe in ["quick", "secure-erase", "crypto-erase"] {
-        verb(&env, "undeploy", &id, json!({"wipe": wipe})).await;
+        env.verb_ok("undeploy", &id, json!({"wipe": wipe})).await;
         env.wait_state(&id, ProvisionState::Ready, T)
             .await
             .unwrap_or_else(|e| panic!("undeploy {wipe}: {e}"));
         if wipe != "crypto-erase" {
-            verb(
-                &env,
+            env.verb_ok(
                 "deploy",
                 &id,
                 json!({"profileId": "ubuntu-24.04", "profileVersion": 1}),
@@ -130,16 +92,35 @@ async fn enroll_reaches_ready_then_deploy_release_rescue_and_retire() {
         }
     }
 
-    verb(&env, "provide", &id, json!({})).await;
+    env.verb_ok("provide", &id, json!({})).await;
     env.wait_state(&id, ProvisionState::Ready, T)
         .await
         .expect("provide → ready");
-    verb(&env, "manage", &id, json!({})).await;
+    env.verb_ok("manage", &id, json!({})).await;
     env.wait_state(&id, ProvisionState::Ready, T)
         .await
         .expect("manage → ready");
+    let inspected = env.verb_ok("inspect", &id, json!({})).await;
+    assert_eq!(inspected["provisionState"], "inspecting");
+    env.wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("inspect → commissioning → ready");
+    let wfs = bcm_db::workflows::workflows_of_node(&env.db, &id.to_string())
+        .await
+        .expect("workflows");
+    let last: Vec<_> = wfs
+        .iter()
+        .rev()
+        .take(2)
+        .map(|w| w.profile_id.as_str())
+        .collect();
+    assert_eq!(
+        last,
+        vec!["metal-commission", "metal-inspect"],
+        "inspect runs the rest of the chain"
+    );
 
-    verb(&env, "retire", &id, json!({})).await;
+    env.verb_ok("retire", &id, json!({})).await;
     let retired = env
         .wait_state(&id, ProvisionState::Retired, T)
         .await

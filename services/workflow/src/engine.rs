@@ -90,26 +90,12 @@ fn status_of(s: &StepRow) -> StepStatus {
 }
 
 fn phase_of(s: &str) -> WorkflowPhase {
-    match s {
-        "failing-cleanup" => WorkflowPhase::FailingCleanup,
-        "cancelling-cleanup" => WorkflowPhase::CancellingCleanup,
-        "succeeded" => WorkflowPhase::Succeeded,
-        "failed" => WorkflowPhase::Failed,
-        "cancelled" => WorkflowPhase::Cancelled,
-        _ => WorkflowPhase::Running,
-    }
+    WorkflowPhase::parse(s)
 }
 
 /// The wire name of a phase.
 pub fn phase_name(p: WorkflowPhase) -> &'static str {
-    match p {
-        WorkflowPhase::Running => "running",
-        WorkflowPhase::FailingCleanup => "failing-cleanup",
-        WorkflowPhase::CancellingCleanup => "cancelling-cleanup",
-        WorkflowPhase::Succeeded => "succeeded",
-        WorkflowPhase::Failed => "failed",
-        WorkflowPhase::Cancelled => "cancelled",
-    }
+    p.as_str()
 }
 
 /// Advances one due step; false when none was due.

@@ -506,6 +506,33 @@ pub enum WorkflowPhase {
 }
 
 impl WorkflowPhase {
+    /// The wire name, as stored in `workflows.status`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WorkflowPhase::Running => "running",
+            WorkflowPhase::FailingCleanup => "failing-cleanup",
+            WorkflowPhase::CancellingCleanup => "cancelling-cleanup",
+            WorkflowPhase::Succeeded => "succeeded",
+            WorkflowPhase::Failed => "failed",
+            WorkflowPhase::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses the wire name; anything unknown reads as `Running`, so a
+    /// newer phase is waited on rather than acted upon.
+    pub fn parse(s: &str) -> Self {
+        [
+            WorkflowPhase::FailingCleanup,
+            WorkflowPhase::CancellingCleanup,
+            WorkflowPhase::Succeeded,
+            WorkflowPhase::Failed,
+            WorkflowPhase::Cancelled,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == s)
+        .unwrap_or(WorkflowPhase::Running)
+    }
+
     /// Whether the workflow has ended.
     pub const fn is_final(self) -> bool {
         matches!(

@@ -392,6 +392,47 @@ impl TestEnv {
         Ok(body)
     }
 
+    /// Enrolls the simulated machine `sim://<name>` in tenant `a`, pool `a-pool`.
+    pub async fn enroll_sim(&self, name: &str) -> NodeId {
+        let (s, b) = self
+            .post(
+                "/api/compute/metal/enroll",
+                Some(&self.admin_token),
+                &json!({"tenantId": "a", "poolId": "a-pool",
+                    "bmc": {"driver": "sim", "address": format!("sim://{name}"), "username": "admin", "password": "pw"}}),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("enroll {name}: {e}"));
+        assert_eq!(s, 200, "enroll {name}: {b}");
+        b["nodeId"]
+            .as_str()
+            .and_then(|i| i.parse().ok())
+            .unwrap_or_else(|| panic!("enroll {name}: {b}"))
+    }
+
+    /// Calls `metal.<verb>` on a node of tenant `a` as the admin, with the
+    /// fields of `extra` added to the body.
+    pub async fn verb(&self, verb: &str, node: &NodeId, extra: Value) -> (u16, Value) {
+        let mut body = json!({"tenantId": "a", "nodeId": node.to_string()});
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        self.post(
+            &format!("/api/compute/metal/{verb}"),
+            Some(&self.admin_token),
+            &body,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{verb}: {e}"))
+    }
+
+    /// [`TestEnv::verb`] that must answer 200; returns the node view.
+    pub async fn verb_ok(&self, verb: &str, node: &NodeId, extra: Value) -> Value {
+        let (s, b) = self.verb(verb, node, extra).await;
+        assert_eq!(s, 200, "{verb}: {b}");
+        b
+    }
+
     /// Puts a node into `state` as the reconciler would have (test set-up
     /// only), through the db crate's guarded update. Returns the version.
     pub async fn force_state(
