@@ -142,20 +142,24 @@ pub fn judge(kind: &StepKind, cmd: &bcm_db::commands::CommandRow) -> Verdict {
                 .and_then(Value::as_array)
                 .cloned()
                 .unwrap_or_default();
-            let all_verified = !disks.is_empty()
-                && disks
-                    .iter()
-                    .all(|d| d.get("outcome").and_then(Value::as_str) == Some("verified"));
-            if cmd.signature.is_none() {
-                unverified("the disk.wipe result is not node-signed", output)
-            } else if !all_verified {
-                unverified("a disk did not pass read-back verification", output)
-            } else {
-                Verdict {
+            let outcomes: Vec<&str> = disks
+                .iter()
+                .map(|d| d.get("outcome").and_then(Value::as_str).unwrap_or(""))
+                .collect();
+            match bcm_core::workflow::wipe_verdict(cmd.signature.is_some(), &outcomes) {
+                Ok(()) => Verdict {
                     outcome: StepOutcome::Succeeded,
                     output,
                     wipe_verified: true,
-                }
+                },
+                Err(why) => Verdict {
+                    outcome: StepOutcome::Failed {
+                        retryable: false,
+                        message: format!("UNVERIFIED_WIPE: {why}"),
+                    },
+                    output,
+                    wipe_verified: false,
+                },
             }
         }
         StepKind::DiagDcgm { .. } => {
@@ -187,16 +191,5 @@ pub fn judge(kind: &StepKind, cmd: &bcm_db::commands::CommandRow) -> Verdict {
             output,
             wipe_verified: false,
         },
-    }
-}
-
-fn unverified(why: &str, output: Option<Value>) -> Verdict {
-    Verdict {
-        outcome: StepOutcome::Failed {
-            retryable: false,
-            message: format!("UNVERIFIED_WIPE: {why}"),
-        },
-        output,
-        wipe_verified: false,
     }
 }

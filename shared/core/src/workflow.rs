@@ -425,6 +425,32 @@ pub fn metal_profile_for(state: ProvisionState, unrescue: bool, wipe: WipeMode) 
     })
 }
 
+/// Why a wipe result does not count as verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum UnverifiedWipe {
+    #[error("the disk.wipe result is not node-signed")]
+    Unsigned,
+    #[error("the disk.wipe result lists no disk")]
+    NoDisk,
+    #[error("a disk did not pass read-back verification")]
+    ReadBackFailed,
+}
+
+/// Whether a `disk.wipe` result proves a wipe: node-signed (the signature
+/// was verified when it was stored), at least one disk, and every disk's
+/// outcome `verified`. Only such a result lets a release reach `ready`.
+pub fn wipe_verdict(signed: bool, disk_outcomes: &[&str]) -> Result<(), UnverifiedWipe> {
+    if !signed {
+        Err(UnverifiedWipe::Unsigned)
+    } else if disk_outcomes.is_empty() {
+        Err(UnverifiedWipe::NoDisk)
+    } else if disk_outcomes.iter().any(|o| *o != "verified") {
+        Err(UnverifiedWipe::ReadBackFailed)
+    } else {
+        Ok(())
+    }
+}
+
 /// The state of one step as the engine records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

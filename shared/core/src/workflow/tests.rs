@@ -247,3 +247,17 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn only_a_signed_wipe_with_every_disk_verified_counts() {
+    assert_eq!(wipe_verdict(true, &["verified", "verified"]), Ok(()));
+    assert_eq!(
+        wipe_verdict(false, &["verified"]),
+        Err(UnverifiedWipe::Unsigned)
+    );
+    assert_eq!(wipe_verdict(true, &[]), Err(UnverifiedWipe::NoDisk));
+    assert_eq!(
+        wipe_verdict(true, &["verified", "failed"]),
+        Err(UnverifiedWipe::ReadBackFailed)
+    );
+}
