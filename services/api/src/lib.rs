@@ -215,7 +215,7 @@ async fn readyz(
     axum::extract::State(app): axum::extract::State<AppState>,
 ) -> Result<&'static str, error::ApiError> {
     app.inner.db.ping().await?;
-    if app.inner.bus.client().connection_state() != async_nats_state::Connected {
+    if app.inner.bus.client().connection_state() != bcm_bus::ConnectionState::Connected {
         return Err(error::ApiError::new(
             bcm_core::ErrorCode::Unavailable,
             "NATS is not connected",
@@ -223,8 +223,6 @@ async fn readyz(
     }
     Ok("ready")
 }
-
-use bcm_bus::ConnectionState as async_nats_state;
 
 /// Connects, migrates, seeds and builds the handlers' state.
 pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {

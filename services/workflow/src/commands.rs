@@ -98,7 +98,6 @@ pub async fn params(
             })
         }
         StepKind::StoreMacs
-        | StepKind::SetRole
         | StepKind::RevokeIdentity
         | StepKind::ForgetBmcCredentials
         | StepKind::WaitRamdiskJoin

@@ -4,7 +4,7 @@
 use bcm_bus::messages::{self, CommandEnvelope, WorkflowEvent};
 use bcm_bus::Bus;
 use bcm_core::workflow::{
-    self, AfterOutcome, NextStep, Profile, StepDef, StepKind, StepOutcome, StepStatus, StepTarget,
+    self, AfterOutcome, NextStep, StepDef, StepKind, StepOutcome, StepStatus, StepTarget,
     WorkflowPhase,
 };
 use bcm_db::nodes::Node;
@@ -89,15 +89,6 @@ fn status_of(s: &StepRow) -> StepStatus {
     }
 }
 
-fn phase_of(s: &str) -> WorkflowPhase {
-    WorkflowPhase::parse(s)
-}
-
-/// The wire name of a phase.
-pub fn phase_name(p: WorkflowPhase) -> &'static str {
-    p.as_str()
-}
-
 /// Advances one due step; false when none was due.
 pub async fn tick(ctx: &Ctx) -> Result<bool, DbError> {
     let mut tx = ctx.db.begin().await?;
@@ -117,7 +108,7 @@ pub async fn tick(ctx: &Ctx) -> Result<bool, DbError> {
         return Ok(true);
     };
     let now = Utc::now();
-    let phase = phase_of(&wf.status);
+    let phase = WorkflowPhase::parse(&wf.status);
     let mut events = vec![];
 
     if phase.is_final() {
@@ -138,7 +129,7 @@ pub async fn tick(ctx: &Ctx) -> Result<bool, DbError> {
             s.finished_at = Some(now);
             bcm_db::workflows::step_update_in_txn(&mut tx, s).await?;
         }
-        wf.status = phase_name(WorkflowPhase::CancellingCleanup).into();
+        wf.status = WorkflowPhase::CancellingCleanup.as_str().into();
         schedule_next(&mut tx, ctx, &mut wf, &mut steps, &node, &mut events).await?;
         finish_txn(tx, events).await?;
         return Ok(true);
@@ -326,7 +317,6 @@ async fn advance(
                 false,
             )))
         }
-        StepKind::SetRole => Ok(Some((StepOutcome::Succeeded, None, false))),
         StepKind::RevokeIdentity => {
             let n = bcm_db::agents::certs_revoke_in_txn(tx, &node.id.to_string()).await?;
             Ok(Some((
@@ -417,7 +407,7 @@ async fn schedule_next(
     let main: Vec<StepStatus> = steps.iter().filter(|s| !s.cleanup).map(status_of).collect();
     let cleanup: Vec<StepStatus> = steps.iter().filter(|s| s.cleanup).map(status_of).collect();
     let main_len = main.len();
-    let mut phase = phase_of(&wf.status);
+    let mut phase = WorkflowPhase::parse(&wf.status);
     if phase == WorkflowPhase::Running && main.contains(&StepStatus::Failed) {
         phase = WorkflowPhase::FailingCleanup;
     }
@@ -432,7 +422,7 @@ async fn schedule_next(
             bcm_db::workflows::step_update_in_txn(tx, s).await?;
         }
         NextStep::Finish(done) => {
-            let status = phase_name(done);
+            let status = done.as_str();
             wf.status = status.to_owned();
             bcm_db::workflows::workflow_update_in_txn(tx, wf, true).await?;
             events.push(outbox::event(
@@ -459,11 +449,6 @@ async fn schedule_next(
             return Ok(());
         }
     }
-    wf.status = phase_name(phase).to_owned();
+    wf.status = phase.as_str().to_owned();
     bcm_db::workflows::workflow_update_in_txn(tx, wf, false).await
-}
-
-/// Reads a workflow's profile.
-pub fn profile_of(wf: &WorkflowRow) -> Option<Profile> {
-    serde_json::from_value(wf.definition.clone()).ok()
 }

@@ -70,8 +70,6 @@ pub enum StepKind {
     DeployImage,
     /// Wait for the installed OS to (re)join with `role`, up to `timeout_secs`.
     WaitOsJoin { role: String, timeout_secs: u32 },
-    /// Set the node's role.
-    SetRole,
     /// Revoke the node's certificates and join tokens.
     RevokeIdentity,
     /// Forget the sealed BMC credentials.
@@ -83,7 +81,6 @@ impl StepKind {
     pub const fn target(&self) -> StepTarget {
         match self {
             StepKind::StoreMacs
-            | StepKind::SetRole
             | StepKind::RevokeIdentity
             | StepKind::ForgetBmcCredentials
             | StepKind::WaitRamdiskJoin => StepTarget::ControlPlane,
@@ -122,7 +119,6 @@ impl StepKind {
             StepKind::DiskWipe { .. } => "disk.wipe",
             StepKind::DeployImage => "deploy.image",
             StepKind::WaitOsJoin { .. } => "metal.waitOsJoin",
-            StepKind::SetRole => "metal.setRole",
             StepKind::RevokeIdentity => "pki.revoke",
             StepKind::ForgetBmcCredentials => "bmc.forgetCredentials",
         }

@@ -163,14 +163,3 @@ pub async fn commands_take_for_agent_in_txn(
     .fetch_all(&mut **tx)
     .await?)
 }
-
-/// How many commands were recorded for a node with `kind`.
-pub async fn command_count(db: &Db, node_id: &str, kind: &str) -> Result<i64, DbError> {
-    Ok(
-        sqlx::query_scalar("SELECT count(*) FROM commands WHERE node_id = $1 AND kind = $2")
-            .bind(node_id)
-            .bind(kind)
-            .fetch_one(db.pool())
-            .await?,
-    )
-}

@@ -41,18 +41,3 @@ pub async fn api_token_fetch_live_by_hash(db: &Db, hash: &[u8]) -> Result<ApiTok
     .fetch_one(db.pool())
     .await?)
 }
-
-/// Revokes a token.
-pub async fn api_token_revoke(db: &Db, id: &str) -> Result<(), DbError> {
-    let n = sqlx::query(
-        "UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL",
-    )
-    .bind(id)
-    .execute(db.pool())
-    .await?
-    .rows_affected();
-    if n == 0 {
-        return Err(DbError::NotFound);
-    }
-    Ok(())
-}

@@ -314,17 +314,6 @@ pub async fn workflow_listener(db: &Db) -> Result<WorkflowListener, DbError> {
     Ok(WorkflowListener { inner })
 }
 
-/// How many workflows exist for a node state entry (tests prove the
-/// reconciler never starts two).
-pub async fn workflow_count_for_node(db: &Db, node_id: &str) -> Result<i64, DbError> {
-    Ok(
-        sqlx::query_scalar("SELECT count(*) FROM workflows WHERE node_id = $1")
-            .bind(node_id)
-            .fetch_one(db.pool())
-            .await?,
-    )
-}
-
 /// Every workflow of a node, oldest first.
 pub async fn workflows_of_node(db: &Db, node_id: &str) -> Result<Vec<WorkflowRow>, DbError> {
     Ok(sqlx::query_as(&format!(
