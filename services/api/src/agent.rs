@@ -272,6 +272,7 @@ pub async fn results(
         signature.as_deref(),
     )
     .await?
+    .is_some()
     {
         if cmd.kind == "inventory" && r.ok {
             bcm_db::agents::node_fact_upsert_in_txn(

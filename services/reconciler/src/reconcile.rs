@@ -1,4 +1,6 @@
-//! One reconcile pass over one node: read, decide, act, repeat.
+//! One reconcile pass over one node: read, decide, act, repeat, all in one
+//! transaction holding the node's row lock, so the moves a pass chains (and
+//! the workflow it starts) commit together or not at all.
 
 use bcm_bus::Bus;
 use bcm_core::reconcile::{decide, ReconcileAction, WorkflowSummary};
@@ -25,9 +27,11 @@ pub async fn node(
     lock_timeout_ms: u32,
 ) -> Result<PassReport, DbError> {
     let mut report = PassReport::default();
+    let mut moved_to = vec![];
+    let mut started = None;
+    let mut tx = db.begin().await?;
+    bcm_db::lock_timeout_in_txn(&mut tx, lock_timeout_ms).await?;
     for _ in 0..MAX_TRANSITIONS {
-        let mut tx = db.begin().await?;
-        bcm_db::lock_timeout_in_txn(&mut tx, lock_timeout_ms).await?;
         let node = bcm_db::nodes::node_fetch_for_update_in_txn(&mut tx, id).await?;
         let wf = match node.workflow_id {
             Some(w) => {
@@ -48,10 +52,7 @@ pub async fn node(
             rescue_booting: false,
         };
         match decide(facts, summary.as_ref()) {
-            ReconcileAction::Idle | ReconcileAction::Wait => {
-                tx.rollback().await?;
-                return Ok(report);
-            }
+            ReconcileAction::Idle | ReconcileAction::Wait => break,
             ReconcileAction::StartWorkflow => {
                 let profile = match node.provision_state {
                     ProvisionState::Deploying => {
@@ -73,34 +74,32 @@ pub async fn node(
                         node.release_wipe.unwrap_or(WipeMode::Quick),
                     ) {
                         Some(p) => p,
-                        None => {
-                            tx.rollback().await?;
-                            return Ok(report);
-                        }
+                        None => break,
                     },
                 };
                 match bcm_metal::workflows::start_in_txn(&mut tx, bus.subjects(), &node, &profile)
                     .await
                 {
                     Ok(_) => {
-                        tx.commit().await?;
                         report.workflows_started += 1;
-                        metrics::counter!("bcm_reconciler_workflows_started_total", "profile" => profile.id.clone()).increment(1);
-                        tracing::info!(node = %id, profile = %profile.id, "workflow started");
+                        started = Some(profile.id.clone());
                     }
-                    // Another worker started it first.
-                    Err(DbError::Duplicate { .. }) | Err(DbError::Stale) => {}
+                    // Another worker got there first (the backstops): the
+                    // whole pass rolls back and the caller looks again.
+                    Err(DbError::Duplicate { .. }) => {
+                        tx.rollback().await?;
+                        return Err(DbError::Stale);
+                    }
                     Err(e) => return Err(e),
                 }
-                return Ok(report);
+                break;
             }
             ReconcileAction::Apply { mv, last_error } => {
                 let t = match apply(facts, mv) {
                     Ok(t) => t,
                     Err(e) => {
                         tracing::warn!(node = %id, error = %e, "the table refused the reconciler's move");
-                        tx.rollback().await?;
-                        return Ok(report);
+                        break;
                     }
                 };
                 let mut next = bcm_metal::moves::next_node(&node, &t);
@@ -112,12 +111,23 @@ pub async fn node(
                 }
                 let name = mv.name().to_string();
                 bcm_metal::moves::commit_in_txn(&mut tx, bus.subjects(), next, &t, &name).await?;
-                tx.commit().await?;
                 report.transitions += 1;
-                metrics::counter!("bcm_reconciler_transitions_total", "to" => t.to.as_str())
-                    .increment(1);
+                moved_to.push(t.to);
             }
         }
+    }
+    if report == PassReport::default() {
+        tx.rollback().await?;
+    } else {
+        tx.commit().await?;
+    }
+    for to in moved_to {
+        metrics::counter!("bcm_reconciler_transitions_total", "to" => to.as_str()).increment(1);
+    }
+    if let Some(profile) = started {
+        metrics::counter!("bcm_reconciler_workflows_started_total", "profile" => profile.clone())
+            .increment(1);
+        tracing::info!(node = %id, %profile, "workflow started");
     }
     Ok(report)
 }

@@ -89,33 +89,87 @@ fn status_of(s: &StepRow) -> StepStatus {
     }
 }
 
-/// Advances one due step; false when none was due.
+/// At most this many steps advance in one transaction: a workflow's
+/// control-plane steps and the start of the step after a finished one share
+/// the commit that finished it.
+const MAX_STEPS_PER_TXN: usize = 16;
+
+/// Advances one due step (and the steps it makes due at once); false when
+/// none was due.
 pub async fn tick(ctx: &Ctx) -> Result<bool, DbError> {
     let mut tx = ctx.db.begin().await?;
     let Some((wf_id, idx)) = bcm_db::workflows::step_claim_due_in_txn(&mut tx).await? else {
         tx.commit().await?;
         return Ok(false);
     };
-    let mut wf = bcm_db::workflows::workflow_fetch_for_update_in_txn(&mut tx, &wf_id).await?;
-    let mut steps = bcm_db::workflows::steps_fetch_in_txn(&mut tx, &wf_id).await?;
+    let events = drive(&mut tx, ctx, &wf_id, idx).await?;
+    finish_txn(tx, events).await?;
+    Ok(true)
+}
+
+/// Advances workflow `wf_id` from its step `idx` inside `tx`, then on through
+/// every step that becomes due at once, and returns the events to publish
+/// with the commit. The workflow row is locked for the transaction.
+pub async fn drive(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    wf_id: &str,
+    idx: i32,
+) -> Result<Vec<bcm_db::outbox::NewOutboxMessage>, DbError> {
+    let mut wf = bcm_db::workflows::workflow_fetch_for_update_in_txn(tx, wf_id).await?;
+    let stored = wf.clone();
+    let mut steps = bcm_db::workflows::steps_fetch_in_txn(tx, wf_id).await?;
     let node_id: bcm_core::NodeId = wf
         .node_id
         .parse()
         .map_err(|_| DbError::Corrupt(format!("node id {}", wf.node_id)))?;
-    let node = bcm_db::nodes::node_fetch_in_txn(&mut tx, &node_id).await?;
+    let mut events = vec![];
+    let mut next = Some(idx);
+    let mut node = bcm_db::nodes::node_fetch_in_txn(tx, &node_id).await?;
+    for _ in 0..MAX_STEPS_PER_TXN {
+        let Some(idx) = next else { break };
+        let (after, wrote_node) =
+            step_once(tx, ctx, &mut wf, &mut steps, &node, idx, &mut events).await?;
+        next = after;
+        if wrote_node && next.is_some() {
+            node = bcm_db::nodes::node_fetch_in_txn(tx, &node_id).await?;
+        }
+    }
+    if let Some(idx) = next {
+        // Out of budget: leave the due step for the next transaction.
+        if let Some(s) = steps.iter().find(|s| s.idx == idx) {
+            bcm_db::workflows::step_update_in_txn(tx, s).await?;
+        }
+    }
+    if wf != stored {
+        let finished = WorkflowPhase::parse(&wf.status).is_final();
+        bcm_db::workflows::workflow_update_in_txn(tx, &wf, finished).await?;
+    }
+    Ok(events)
+}
+
+/// Advances one step of a locked workflow. Returns the step that became due
+/// at once (not yet persisted: the caller advances or persists it), and
+/// whether the step wrote the node row.
+async fn step_once(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    wf: &mut WorkflowRow,
+    steps: &mut [StepRow],
+    node: &Node,
+    idx: i32,
+    events: &mut Vec<bcm_db::outbox::NewOutboxMessage>,
+) -> Result<(Option<i32>, bool), DbError> {
     let Some(pos) = steps.iter().position(|s| s.idx == idx) else {
-        tx.commit().await?;
-        return Ok(true);
+        return Ok((None, false));
     };
     let now = Utc::now();
     let phase = WorkflowPhase::parse(&wf.status);
-    let mut events = vec![];
 
     if phase.is_final() {
         steps[pos].due_at = None;
-        bcm_db::workflows::step_update_in_txn(&mut tx, &steps[pos]).await?;
-        tx.commit().await?;
-        return Ok(true);
+        bcm_db::workflows::step_update_in_txn(tx, &steps[pos]).await?;
+        return Ok((None, false));
     }
 
     if wf.cancel_requested && phase == WorkflowPhase::Running {
@@ -127,71 +181,63 @@ pub async fn tick(ctx: &Ctx) -> Result<bool, DbError> {
             s.status = "skipped".into();
             s.due_at = None;
             s.finished_at = Some(now);
-            bcm_db::workflows::step_update_in_txn(&mut tx, s).await?;
+            bcm_db::workflows::step_update_in_txn(tx, s).await?;
         }
         wf.status = WorkflowPhase::CancellingCleanup.as_str().into();
-        schedule_next(&mut tx, ctx, &mut wf, &mut steps, &node, &mut events).await?;
-        finish_txn(tx, events).await?;
-        return Ok(true);
+        return Ok((schedule_next(ctx, wf, steps, node, events), false));
     }
 
     let def: StepDef = serde_json::from_value(steps[pos].definition.clone())
-        .map_err(|e| DbError::Corrupt(format!("step definition of {wf_id}/{idx}: {e}")))?;
-    let outcome = advance(&mut tx, ctx, &wf, &mut steps, pos, &def, &node, now).await?;
-    if let Some((outcome, output, wipe_verified)) = outcome {
-        let attempt = steps[pos].attempt.max(1) as u32;
-        let jitter: f64 = rand::thread_rng().gen_range(0.0..1.0);
-        let step = &mut steps[pos];
-        step.output = output.or(step.output.take());
-        match workflow::after_outcome(&def, attempt, &outcome, jitter) {
-            AfterOutcome::Done => {
-                step.status = "succeeded".into();
-                step.error = None;
-                step.due_at = None;
-                step.finished_at = Some(now);
-                if wipe_verified {
-                    wf.wipe_verified = true;
-                }
-                events.push(step_event(
-                    ctx.bus.subjects(),
-                    &wf,
-                    &node,
-                    step,
-                    "succeeded",
-                ));
+        .map_err(|e| DbError::Corrupt(format!("step definition of {}/{idx}: {e}", wf.id)))?;
+    let outcome = advance(tx, ctx, wf, steps, pos, &def, node, now).await?;
+    let wrote_node = def.kind.writes_node();
+    let Some((outcome, output, wipe_verified)) = outcome else {
+        bcm_db::workflows::step_update_in_txn(tx, &steps[pos]).await?;
+        return Ok((None, wrote_node));
+    };
+    let attempt = steps[pos].attempt.max(1) as u32;
+    let jitter: f64 = rand::thread_rng().gen_range(0.0..1.0);
+    let step = &mut steps[pos];
+    step.output = output.or(step.output.take());
+    match workflow::after_outcome(&def, attempt, &outcome, jitter) {
+        AfterOutcome::Done => {
+            step.status = "succeeded".into();
+            step.error = None;
+            step.due_at = None;
+            step.finished_at = Some(now);
+            if wipe_verified {
+                wf.wipe_verified = true;
             }
-            AfterOutcome::Retry { attempt, after_ms } => {
-                tracing::info!(workflow = %wf.id, step = %step.name, attempt, after_ms, "retrying step");
-                step.status = "pending".into();
-                step.attempt = attempt as i32;
-                step.command_id = None;
-                step.deadline_at = None;
-                step.error = Some(format!("{outcome:?}"));
-                step.due_at = Some(now + chrono::Duration::milliseconds(after_ms as i64));
-            }
-            AfterOutcome::GiveUp { message } => {
-                step.status = "failed".into();
-                step.error = Some(message.clone());
-                step.due_at = None;
-                step.finished_at = Some(now);
-                if !step.cleanup && wf.error.is_none() {
-                    wf.error = Some(format!("{}: {message}", step.name));
-                }
-                events.push(step_event(ctx.bus.subjects(), &wf, &node, step, "failed"));
-            }
+            events.push(step_event(ctx.bus.subjects(), wf, node, step, "succeeded"));
         }
-        let finished = matches!(steps[pos].status.as_str(), "succeeded" | "failed");
-        bcm_db::workflows::step_update_in_txn(&mut tx, &steps[pos]).await?;
-        if finished {
-            schedule_next(&mut tx, ctx, &mut wf, &mut steps, &node, &mut events).await?;
-        } else {
-            bcm_db::workflows::workflow_update_in_txn(&mut tx, &wf, false).await?;
+        AfterOutcome::Retry { attempt, after_ms } => {
+            tracing::info!(workflow = %wf.id, step = %step.name, attempt, after_ms, "retrying step");
+            step.status = "pending".into();
+            step.attempt = attempt as i32;
+            step.command_id = None;
+            step.deadline_at = None;
+            step.error = Some(format!("{outcome:?}"));
+            step.due_at = Some(now + chrono::Duration::milliseconds(after_ms as i64));
         }
-    } else {
-        bcm_db::workflows::step_update_in_txn(&mut tx, &steps[pos]).await?;
+        AfterOutcome::GiveUp { message } => {
+            step.status = "failed".into();
+            step.error = Some(message.clone());
+            step.due_at = None;
+            step.finished_at = Some(now);
+            if !step.cleanup && wf.error.is_none() {
+                wf.error = Some(format!("{}: {message}", step.name));
+            }
+            events.push(step_event(ctx.bus.subjects(), wf, node, step, "failed"));
+        }
     }
-    finish_txn(tx, events).await?;
-    Ok(true)
+    let finished = matches!(steps[pos].status.as_str(), "succeeded" | "failed");
+    bcm_db::workflows::step_update_in_txn(tx, &steps[pos]).await?;
+    let next = if finished {
+        schedule_next(ctx, wf, steps, node, events)
+    } else {
+        None
+    };
+    Ok((next, wrote_node))
 }
 
 async fn finish_txn(
@@ -395,15 +441,15 @@ async fn advance(
     }
 }
 
-/// Schedules the planner's next step, or ends the workflow.
-async fn schedule_next(
-    tx: &mut Tx<'_>,
+/// Schedules the planner's next step (returned, due now, for the caller to
+/// advance or persist), or ends the workflow.
+fn schedule_next(
     ctx: &Ctx,
     wf: &mut WorkflowRow,
     steps: &mut [StepRow],
     node: &Node,
     events: &mut Vec<bcm_db::outbox::NewOutboxMessage>,
-) -> Result<(), DbError> {
+) -> Option<i32> {
     let main: Vec<StepStatus> = steps.iter().filter(|s| !s.cleanup).map(status_of).collect();
     let cleanup: Vec<StepStatus> = steps.iter().filter(|s| s.cleanup).map(status_of).collect();
     let main_len = main.len();
@@ -411,20 +457,12 @@ async fn schedule_next(
     if phase == WorkflowPhase::Running && main.contains(&StepStatus::Failed) {
         phase = WorkflowPhase::FailingCleanup;
     }
-    match workflow::next_step(phase, &main, &cleanup) {
-        NextStep::Main(i) => {
-            steps[i].due_at = Some(Utc::now());
-            bcm_db::workflows::step_update_in_txn(tx, &steps[i]).await?;
-        }
-        NextStep::Cleanup(i) => {
-            let s = &mut steps[main_len + i];
-            s.due_at = Some(Utc::now());
-            bcm_db::workflows::step_update_in_txn(tx, s).await?;
-        }
+    let pos = match workflow::next_step(phase, &main, &cleanup) {
+        NextStep::Main(i) => i,
+        NextStep::Cleanup(i) => main_len + i,
         NextStep::Finish(done) => {
             let status = done.as_str();
             wf.status = status.to_owned();
-            bcm_db::workflows::workflow_update_in_txn(tx, wf, true).await?;
             events.push(outbox::event(
                 ctx.bus.subjects(),
                 node,
@@ -446,9 +484,11 @@ async fn schedule_next(
                 &format!("workflow {status}"),
             ));
             metrics::counter!("bcm_workflows_finished_total", "profile" => wf.profile_id.clone(), "status" => status).increment(1);
-            return Ok(());
+            return None;
         }
-    }
+    };
     wf.status = phase.as_str().to_owned();
-    bcm_db::workflows::workflow_update_in_txn(tx, wf, false).await
+    let step = &mut steps[pos];
+    step.due_at = Some(Utc::now());
+    Some(step.idx)
 }

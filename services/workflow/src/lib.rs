@@ -84,7 +84,7 @@ pub async fn run(db: Db, bus: Bus, cfg: EngineConfig, shutdown: CancellationToke
             shutdown.clone(),
         )));
     }
-    tasks.push(tokio::spawn(results::consume(db, bus, shutdown.clone())));
+    tasks.push(tokio::spawn(results::consume(ctx, shutdown.clone())));
     for t in tasks {
         let _ = t.await;
     }

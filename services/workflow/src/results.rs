@@ -1,39 +1,46 @@
 //! Consumes site command results from JetStream: records each once on its
-//! command row and wakes the waiting step; acks only after the commit.
-//! Undecodable messages are terminated and logged, never retried forever.
+//! command row and advances the waiting step in the same transaction; acks
+//! only after the commit. Undecodable messages are terminated and logged,
+//! never retried forever.
 
 use async_nats::jetstream::consumer::{pull, AckPolicy};
 use async_nats::jetstream::AckKind;
 use bcm_bus::messages::{CloudEvent, CommandResult};
 use bcm_bus::subjects::StreamKind;
-use bcm_bus::Bus;
-use bcm_db::Db;
-use futures::StreamExt as _;
+use futures::{StreamExt as _, TryStreamExt as _};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Records one result; true when it was new.
-pub async fn record(
-    db: &Db,
-    r: &CommandResult,
-    signature: Option<&[u8]>,
-) -> Result<bool, bcm_db::DbError> {
-    let mut tx = db.begin().await?;
+use crate::engine::Ctx;
+
+/// Results handled at once.
+const CONCURRENT_RESULTS: usize = 16;
+
+/// Records one site result and advances the step waiting on it, in one
+/// transaction; true when the result was new (a redelivery changes nothing).
+pub async fn record(ctx: &Ctx, r: &CommandResult) -> Result<bool, bcm_db::DbError> {
+    let mut tx = ctx.db.begin().await?;
     let body = serde_json::json!({ "ok": r.ok, "retryable": r.retryable, "output": r.output, "error": r.error });
-    let new =
-        bcm_db::commands::command_complete_in_txn(&mut tx, &r.command_id, r.ok, &body, signature)
+    let completed =
+        bcm_db::commands::command_complete_in_txn(&mut tx, &r.command_id, r.ok, &body, None)
             .await?;
-    if new {
-        bcm_db::workflows::step_wake_for_command_in_txn(&mut tx, &r.command_id).await?;
+    let mut events = vec![];
+    if let Some(bcm_db::commands::Completed {
+        step: Some((wf, idx)),
+    }) = &completed
+    {
+        events = crate::engine::drive(&mut tx, ctx, wf, *idx).await?;
     }
+    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &events).await?;
     tx.commit().await?;
-    Ok(new)
+    Ok(completed.is_some())
 }
 
 /// Consumes `result.>` until `shutdown`.
-pub async fn consume(db: Db, bus: Bus, shutdown: CancellationToken) {
+pub async fn consume(ctx: Arc<Ctx>, shutdown: CancellationToken) {
     while !shutdown.is_cancelled() {
-        if let Err(e) = consume_once(&db, &bus, &shutdown).await {
+        if let Err(e) = consume_once(&ctx, &shutdown).await {
             tracing::warn!(error = %e, "results consumer failed; restarting");
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -43,9 +50,10 @@ pub async fn consume(db: Db, bus: Bus, shutdown: CancellationToken) {
     }
 }
 
-async fn consume_once(db: &Db, bus: &Bus, shutdown: &CancellationToken) -> anyhow::Result<()> {
-    let subjects = bus.subjects();
-    let stream = bus
+async fn consume_once(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> anyhow::Result<()> {
+    let subjects = ctx.bus.subjects();
+    let stream = ctx
+        .bus
         .jetstream()
         .get_stream(subjects.stream(StreamKind::Results))
         .await?;
@@ -62,30 +70,38 @@ async fn consume_once(db: &Db, bus: &Bus, shutdown: &CancellationToken) -> anyho
             },
         )
         .await?;
-    let mut messages = consumer.messages().await?;
-    loop {
-        let msg = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            m = messages.next() => match m {
-                Some(m) => m.map_err(|e| anyhow::anyhow!("{e}"))?,
-                None => return Ok(()),
-            },
-        };
-        let parsed: Result<CloudEvent<CommandResult>, _> = serde_json::from_slice(&msg.payload);
-        match parsed {
-            Ok(ev) => match record(db, &ev.data, None).await {
-                Ok(_) => msg.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?,
-                Err(e) => {
-                    tracing::warn!(error = %e, command = %ev.data.command_id, "recording a result failed; will retry");
-                    let _ = msg
-                        .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                        .await;
+    let messages = consumer.messages().await?;
+    let handled = messages
+        .take_until(shutdown.cancelled())
+        .map(|m| m.map_err(|e| anyhow::anyhow!("{e}")))
+        .try_for_each_concurrent(CONCURRENT_RESULTS, |msg| async move {
+            handle(ctx, msg).await;
+            Ok(())
+        });
+    handled.await
+}
+
+/// Records one delivered result, then acks it; a failure naks it for a
+/// redelivery, an undecodable one is terminated.
+async fn handle(ctx: &Ctx, msg: async_nats::jetstream::Message) {
+    let parsed: Result<CloudEvent<CommandResult>, _> = serde_json::from_slice(&msg.payload);
+    match parsed {
+        Ok(ev) => match record(ctx, &ev.data).await {
+            Ok(_) => {
+                if let Err(e) = msg.ack().await {
+                    tracing::warn!(error = %e, command = %ev.data.command_id, "acking a result failed; it will be redelivered and deduplicated");
                 }
-            },
-            Err(e) => {
-                tracing::warn!(error = %e, subject = %msg.subject, "dropping an undecodable result");
-                let _ = msg.ack_with(AckKind::Term).await;
             }
+            Err(e) => {
+                tracing::warn!(error = %e, command = %ev.data.command_id, "recording a result failed; will retry");
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                    .await;
+            }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, subject = %msg.subject, "dropping an undecodable result");
+            let _ = msg.ack_with(AckKind::Term).await;
         }
     }
 }

@@ -77,6 +77,11 @@ pub enum StepKind {
 }
 
 impl StepKind {
+    /// Whether the step writes the node row (the engine re-reads it after).
+    pub fn writes_node(&self) -> bool {
+        matches!(self, StepKind::StoreMacs | StepKind::ForgetBmcCredentials)
+    }
+
     /// Where the step runs.
     pub const fn target(&self) -> StepTarget {
         match self {

@@ -42,9 +42,11 @@ const COLUMNS: &str = "id, node_id, site_id, kind, target, params, status, resul
 /// Records a command as pending. A repeated idempotency key is
 /// [`DbError::Duplicate`].
 pub async fn command_insert_in_txn(tx: &mut Tx<'_>, c: &NewCommand) -> Result<(), DbError> {
+    // An agent's command wakes its long-poll on commit (same round trip).
     sqlx::query(
-        "INSERT INTO commands (id, idempotency_key, workflow_id, step_idx, attempt, node_id, site_id, kind, target, params, status) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending')",
+        "WITH c AS (INSERT INTO commands (id, idempotency_key, workflow_id, step_idx, attempt, node_id, site_id, kind, target, params, status) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending') RETURNING node_id, target) \
+         SELECT pg_notify($11, node_id) FROM c WHERE target IN ('ramdisk', 'node') AND node_id IS NOT NULL",
     )
     .bind(&c.id)
     .bind(&c.idempotency_key)
@@ -56,18 +58,9 @@ pub async fn command_insert_in_txn(tx: &mut Tx<'_>, c: &NewCommand) -> Result<()
     .bind(&c.kind)
     .bind(&c.target)
     .bind(&c.params)
+    .bind(AGENT_CHANNEL)
     .execute(&mut **tx)
     .await?;
-    if c.target == "ramdisk" || c.target == "node" {
-        if let Some(node) = &c.node_id {
-            // Wakes the agent's long-poll on commit.
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(AGENT_CHANNEL)
-                .bind(node)
-                .execute(&mut **tx)
-                .await?;
-        }
-    }
     Ok(())
 }
 
@@ -123,27 +116,33 @@ pub async fn command_fetch(db: &Db, id: &str) -> Result<CommandRow, DbError> {
     )
 }
 
-/// Records a command's result once; returns false when it already had one
-/// (a redelivered result changes nothing).
+/// A command whose result was just recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completed {
+    /// The workflow step that sent it, if a workflow did.
+    pub step: Option<(String, i32)>,
+}
+
+/// Records a command's result once; `None` when it already had one (a
+/// redelivered result changes nothing).
 pub async fn command_complete_in_txn(
     tx: &mut Tx<'_>,
     id: &str,
     succeeded: bool,
     result: &serde_json::Value,
     signature: Option<&[u8]>,
-) -> Result<bool, DbError> {
-    let n = sqlx::query(
+) -> Result<Option<Completed>, DbError> {
+    let row: Option<(Option<String>, Option<i32>)> = sqlx::query_as(
         "UPDATE commands SET status = $2, result = $3, signature = $4, completed_at = now() \
-         WHERE id = $1 AND status IN ('pending', 'sent')",
+         WHERE id = $1 AND status IN ('pending', 'sent') RETURNING workflow_id, step_idx",
     )
     .bind(id)
     .bind(if succeeded { "succeeded" } else { "failed" })
     .bind(result)
     .bind(signature)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
-    Ok(n > 0)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(row.map(|(w, i)| Completed { step: w.zip(i) }))
 }
 
 /// Hands the pending ramdisk commands of a node to its agent, marking them

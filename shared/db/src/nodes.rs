@@ -174,11 +174,16 @@ pub async fn node_fetch_for_update_in_txn(tx: &mut Tx<'_>, id: &NodeId) -> Resul
 /// placement and returns the new version. A stale version is
 /// [`DbError::Stale`].
 pub async fn node_update_guarded_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<i64, DbError> {
+    // One round trip: the guarded write and the projection of its result.
     let new_version: Option<i64> = sqlx::query_scalar(
-        "UPDATE nodes SET provision_state = $2, failed_from = $3, last_error = $4, maintenance = $5, \
+        "WITH moved AS (UPDATE nodes SET provision_state = $2, failed_from = $3, last_error = $4, maintenance = $5, \
          power = $6, role = $7, bmc_secret_id = $8, macs = $9, workflow_id = $10, deploy_profile = $11, \
          release_wipe = $12, unrescue_pending = $13, version = version + 1, updated_at = now() \
-         WHERE id = $1 AND version = $14 RETURNING version",
+         WHERE id = $1 AND version = $14 RETURNING id, tenant_id, pool_id, version), \
+         placed AS (INSERT INTO node_placements (node_id, tenant_id, pool_id, version) \
+         SELECT id, tenant_id, pool_id, version FROM moved \
+         ON CONFLICT (node_id) DO UPDATE SET tenant_id = EXCLUDED.tenant_id, pool_id = EXCLUDED.pool_id, version = EXCLUDED.version) \
+         SELECT version FROM moved",
     )
     .bind(n.id.to_string())
     .bind(n.provision_state.as_str())
@@ -196,16 +201,7 @@ pub async fn node_update_guarded_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<i64
     .bind(n.version)
     .fetch_optional(&mut **tx)
     .await?;
-    let version = new_version.ok_or(DbError::Stale)?;
-    placement_refresh_in_txn(
-        tx,
-        &Node {
-            version,
-            ..n.clone()
-        },
-    )
-    .await?;
-    Ok(version)
+    new_version.ok_or(DbError::Stale)
 }
 
 /// Refreshes the node's authorization projection.

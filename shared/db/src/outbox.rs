@@ -48,22 +48,22 @@ pub async fn outbox_insert_in_txn(
         .map(|m| serde_json::Value::Object(m.headers.clone()))
         .collect();
     let nodes: Vec<Option<&str>> = msgs.iter().map(|m| m.node_id.as_deref()).collect();
+    // One round trip: the rows, and the notification that wakes the relay
+    // when they commit.
     sqlx::query(
-        "INSERT INTO outbox (id, subject, payload, headers, node_id) \
+        "WITH rows AS (INSERT INTO outbox (id, subject, payload, headers, node_id) \
          SELECT id, subject, payload, headers, node_id FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::jsonb[], $5::text[]) \
-         WITH ORDINALITY AS t(id, subject, payload, headers, node_id, ord) ORDER BY ord",
+         WITH ORDINALITY AS t(id, subject, payload, headers, node_id, ord) ORDER BY ord RETURNING 1) \
+         SELECT pg_notify($6, '') FROM (SELECT count(*) FROM rows) AS c",
     )
     .bind(&ids)
     .bind(&subjects)
     .bind(&payloads)
     .bind(&headers)
     .bind(&nodes)
+    .bind(NOTIFY_CHANNEL)
     .execute(&mut **tx)
     .await?;
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(NOTIFY_CHANNEL)
-        .execute(&mut **tx)
-        .await?;
     Ok(())
 }
 

@@ -96,23 +96,31 @@ pub async fn workflow_insert_in_txn(tx: &mut Tx<'_>, w: &NewWorkflow) -> Result<
     .bind(&w.definition)
     .execute(&mut **tx)
     .await?;
-    for (i, s) in w.steps.iter().enumerate() {
-        let first = i == 0 && !s.cleanup;
-        sqlx::query(
-            "INSERT INTO workflow_steps (workflow_id, idx, name, target, cleanup, status, definition, due_at) \
-             VALUES ($1, $2, $3, $4, $5, 'pending', $6, CASE WHEN $7 THEN now() ELSE NULL END)",
-        )
-        .bind(&w.id)
-        .bind(i as i32)
-        .bind(&s.name)
-        .bind(&s.target)
-        .bind(s.cleanup)
-        .bind(&s.definition)
-        .bind(first)
-        .execute(&mut **tx)
-        .await?;
-    }
-    notify_in_txn(tx).await
+    let idx: Vec<i32> = (0..w.steps.len() as i32).collect();
+    let names: Vec<&str> = w.steps.iter().map(|s| s.name.as_str()).collect();
+    let targets: Vec<&str> = w.steps.iter().map(|s| s.target.as_str()).collect();
+    let cleanup: Vec<bool> = w.steps.iter().map(|s| s.cleanup).collect();
+    let defs: Vec<serde_json::Value> = w.steps.iter().map(|s| s.definition.clone()).collect();
+    // Every step in one round trip; the first main step is due at once and
+    // its notification wakes the engines on commit.
+    sqlx::query(
+        "WITH rows AS (INSERT INTO workflow_steps (workflow_id, idx, name, target, cleanup, status, definition, due_at) \
+         SELECT $1, idx, name, target, cleanup, 'pending', definition, \
+                CASE WHEN idx = (SELECT min(i) FROM unnest($2::int[], $5::bool[]) AS f(i, c) WHERE NOT c) THEN now() END \
+         FROM unnest($2::int[], $3::text[], $4::text[], $5::bool[], $6::jsonb[]) AS t(idx, name, target, cleanup, definition) \
+         RETURNING 1) \
+         SELECT pg_notify($7, '') FROM (SELECT count(*) FROM rows) AS c",
+    )
+    .bind(&w.id)
+    .bind(&idx)
+    .bind(&names)
+    .bind(&targets)
+    .bind(&cleanup)
+    .bind(&defs)
+    .bind(NOTIFY_CHANNEL)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 async fn notify_in_txn(tx: &mut Tx<'_>) -> Result<(), DbError> {
@@ -260,27 +268,43 @@ pub async fn step_wake_for_command_in_txn(
     command_id: &str,
 ) -> Result<(), DbError> {
     sqlx::query(
-        "UPDATE workflow_steps SET due_at = now() WHERE command_id = $1 AND status = 'running'",
+        "WITH woken AS (UPDATE workflow_steps SET due_at = now() WHERE command_id = $1 AND status = 'running' RETURNING 1) \
+         SELECT pg_notify($2, '') WHERE EXISTS (SELECT 1 FROM woken)",
     )
     .bind(command_id)
+    .bind(NOTIFY_CHANNEL)
     .execute(&mut **tx)
     .await?;
-    notify_in_txn(tx).await
+    Ok(())
 }
 
-/// Makes the running steps of the node's running workflows due now (an
-/// agent joined or reported in).
+/// The running step waiting on `command_id`, if any.
+pub async fn step_waiting_on_command_in_txn(
+    tx: &mut Tx<'_>,
+    command_id: &str,
+) -> Result<Option<(String, i32)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT workflow_id, idx FROM workflow_steps WHERE command_id = $1 AND status = 'running'",
+    )
+    .bind(command_id)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
+/// Makes the running steps of the node's running workflows that wait for an
+/// agent due now (an agent joined or reported in); other steps wait for
+/// their command's result and are left alone.
 pub async fn steps_wake_for_node_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<(), DbError> {
-    let n = sqlx::query(
-        "UPDATE workflow_steps s SET due_at = now() FROM workflows w          WHERE s.workflow_id = w.id AND w.node_id = $1 AND w.status = 'running' AND s.status = 'running'",
+    sqlx::query(
+        "WITH woken AS (UPDATE workflow_steps s SET due_at = now() FROM workflows w \
+         WHERE s.workflow_id = w.id AND w.node_id = $1 AND w.status = 'running' AND s.status = 'running' \
+         AND s.definition->>'kind' IN ('waitRamdiskJoin', 'waitOsJoin', 'ensureRamdisk') RETURNING 1) \
+         SELECT pg_notify($2, '') WHERE EXISTS (SELECT 1 FROM woken)",
     )
     .bind(node_id)
+    .bind(NOTIFY_CHANNEL)
     .execute(&mut **tx)
-    .await?
-    .rows_affected();
-    if n > 0 {
-        notify_in_txn(tx).await?;
-    }
+    .await?;
     Ok(())
 }
 
