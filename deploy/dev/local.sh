@@ -55,6 +55,15 @@ poll_ms = 2000
 site = "local"
 TOML
 fi
+if ! grep -q 'seed.deploy_profiles' .bcm/bcm.toml; then
+  # A config generated before deploy profiles existed: add the demo's.
+  cat >> .bcm/bcm.toml <<'TOML'
+
+[[api.seed.deploy_profiles]]
+tenant = "root"
+profile = { id = "ubuntu-24.04", version = 1, role = "host", image = { url = "http://127.0.0.1:8080/images/ubuntu-24.04.raw", format = "raw", sha256 = "5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d", sizeBytes = 2361393152 } }
+TOML
+fi
 token="$(sed -n 's/^admin_token = "\(.*\)"/\1/p' .bcm/bcm.toml)"
 addr="$(sed -n 's/^listen = "\(.*\)"/\1/p' .bcm/bcm.toml)"
 

@@ -70,6 +70,18 @@ pub struct Seed {
     pub sites: Vec<SeedNamed>,
     #[serde(default)]
     pub pools: Vec<SeedPool>,
+    /// Tenant deploy profiles (immutable versions).
+    #[serde(default)]
+    pub deploy_profiles: Vec<SeedDeployProfile>,
+}
+
+/// A deploy profile version to store in a tenant's catalog.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedDeployProfile {
+    pub tenant: String,
+    /// The profile, in its wire form (camelCase keys).
+    pub profile: bcm_core::deploy::DeployProfile,
 }
 
 /// A tenant or site to create.
@@ -291,6 +303,37 @@ async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {
             agent_mode: p.agent_mode.clone(),
         };
         bcm_db::tenancy::pool_upsert(db, &pool).await?;
+    }
+    for d in &seed.deploy_profiles {
+        let p = &d.profile;
+        let what = format!(
+            "seed: deploy profile {} v{} of tenant {}",
+            p.id, p.version, d.tenant
+        );
+        p.validate()
+            .map_err(|e| StartError::Config(format!("{what}: {e}")))?;
+        let definition =
+            serde_json::to_value(p).map_err(|e| StartError::Config(format!("{what}: {e}")))?;
+        match bcm_db::deploy_profiles::deploy_profile_insert(
+            db,
+            &d.tenant,
+            &p.id,
+            p.version as i32,
+            &definition,
+        )
+        .await
+        {
+            Ok(()) => {}
+            Err(bcm_db::DbError::Duplicate { .. }) => {
+                return Err(StartError::Config(format!(
+                    "{what} is already stored with different content; a version is immutable, add a new version"
+                )))
+            }
+            Err(bcm_db::DbError::MissingReference { .. }) => {
+                return Err(StartError::Config(format!("{what}: no such tenant")))
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     Ok(())
 }

@@ -357,9 +357,22 @@ async fn run_verb(
                 profile_id,
                 profile_version,
             } => {
-                next.deploy_profile = Some(
-                    serde_json::json!({ "profileId": profile_id, "profileVersion": profile_version }),
-                );
+                // The node keeps a snapshot of the (immutable) version it
+                // deploys; the workflow and the role come from it.
+                let definition = bcm_db::deploy_profiles::deploy_profile_fetch_in_txn(
+                    &mut tx,
+                    node.tenant_id.as_str(),
+                    &profile_id,
+                    profile_version as i32,
+                )
+                .await?
+                .ok_or_else(|| {
+                    ApiError::invalid(format!(
+                        "deploy profile {profile_id} v{profile_version} is not in tenant {}'s catalog",
+                        node.tenant_id
+                    ))
+                })?;
+                next.deploy_profile = Some(definition);
             }
             Extra::Release { wipe } => next.release_wipe = Some(wipe),
             Extra::Abort { reason } => {

@@ -21,6 +21,12 @@ fn example_configs_parse() {
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(!cfg.sealing_keys.is_empty());
             bcm_seal::Sealer::new(&cfg.sealing_keys).expect("the example keys are valid");
+            assert!(!cfg.seed.deploy_profiles.is_empty(), "{}", path.display());
+            for d in &cfg.seed.deploy_profiles {
+                d.profile
+                    .validate()
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            }
             n += 1;
         }
     }

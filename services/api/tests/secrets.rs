@@ -54,7 +54,7 @@ async fn credentials_appear_in_no_response_event_or_dump() {
         (
             ProvisionState::Ready,
             "deploy",
-            json!({"profileId": "p", "profileVersion": 2}),
+            json!({"profileId": "p", "profileVersion": 1}),
         ),
         (
             ProvisionState::Deployed,

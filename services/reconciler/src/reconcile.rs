@@ -3,6 +3,7 @@
 //! the workflow it starts) commit together or not at all.
 
 use bcm_bus::Bus;
+use bcm_core::deploy::DeployRole;
 use bcm_core::reconcile::{decide, ReconcileAction, WorkflowSummary};
 use bcm_core::table::NodeFacts;
 use bcm_core::workflow::{self, WorkflowPhase};
@@ -58,14 +59,11 @@ pub async fn node(
                     ProvisionState::Deploying => {
                         let p = node.deploy_profile.clone().unwrap_or_default();
                         let pid = p
-                            .get("profileId")
+                            .get("id")
                             .and_then(|v| v.as_str())
                             .unwrap_or("deploy")
                             .to_owned();
-                        let ver = p
-                            .get("profileVersion")
-                            .and_then(|v| v.as_u64())
-                            .unwrap_or(1) as u32;
+                        let ver = p.get("version").and_then(|v| v.as_u64()).unwrap_or(1) as u32;
                         workflow::tenant_deploy(&pid, ver)
                     }
                     s => match workflow::metal_profile_for(
@@ -107,7 +105,14 @@ pub async fn node(
                     next.last_error = Some(e);
                 }
                 if t.from == ProvisionState::Deploying && t.to == ProvisionState::Deployed {
-                    next.role = Some("host".to_owned());
+                    // The profile's role: host unless it says dedicated.
+                    let role = node
+                        .deploy_profile
+                        .as_ref()
+                        .and_then(|p| p.get("role"))
+                        .and_then(|r| serde_json::from_value::<DeployRole>(r.clone()).ok())
+                        .unwrap_or(DeployRole::Host);
+                    next.role = Some(role.as_str().to_owned());
                 }
                 let name = mv.name().to_string();
                 bcm_metal::moves::commit_in_txn(&mut tx, bus.subjects(), next, &t, &name).await?;

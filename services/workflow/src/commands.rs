@@ -5,6 +5,7 @@
 //! read-back).
 
 use base64::Engine as _;
+use bcm_core::deploy::{DeployProfile, UserDataVars};
 use bcm_core::workflow::{StepKind, StepOutcome};
 use bcm_db::nodes::Node;
 use bcm_db::{DbError, Tx};
@@ -64,13 +65,23 @@ async fn boot_entry(tx: &mut Tx<'_>, cfg: &EngineConfig, node: &Node) -> Result<
     }))
 }
 
+/// Why a step's command cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ParamsError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// The node's data cannot make this command; the step fails for good.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 /// The parameters of the command a step sends.
 pub async fn params(
     tx: &mut Tx<'_>,
     cfg: &EngineConfig,
     node: &Node,
     kind: &StepKind,
-) -> Result<Value, DbError> {
+) -> Result<Value, ParamsError> {
     Ok(match kind {
         StepKind::BmcVerify | StepKind::BmcInspect | StepKind::BmcPowerOff => {
             json!({ "bmc": bmc(tx, node).await?, "action": "off" })
@@ -91,10 +102,26 @@ pub async fn params(
         StepKind::DiskWipe { mode } => json!({ "mode": mode, "verify": true }),
         StepKind::Inventory => json!({}),
         StepKind::DeployImage => {
+            let profile: DeployProfile = node
+                .deploy_profile
+                .clone()
+                .and_then(|p| serde_json::from_value(p).ok())
+                .ok_or_else(|| {
+                    ParamsError::Invalid("the node carries no valid deploy profile".into())
+                })?;
             let token = mint_join_token(tx, cfg, node, "provisioned").await?;
+            let user_data = profile
+                .render_user_data(&UserDataVars {
+                    node_id: &node.id.to_string(),
+                    join_token: &token,
+                    control_plane_url: &cfg.control_plane_url,
+                })
+                .map_err(|e| ParamsError::Invalid(format!("deploy profile {}: {e}", profile.id)))?;
             json!({
-                "profile": node.deploy_profile,
-                "userData": { "joinToken": token, "controlPlaneUrl": cfg.control_plane_url },
+                "profileId": profile.id,
+                "profileVersion": profile.version,
+                "image": profile.image,
+                "userData": user_data,
             })
         }
         StepKind::StoreMacs

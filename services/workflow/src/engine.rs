@@ -297,7 +297,20 @@ async fn advance(
             StepTarget::ControlPlane | StepTarget::Node => {}
             StepTarget::Site | StepTarget::Ramdisk => {
                 let cmd_id = bcm_core::CommandId::generate().to_string();
-                let params = commands::params(tx, &ctx.cfg, node, &def.kind).await?;
+                let params = match commands::params(tx, &ctx.cfg, node, &def.kind).await {
+                    Ok(p) => p,
+                    Err(commands::ParamsError::Db(e)) => return Err(e),
+                    Err(commands::ParamsError::Invalid(message)) => {
+                        return Ok(Some((
+                            StepOutcome::Failed {
+                                retryable: false,
+                                message,
+                            },
+                            None,
+                            false,
+                        )))
+                    }
+                };
                 let target = def.kind.target().as_str().to_owned();
                 bcm_db::commands::command_insert_in_txn(
                     tx,

@@ -162,3 +162,13 @@ pub async fn commands_take_for_agent_in_txn(
     .fetch_all(&mut **tx)
     .await?)
 }
+
+/// Every command of a node, oldest first.
+pub async fn commands_of_node(db: &Db, node_id: &str) -> Result<Vec<CommandRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM commands WHERE node_id = $1 ORDER BY created_at, id"
+    ))
+    .bind(node_id)
+    .fetch_all(db.pool())
+    .await?)
+}

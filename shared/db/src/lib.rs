@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod agents;
 pub mod commands;
+pub mod deploy_profiles;
 pub mod error;
 pub mod leases;
 pub mod nodes;

@@ -183,20 +183,20 @@ fn execute(
             )
         }
         "deploy.image" => {
-            let token = cmd
-                .params
-                .pointer("/userData/joinToken")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            match token {
-                Some(t) => {
-                    machines.install(address, t, boot.api.clone());
+            // The installed OS's bcd reads its join parameters from the
+            // file the rendered user data writes (/etc/bcd/join.env).
+            let user_data = cmd.params.get("userData").and_then(Value::as_str);
+            match user_data.and_then(join_env) {
+                Some((token, api)) => {
+                    machines.install(address, token, api);
                     (true, json!({ "sim": true, "written": true }), None)
                 }
                 None => (
                     false,
                     json!({}),
-                    Some("the deploy carries no user data join token".into()),
+                    Some(
+                        "the user data gives the installed OS no BCD_JOIN_TOKEN and BCD_API".into(),
+                    ),
                 ),
             }
         }
@@ -206,6 +206,19 @@ fn execute(
             Some(format!("unsupported command {other}")),
         ),
     }
+}
+
+/// `BCD_JOIN_TOKEN` and `BCD_API` from rendered user data.
+fn join_env(user_data: &str) -> Option<(String, String)> {
+    let value = |key: &str| {
+        user_data.lines().find_map(|l| {
+            l.trim()
+                .strip_prefix(key)
+                .and_then(|v| v.strip_prefix('='))
+                .map(|v| v.trim().to_owned())
+        })
+    };
+    Some((value("BCD_JOIN_TOKEN")?, value("BCD_API")?))
 }
 
 /// Runs the installed OS's agent of the machine at `address` until `stop`:

@@ -93,7 +93,10 @@ impl TestEnv {
     }
 
     /// Starts the api on a fresh database and namespace, seeded with
-    /// tenants `a` and `b`, site `s1`, pools `a-pool` and `b-pool`.
+    /// tenants `a` and `b`, site `s1`, pools `a-pool` and `b-pool`, and the
+    /// deploy profiles `p` v1 (both tenants), `ubuntu-24.04` v1,
+    /// `ubuntu-24.04-gpu-host` v1 and `dedicated-ubuntu` v1 (role
+    /// `dedicated`) of tenant `a`, `b-only` v1 of tenant `b`.
     pub async fn start_with(opts: Options) -> anyhow::Result<Self> {
         let _ = bcm_telemetry::init("bcm-test", &Default::default());
         let database_url = fresh_database().await?;
@@ -109,6 +112,14 @@ impl TestEnv {
             "pools": [
                 {"id": "a-pool", "tenant": "a", "site": "s1", "hardware_profile": "gpu-redfish"},
                 {"id": "b-pool", "tenant": "b", "site": "s1", "hardware_profile": "gpu-redfish"}
+            ],
+            "deploy_profiles": [
+                {"tenant": "a", "profile": sim_profile("p", 1, "host")},
+                {"tenant": "a", "profile": sim_profile("ubuntu-24.04", 1, "host")},
+                {"tenant": "a", "profile": sim_profile("ubuntu-24.04-gpu-host", 1, "host")},
+                {"tenant": "a", "profile": sim_profile("dedicated-ubuntu", 1, "dedicated")},
+                {"tenant": "b", "profile": sim_profile("p", 1, "host")},
+                {"tenant": "b", "profile": sim_profile("b-only", 1, "host")}
             ]
         }))?;
         let cfg = ApiConfig {
@@ -623,4 +634,14 @@ where
 pub fn tenant_a() -> bcm_core::TenantId {
     "a".parse()
         .unwrap_or_else(|_| unreachable!("a valid tenant id"))
+}
+
+/// A deploy profile for the simulated site (whose ramdisk does not download
+/// the image), with the shipped user data template.
+pub fn sim_profile(id: &str, version: u32, role: &str) -> serde_json::Value {
+    json!({
+        "id": id, "version": version, "role": role,
+        "image": {"url": format!("http://images.invalid/{id}.raw"), "format": "raw",
+                  "sha256": "5d".repeat(32), "sizeBytes": 1u64 << 30}
+    })
 }

@@ -165,7 +165,9 @@ async fn main() -> anyhow::Result<()> {
             "sealing_keys": [{"id": "bench", "key": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="}],
             "telemetry": {"log_filter": "warn"},
             "seed": {"tenants": [{"id": "root", "name": "Root"}], "sites": [{"id": "local", "name": "bench"}],
-                     "pools": [{"id": "default", "tenant": "root", "site": "local", "hardware_profile": "gpu-redfish"}]}
+                     "pools": [{"id": "default", "tenant": "root", "site": "local", "hardware_profile": "gpu-redfish"}],
+                     "deploy_profiles": [{"tenant": "root", "profile": {"id": "ubuntu-24.04", "version": 1, "image": {
+                         "url": "http://images.invalid/ubuntu.raw", "format": "raw", "sha256": "5d".repeat(32), "sizeBytes": 1u64 << 30}}}]}
         },
         "reconciler": {"poll_ms": 30000},
         "sim": {"site": "local", "concurrency": 256}

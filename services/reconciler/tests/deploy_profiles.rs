@@ -1,0 +1,93 @@
+//! Tenant deploy profiles: a deploy names a version from the tenant's
+//! catalog, the node keeps a snapshot of it, the ramdisk gets the image
+//! reference and the user data rendered for that node, and the finished
+//! deploy takes the profile's role.
+
+use bcm_core::ProvisionState;
+use bcm_testkit::{Options, TestEnv};
+use serde_json::json;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+#[tokio::test]
+async fn a_deploy_installs_its_profile_and_takes_its_role() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let id = env.enroll_sim("m1").await;
+    env.wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("ready");
+
+    // Unknown id, unknown version, another tenant's profile: refused,
+    // nothing changes.
+    let before = env.node(&id).await.expect("node");
+    for (profile, version) in [("nope", 1), ("ubuntu-24.04", 7), ("b-only", 1)] {
+        let (s, b) = env
+            .verb(
+                "deploy",
+                &id,
+                json!({"profileId": profile, "profileVersion": version}),
+            )
+            .await;
+        assert_eq!(s, 400, "{b}");
+        assert_eq!(b["code"], "INVALID_ARGUMENT", "{b}");
+        assert!(
+            b["message"].as_str().unwrap_or("").contains(profile),
+            "the error names the profile: {b}"
+        );
+    }
+    assert_eq!(env.node(&id).await.expect("node"), before, "unchanged");
+
+    env.verb_ok(
+        "deploy",
+        &id,
+        json!({"profileId": "dedicated-ubuntu", "profileVersion": 1}),
+    )
+    .await;
+    let deployed = env
+        .wait_state(&id, ProvisionState::Deployed, T)
+        .await
+        .expect("deployed");
+    assert_eq!(
+        deployed.role.as_deref(),
+        Some("dedicated"),
+        "the profile's role"
+    );
+
+    let commands = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands");
+    let deploy = commands
+        .iter()
+        .find(|c| c.kind == "deploy.image")
+        .expect("a deploy.image command");
+    assert_eq!(deploy.params["profileId"], "dedicated-ubuntu");
+    assert_eq!(deploy.params["image"]["sha256"], "5d".repeat(32));
+    let user_data = deploy.params["userData"].as_str().expect("rendered text");
+    assert!(user_data.starts_with("#cloud-config\n"), "{user_data}");
+    assert!(
+        user_data.contains(&format!("BCD_NODE={id}\n")),
+        "{user_data}"
+    );
+    assert!(user_data.contains("BCD_JOIN_TOKEN=bcmj_"), "{user_data}");
+    assert!(!user_data.contains("{{"), "every placeholder rendered");
+
+    // Released and deployed again with a host profile: the role follows.
+    env.verb_ok("undeploy", &id, json!({"wipe": "quick"})).await;
+    env.wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("ready");
+    env.verb_ok(
+        "deploy",
+        &id,
+        json!({"profileId": "ubuntu-24.04", "profileVersion": 1}),
+    )
+    .await;
+    let again = env
+        .wait_state(&id, ProvisionState::Deployed, T)
+        .await
+        .expect("deployed");
+    assert_eq!(again.role.as_deref(), Some("host"));
+}

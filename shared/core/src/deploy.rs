@@ -1,0 +1,295 @@
+//! Tenant deploy profiles as data: what `metal.deploy` installs (a signed
+//! image reference), the role a finished deploy gives the node, and the user
+//! data template rendered for each node. A profile is immutable once stored:
+//! a new image or template is a new version. Validation and rendering are
+//! pure; the catalog lives in the db crate.
+
+use serde::{Deserialize, Serialize};
+
+/// The role a finished deploy gives the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DeployRole {
+    /// A shared host the platform schedules onto.
+    Host,
+    /// A whole machine leased to one tenant.
+    Dedicated,
+}
+
+impl DeployRole {
+    /// The node's `role` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeployRole::Host => "host",
+            DeployRole::Dedicated => "dedicated",
+        }
+    }
+}
+
+/// On-disk format of an image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageFormat {
+    Raw,
+    Qcow2,
+}
+
+/// The image a profile installs, checked by the ramdisk before and after it
+/// writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageRef {
+    /// Where the ramdisk streams it from (through `site.httpProxy` when set).
+    pub url: String,
+    pub format: ImageFormat,
+    /// Lower-case hex SHA-256 of the image as served.
+    pub sha256: String,
+    pub size_bytes: u64,
+}
+
+/// A versioned tenant deploy profile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeployProfile {
+    pub id: String,
+    pub version: u32,
+    /// `host` unless the profile leases the whole machine (`dedicated`).
+    #[serde(default = "host")]
+    pub role: DeployRole,
+    pub image: ImageRef,
+    /// The user data template; `{{ name }}` placeholders from [`PLACEHOLDERS`].
+    /// Defaults to [`DEFAULT_USER_DATA`].
+    #[serde(default = "default_user_data")]
+    pub user_data: String,
+}
+
+fn host() -> DeployRole {
+    DeployRole::Host
+}
+
+fn default_user_data() -> String {
+    DEFAULT_USER_DATA.to_owned()
+}
+
+/// The placeholders a user data template may use.
+pub const PLACEHOLDERS: [&str; 3] = ["nodeId", "joinToken", "controlPlaneUrl"];
+
+/// The placeholders every template must use: without them the installed OS
+/// cannot join, and the deploy would wait for it in vain.
+pub const REQUIRED_PLACEHOLDERS: [&str; 2] = ["joinToken", "controlPlaneUrl"];
+
+/// Why a profile is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeployProfileError {
+    #[error("profile id {0:?} must be 1-64 characters of a-z, 0-9, '.', '-' or '_'")]
+    BadId(String),
+    #[error("profile version must be 1 or more")]
+    BadVersion,
+    #[error("image url {0:?} must be http:// or https://")]
+    BadImageUrl(String),
+    #[error("image sha256 must be 64 lower-case hex digits")]
+    BadSha256,
+    #[error("image size must be more than 0 bytes")]
+    BadSize,
+    #[error("user data uses an unknown placeholder {{{{ {0} }}}}")]
+    UnknownPlaceholder(String),
+    #[error("user data has an unclosed placeholder")]
+    UnclosedPlaceholder,
+    #[error("user data must use {{{{ {0} }}}} so the installed OS can join")]
+    MissingPlaceholder(&'static str),
+}
+
+/// The per-node values a template is rendered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserDataVars<'a> {
+    pub node_id: &'a str,
+    pub join_token: &'a str,
+    pub control_plane_url: &'a str,
+}
+
+impl UserDataVars<'_> {
+    fn get(&self, name: &str) -> Option<&str> {
+        match name {
+            "nodeId" => Some(self.node_id),
+            "joinToken" => Some(self.join_token),
+            "controlPlaneUrl" => Some(self.control_plane_url),
+            _ => None,
+        }
+    }
+}
+
+/// The template split into literal text and placeholder names.
+enum Piece<'a> {
+    Text(&'a str),
+    Var(&'a str),
+}
+
+fn pieces(template: &str) -> Result<Vec<Piece<'_>>, DeployProfileError> {
+    let mut out = vec![];
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push(Piece::Text(&rest[..start]));
+        let after = &rest[start + 2..];
+        let end = after
+            .find("}}")
+            .ok_or(DeployProfileError::UnclosedPlaceholder)?;
+        let name = after[..end].trim();
+        if !PLACEHOLDERS.contains(&name) {
+            return Err(DeployProfileError::UnknownPlaceholder(name.to_owned()));
+        }
+        out.push(Piece::Var(name));
+        rest = &after[end + 2..];
+    }
+    out.push(Piece::Text(rest));
+    Ok(out)
+}
+
+impl DeployProfile {
+    /// Checks the profile; a refused profile is never stored.
+    pub fn validate(&self) -> Result<(), DeployProfileError> {
+        let id_ok = !self.id.is_empty()
+            && self.id.len() <= 64
+            && self.id.chars().all(|c| {
+                c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_')
+            });
+        if !id_ok {
+            return Err(DeployProfileError::BadId(self.id.clone()));
+        }
+        if self.version == 0 {
+            return Err(DeployProfileError::BadVersion);
+        }
+        let url = &self.image.url;
+        if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() > 2048 {
+            return Err(DeployProfileError::BadImageUrl(url.clone()));
+        }
+        let sha = &self.image.sha256;
+        if sha.len() != 64 || !sha.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')) {
+            return Err(DeployProfileError::BadSha256);
+        }
+        if self.image.size_bytes == 0 {
+            return Err(DeployProfileError::BadSize);
+        }
+        let used: Vec<&str> = pieces(&self.user_data)?
+            .into_iter()
+            .filter_map(|p| match p {
+                Piece::Var(v) => Some(v),
+                Piece::Text(_) => None,
+            })
+            .collect();
+        for required in REQUIRED_PLACEHOLDERS {
+            if !used.contains(&required) {
+                return Err(DeployProfileError::MissingPlaceholder(required));
+            }
+        }
+        Ok(())
+    }
+
+    /// Renders the user data for one node. Fails only on a template that
+    /// [`DeployProfile::validate`] refuses.
+    pub fn render_user_data(&self, vars: &UserDataVars<'_>) -> Result<String, DeployProfileError> {
+        let mut out = String::with_capacity(self.user_data.len() + 128);
+        for p in pieces(&self.user_data)? {
+            match p {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Var(v) => out.push_str(vars.get(v).unwrap_or_default()),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The user data of the profiles this project ships: a cloud-config that
+/// gives the installed OS's `bcd` its join parameters.
+pub const DEFAULT_USER_DATA: &str = "#cloud-config\n\
+write_files:\n\
+  - path: /etc/bcd/join.env\n\
+    permissions: '0600'\n\
+    content: |\n\
+      BCD_NODE={{ nodeId }}\n\
+      BCD_API={{ controlPlaneUrl }}\n\
+      BCD_JOIN_TOKEN={{ joinToken }}\n\
+runcmd:\n\
+  - [systemctl, enable, --now, bcd-provisioned.service]\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile() -> DeployProfile {
+        DeployProfile {
+            id: "ubuntu-24.04".into(),
+            version: 1,
+            role: DeployRole::Host,
+            image: ImageRef {
+                url: "http://images.local/ubuntu.raw".into(),
+                format: ImageFormat::Raw,
+                sha256: "a".repeat(64),
+                size_bytes: 1 << 20,
+            },
+            user_data: DEFAULT_USER_DATA.into(),
+        }
+    }
+
+    #[test]
+    fn the_shipped_template_validates_and_renders_every_placeholder() {
+        let p = profile();
+        assert_eq!(p.validate(), Ok(()));
+        let text = p
+            .render_user_data(&UserDataVars {
+                node_id: "node_1",
+                join_token: "bcmj_x",
+                control_plane_url: "http://cp:8080",
+            })
+            .expect("renders");
+        assert!(text.contains("BCD_JOIN_TOKEN=bcmj_x\n"), "{text}");
+        assert!(text.contains("BCD_API=http://cp:8080\n"), "{text}");
+        assert!(text.contains("BCD_NODE=node_1\n"), "{text}");
+        assert!(!text.contains("{{"), "{text}");
+    }
+
+    #[test]
+    fn bad_profiles_are_refused_with_the_reason() {
+        type Change = fn(&mut DeployProfile);
+        let cases: Vec<(Change, DeployProfileError)> = vec![
+            (
+                |p| p.id = "Ubuntu".into(),
+                DeployProfileError::BadId("Ubuntu".into()),
+            ),
+            (|p| p.version = 0, DeployProfileError::BadVersion),
+            (
+                |p| p.image.url = "file:///etc/passwd".into(),
+                DeployProfileError::BadImageUrl("file:///etc/passwd".into()),
+            ),
+            (
+                |p| p.image.sha256 = "ABC".into(),
+                DeployProfileError::BadSha256,
+            ),
+            (|p| p.image.size_bytes = 0, DeployProfileError::BadSize),
+            (
+                |p| p.user_data = "{{ joinToken }} {{ controlPlaneUrl }} {{ password }}".into(),
+                DeployProfileError::UnknownPlaceholder("password".into()),
+            ),
+            (
+                |p| p.user_data = "{{ joinToken }} {{ controlPlaneUrl".into(),
+                DeployProfileError::UnclosedPlaceholder,
+            ),
+            (
+                |p| p.user_data = "#cloud-config\n{{ controlPlaneUrl }}".into(),
+                DeployProfileError::MissingPlaceholder("joinToken"),
+            ),
+        ];
+        for (change, want) in cases {
+            let mut p = profile();
+            change(&mut p);
+            assert_eq!(p.validate(), Err(want));
+        }
+    }
+
+    #[test]
+    fn role_defaults_to_host() {
+        let mut v = serde_json::to_value(profile()).expect("json");
+        v.as_object_mut().expect("object").remove("role");
+        let p: DeployProfile = serde_json::from_value(v).expect("parses");
+        assert_eq!(p.role, DeployRole::Host);
+    }
+}
