@@ -7,76 +7,13 @@
 use bcm_core::{NodeId, ProvisionState};
 use bcm_testkit::{Options, TestEnv};
 use serde_json::json;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
+
+mod common;
+use common::{all_reach, child_config, count_in, spawn_child, T};
 use std::time::Duration;
 
 const NODES: usize = 50;
-const T: Duration = Duration::from_secs(240);
-
-fn child_config(env: &TestEnv, dir: &std::path::Path) -> std::path::PathBuf {
-    let ns = env.bus_config.namespace.clone().expect("namespace");
-    let text = format!(
-        r#"
-[api]
-database_url = "{db}"
-admin_token = "child-admin-token-unused"
-[api.bus]
-url = "{nats}"
-namespace = "{ns}"
-[[api.sealing_keys]]
-id = "child"
-key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
-[engine]
-control_plane_url = "{api}"
-poll_ms = 100
-join_poll_ms = 50
-[reconciler]
-poll_ms = 2000
-lease_ttl_ms = 2000
-[sim]
-site = "s1"
-"#,
-        db = env.database_url,
-        nats = env.bus_config.url,
-        api = env.base,
-    );
-    let path = dir.join("child.toml");
-    std::fs::write(&path, text).expect("write config");
-    path
-}
-
-fn spawn_child(config: &std::path::Path, log: &std::path::Path) -> Child {
-    let log = std::fs::File::create(log).expect("log file");
-    Command::new(env!("CARGO_BIN_EXE_bcm"))
-        .args([
-            "--sim-machines",
-            "0",
-            "--services",
-            "workflow,reconciler",
-            "--config",
-        ])
-        .arg(config)
-        .env("BCM_ALL_API__LISTEN", "127.0.0.1:0")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn bcm")
-}
-
-async fn count_in(env: &TestEnv, ids: &[NodeId], state: ProvisionState) -> usize {
-    let mut n = 0;
-    for id in ids {
-        if env
-            .node(id)
-            .await
-            .map(|x| x.provision_state == state)
-            .unwrap_or(false)
-        {
-            n += 1;
-        }
-    }
-    n
-}
 
 /// Waits until at least `min` nodes are in `state`, then kills the child.
 /// A child that dies on its own fails the test with the end of its log.
@@ -118,12 +55,6 @@ async fn kill_midway(
     }
 }
 
-async fn all_reach(env: &TestEnv, ids: &[NodeId], state: ProvisionState) {
-    for id in ids {
-        env.wait_state(id, state, T).await.expect("target state");
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_engine_and_reconciler_resume_without_resending_or_skipping() {
     let opts = Options {
@@ -135,7 +66,7 @@ async fn killed_engine_and_reconciler_resume_without_resending_or_skipping() {
     let dir = std::env::temp_dir().join(format!("bcm-crash-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let config = child_config(&env, &dir);
-    let mut child = spawn_child(&config, &dir.join("child-1.log"));
+    let mut child = spawn_child(&config, "workflow,reconciler", &dir.join("child-1.log"));
 
     let mut ids = vec![];
     for i in 0..NODES {
@@ -163,7 +94,7 @@ async fn killed_engine_and_reconciler_resume_without_resending_or_skipping() {
     )
     .await;
     eprintln!("killed the engine and reconciler with {before}/{NODES} nodes ready");
-    let mut child = spawn_child(&config, &dir.join("child-2.log"));
+    let mut child = spawn_child(&config, "workflow,reconciler", &dir.join("child-2.log"));
     all_reach(&env, &ids, ProvisionState::Ready).await;
 
     for id in &ids {
@@ -184,7 +115,7 @@ async fn killed_engine_and_reconciler_resume_without_resending_or_skipping() {
     )
     .await;
     eprintln!("killed them again with {before}/{NODES} nodes deployed");
-    let mut child = spawn_child(&config, &dir.join("child-3.log"));
+    let mut child = spawn_child(&config, "workflow,reconciler", &dir.join("child-3.log"));
     all_reach(&env, &ids, ProvisionState::Deployed).await;
     for id in &ids {
         let (s, b) = env

@@ -17,7 +17,8 @@ use tracing::Instrument as _;
 
 use crate::{reconcile, ReconcilerConfig};
 
-const KIND: &str = "reconcile";
+/// The kind of work the reconciler's shard leases are for.
+pub const KIND: &str = "reconcile";
 
 /// Runs the lease loop, the per-shard consumers and the poll loop.
 pub async fn run(

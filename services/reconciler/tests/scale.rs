@@ -1,5 +1,6 @@
-//! The event sequence of every node, and several reconcilers sharing the
-//! work: the same final states, never two workflows for one node state.
+//! The event sequence of every node, as a durable subscriber sees it.
+//! (Several reconciler processes sharing the work: allinone's
+//! `tests/reconcilers.rs`.)
 
 use bcm_core::{NodeId, ProvisionState};
 use bcm_testkit::{Options, TestEnv};
@@ -87,42 +88,5 @@ async fn a_durable_subscriber_sees_the_spec_sequence_per_node() {
             seq, expected,
             "node {node}: in version order, no gaps, no duplicates"
         );
-    }
-}
-
-#[tokio::test]
-async fn three_reconcilers_on_200_nodes_match_one() {
-    for reconcilers in [3usize, 1] {
-        let env = TestEnv::start_with(Options {
-            reconcilers,
-            ..Options::with_site()
-        })
-        .await
-        .expect("env");
-        let ids = enroll_many(&env, 200, "scale").await;
-        for id in &ids {
-            env.wait_state(id, ProvisionState::Ready, Duration::from_secs(180))
-                .await
-                .expect("ready");
-        }
-        for id in &ids {
-            let wfs = bcm_db::workflows::workflows_of_node(&env.db, &id.to_string())
-                .await
-                .expect("workflows");
-            let profiles: Vec<_> = wfs
-                .iter()
-                .map(|w| (w.profile_id.as_str(), w.status.as_str()))
-                .collect();
-            assert_eq!(
-                profiles,
-                vec![
-                    ("metal-enroll", "succeeded"),
-                    ("metal-inspect", "succeeded"),
-                    ("metal-commission", "succeeded")
-                ],
-                "{reconcilers} reconcilers, node {id}: exactly one workflow per state"
-            );
-        }
-        env.stop();
     }
 }

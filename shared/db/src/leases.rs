@@ -90,3 +90,13 @@ pub async fn leases_held(db: &Db, kind: &str, holder: &str) -> Result<Vec<i32>, 
     .fetch_all(db.pool())
     .await?)
 }
+
+/// The live leases of a kind: `(shard, holder)` by shard.
+pub async fn lease_holders(db: &Db, kind: &str) -> Result<Vec<(i32, String)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT shard, holder FROM shard_leases WHERE kind = $1 AND expires_at > now() ORDER BY shard",
+    )
+    .bind(kind)
+    .fetch_all(db.pool())
+    .await?)
+}

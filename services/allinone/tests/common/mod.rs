@@ -1,0 +1,77 @@
+//! Child `bcm` processes for the process-level tests: a config that points
+//! them at a test environment's database and bus namespace, and spawning
+//! them with a subset of services.
+#![allow(dead_code)] // each test binary uses a part
+
+use bcm_core::{NodeId, ProvisionState};
+use bcm_testkit::TestEnv;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// How long a node may take to reach a target state.
+pub const T: Duration = Duration::from_secs(240);
+
+pub fn child_config(env: &TestEnv, dir: &std::path::Path) -> std::path::PathBuf {
+    let ns = env.bus_config.namespace.clone().expect("namespace");
+    let text = format!(
+        r#"
+[api]
+database_url = "{db}"
+admin_token = "child-admin-token-unused"
+[api.bus]
+url = "{nats}"
+namespace = "{ns}"
+[[api.sealing_keys]]
+id = "child"
+key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+[engine]
+control_plane_url = "{api}"
+poll_ms = 100
+join_poll_ms = 50
+[reconciler]
+poll_ms = 2000
+lease_ttl_ms = 2000
+[sim]
+site = "s1"
+"#,
+        db = env.database_url,
+        nats = env.bus_config.url,
+        api = env.base,
+    );
+    let path = dir.join("child.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+pub fn spawn_child(config: &std::path::Path, services: &str, log: &std::path::Path) -> Child {
+    let log = std::fs::File::create(log).expect("log file");
+    Command::new(env!("CARGO_BIN_EXE_bcm"))
+        .args(["--sim-machines", "0", "--services", services, "--config"])
+        .arg(config)
+        .env("BCM_ALL_API__LISTEN", "127.0.0.1:0")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn bcm")
+}
+
+pub async fn count_in(env: &TestEnv, ids: &[NodeId], state: ProvisionState) -> usize {
+    let mut n = 0;
+    for id in ids {
+        if env
+            .node(id)
+            .await
+            .map(|x| x.provision_state == state)
+            .unwrap_or(false)
+        {
+            n += 1;
+        }
+    }
+    n
+}
+
+pub async fn all_reach(env: &TestEnv, ids: &[NodeId], state: ProvisionState) {
+    for id in ids {
+        env.wait_state(id, state, T).await.expect("target state");
+    }
+}
