@@ -39,6 +39,57 @@ async fn a_bmc_fault_fails_enrolling_with_a_clear_error() {
 }
 
 #[tokio::test]
+async fn transient_bmc_errors_are_retried_with_backoff_and_the_chain_completes() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    env.faults.set("sim://flaky", Fault::BmcFlaky);
+    let id = env.enroll_sim("flaky").await;
+    let n = env
+        .wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("ready despite a flaky BMC");
+    assert!(!n.maintenance);
+    let wfs = bcm_db::workflows::workflows_of_node(&env.db, &id.to_string())
+        .await
+        .expect("workflows");
+    let enroll = wfs
+        .iter()
+        .find(|w| w.profile_id == "metal-enroll")
+        .expect("enroll");
+    let steps = bcm_db::workflows::steps_fetch(&env.db, &enroll.id)
+        .await
+        .expect("steps");
+    let verify = steps
+        .iter()
+        .find(|s| s.name == "verify-bmc")
+        .expect("verify-bmc");
+    assert_eq!(verify.status, "succeeded");
+    assert_eq!(verify.attempt, 2, "the 503 was retried once");
+    let counts = bcm_db::workflows::command_counts_by_step(&env.db, &enroll.id)
+        .await
+        .expect("counts");
+    let (_, _, sent) = counts
+        .iter()
+        .find(|(idx, _, _)| *idx == verify.idx)
+        .copied()
+        .expect("count");
+    assert_eq!(sent, 2, "one command per attempt");
+    // The retry waited its backoff: 1 s doubling, with equal jitter (>= 0.5 s).
+    let cmds = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands");
+    let verifies: Vec<_> = cmds.iter().filter(|c| c.kind == "bmc.verify").collect();
+    assert_eq!(verifies.len(), 2);
+    let first_done = verifies[0].completed_at.expect("completed");
+    let gap = verifies[1].created_at - first_done;
+    assert!(
+        gap >= chrono::Duration::milliseconds(450),
+        "retried after {gap:?}, before its backoff"
+    );
+}
+
+#[tokio::test]
 async fn abort_runs_the_cleanup_steps_and_fails_the_node() {
     let env = TestEnv::start_with(Options::with_site())
         .await

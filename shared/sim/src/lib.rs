@@ -33,6 +33,9 @@ pub enum Fault {
     UnsignedWipe,
     /// The installed OS never joins.
     OsNeverJoins,
+    /// The BMC answers every other command of each kind with a retryable
+    /// 503 (the first try fails, its retry succeeds).
+    BmcFlaky,
 }
 
 /// Settings of the simulated site.

@@ -111,6 +111,8 @@ struct Site {
     machines: Machines,
     http: reqwest::Client,
     results: Mutex<HashMap<String, CommandResult>>,
+    /// Commands seen per (address, kind), for `BmcFlaky`.
+    flaky: Mutex<HashMap<(String, String), u32>>,
 }
 
 /// Runs the simulated site until `shutdown`.
@@ -127,6 +129,7 @@ pub async fn run(
         machines,
         http: reqwest::Client::new(),
         results: Mutex::new(HashMap::new()),
+        flaky: Mutex::new(HashMap::new()),
     });
     while !shutdown.is_cancelled() {
         if let Err(e) = consume(&bus, &site, &shutdown).await {
@@ -269,6 +272,18 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
             false,
             "sim BMC: 401 Unauthorized (Base.1.0.InsufficientPrivilege)",
         );
+    }
+    if uses_bmc && site.faults.has(&address, Fault::BmcFlaky) {
+        let mut seen = site.flaky.lock().unwrap_or_else(|p| p.into_inner());
+        let n = seen.entry((address.clone(), cmd.kind.clone())).or_default();
+        *n += 1;
+        if *n % 2 == 1 {
+            return err(
+                cmd,
+                true,
+                "sim BMC: 503 Service Unavailable (Base.1.0.ServiceTemporarilyUnavailable)",
+            );
+        }
     }
     let m = &site.machines;
     match cmd.kind.as_str() {
