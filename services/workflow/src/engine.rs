@@ -61,11 +61,16 @@ pub async fn worker(ctx: Arc<Ctx>, index: usize, shutdown: CancellationToken) {
     let poll = Duration::from_millis(ctx.cfg.poll_ms.max(10));
     while !shutdown.is_cancelled() {
         match tick(&ctx).await {
-            Ok(true) => {
+            Ok(Tick::Advanced) => {
                 ctx.wake.notify_one();
                 continue;
             }
-            Ok(false) => {}
+            Ok(Tick::Busy) => {
+                // Its holder is about to move that step; look again shortly.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
+            Ok(Tick::Idle) => {}
             Err(DbError::Stale) => continue,
             Err(e) => {
                 tracing::warn!(worker = index, error = %e, "step failed to advance; retrying")
@@ -94,31 +99,59 @@ fn status_of(s: &StepRow) -> StepStatus {
 /// the commit that finished it.
 const MAX_STEPS_PER_TXN: usize = 16;
 
-/// Advances one due step (and the steps it makes due at once); false when
-/// none was due.
-pub async fn tick(ctx: &Ctx) -> Result<bool, DbError> {
+/// What a worker's turn found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tick {
+    /// A step advanced.
+    Advanced,
+    /// Nothing is due.
+    Idle,
+    /// The due step's workflow is being advanced by another transaction.
+    Busy,
+}
+
+/// Advances one due step (and the steps it makes due at once).
+///
+/// Lock order: a worker holds the claimed step row and only *tries* the
+/// workflow lock (`SKIP LOCKED`); whoever holds the workflow lock then locks
+/// its steps. So a worker never waits while holding a step another needs,
+/// and the results consumer (workflow first, waiting) cannot deadlock with it.
+pub async fn tick(ctx: &Ctx) -> Result<Tick, DbError> {
     let mut tx = ctx.db.begin().await?;
     let Some((wf_id, idx)) = bcm_db::workflows::step_claim_due_in_txn(&mut tx).await? else {
         tx.commit().await?;
-        return Ok(false);
+        return Ok(Tick::Idle);
     };
-    let events = drive(&mut tx, ctx, &wf_id, idx).await?;
+    let Some(wf) = bcm_db::workflows::workflow_try_lock_in_txn(&mut tx, &wf_id).await? else {
+        tx.rollback().await?;
+        return Ok(Tick::Busy);
+    };
+    let events = drive_locked(&mut tx, ctx, wf, idx).await?;
     finish_txn(tx, events).await?;
-    Ok(true)
+    Ok(Tick::Advanced)
 }
 
-/// Advances workflow `wf_id` from its step `idx` inside `tx`, then on through
-/// every step that becomes due at once, and returns the events to publish
-/// with the commit. The workflow row is locked for the transaction.
+/// Advances workflow `wf_id` from its step `idx` inside `tx` (waiting for
+/// its lock), then on through every step that becomes due at once, and
+/// returns the events to publish with the commit.
 pub async fn drive(
     tx: &mut Tx<'_>,
     ctx: &Ctx,
     wf_id: &str,
     idx: i32,
 ) -> Result<Vec<bcm_db::outbox::NewOutboxMessage>, DbError> {
-    let mut wf = bcm_db::workflows::workflow_fetch_for_update_in_txn(tx, wf_id).await?;
+    let wf = bcm_db::workflows::workflow_fetch_for_update_in_txn(tx, wf_id).await?;
+    drive_locked(tx, ctx, wf, idx).await
+}
+
+async fn drive_locked(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    mut wf: WorkflowRow,
+    idx: i32,
+) -> Result<Vec<bcm_db::outbox::NewOutboxMessage>, DbError> {
     let stored = wf.clone();
-    let mut steps = bcm_db::workflows::steps_fetch_in_txn(tx, wf_id).await?;
+    let mut steps = bcm_db::workflows::steps_fetch_for_update_in_txn(tx, &wf.id).await?;
     let node_id: bcm_core::NodeId = wf
         .node_id
         .parse()

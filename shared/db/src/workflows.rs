@@ -164,6 +164,33 @@ pub async fn workflow_fetch_for_update_in_txn(
     .await?)
 }
 
+/// Locks a workflow unless another transaction holds it (`None` then).
+pub async fn workflow_try_lock_in_txn(
+    tx: &mut Tx<'_>,
+    id: &str,
+) -> Result<Option<WorkflowRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {WF_COLUMNS} FROM workflows WHERE id = $1 FOR UPDATE SKIP LOCKED"
+    ))
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
+/// Every step of a workflow in order, locked for the transaction: a
+/// concurrent wake-up waits for the commit instead of being overwritten.
+pub async fn steps_fetch_for_update_in_txn(
+    tx: &mut Tx<'_>,
+    workflow_id: &str,
+) -> Result<Vec<StepRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {STEP_COLUMNS} FROM workflow_steps WHERE workflow_id = $1 ORDER BY idx FOR UPDATE"
+    ))
+    .bind(workflow_id)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
 /// Every step of a workflow in order.
 pub async fn steps_fetch_in_txn(
     tx: &mut Tx<'_>,
