@@ -42,9 +42,18 @@ if grep -rnE '"(events|work|cmd|result)\.[a-z{]' --include='*.rs' services share
   echo "subjects belong in the bus crate" >&2; exit 1
 fi
 
+step "layers: only the bmc service opens credentials"
+if grep -rnE 'open_credentials|\.open\(&sealed' --include='*.rs' services shared | grep -vE '^(shared/seal|services/bmc)/|/tests/'; then
+  echo "credentials are opened only inside services/bmc" >&2; exit 1
+fi
+
 step "docker-compose config"
 command -v docker-compose >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; }
 docker-compose -f docker-compose.yml config -q
+
+step "real BMC peers: sushy-tools' Redfish emulator, ipmi_sim"
+peers_env="$("$repo/tests/peers/install.sh")"
+eval "$peers_env"
 
 step "cargo test (Postgres $DATABASE_URL, NATS $NATS_URL)"
 cargo test --workspace --no-fail-fast

@@ -313,7 +313,10 @@ async fn run_verb(
             kind: "bmc.power".to_owned(),
             site_id: node.site_id.clone(),
             node_id: Some(node.id),
-            params: serde_json::json!({ "action": action }),
+            params: serde_json::json!({
+                "action": action,
+                "bmc": bcm_metal::bmc::params_in_txn(&mut tx, &node).await?,
+            }),
             issued_at: chrono::Utc::now(),
         };
         bcm_db::commands::command_insert_in_txn(

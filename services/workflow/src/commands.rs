@@ -4,7 +4,6 @@
 //! result (a wipe counts only when node-signed and every disk passed
 //! read-back).
 
-use base64::Engine as _;
 use bcm_core::deploy::{DeployProfile, UserDataVars};
 use bcm_core::workflow::{StepKind, StepOutcome};
 use bcm_db::nodes::Node;
@@ -41,17 +40,7 @@ pub async fn mint_join_token(
 }
 
 async fn bmc(tx: &mut Tx<'_>, node: &Node) -> Result<Value, DbError> {
-    let sealed = match &node.bmc_secret_id {
-        Some(id) => {
-            let s = bcm_db::secrets::secret_fetch_in_txn(tx, id).await?;
-            let b64 = base64::engine::general_purpose::STANDARD;
-            json!({ "keyId": s.key_id, "nonce": b64.encode(&s.nonce), "ciphertext": b64.encode(&s.ciphertext), "owner": s.owner })
-        }
-        None => Value::Null,
-    };
-    Ok(
-        json!({ "driver": node.bmc_driver, "address": node.bmc_address, "sealedCredentials": sealed }),
-    )
+    bcm_metal::bmc::params_in_txn(tx, node).await
 }
 
 async fn boot_entry(tx: &mut Tx<'_>, cfg: &EngineConfig, node: &Node) -> Result<Value, DbError> {
@@ -83,9 +72,8 @@ pub async fn params(
     kind: &StepKind,
 ) -> Result<Value, ParamsError> {
     Ok(match kind {
-        StepKind::BmcVerify | StepKind::BmcInspect | StepKind::BmcPowerOff => {
-            json!({ "bmc": bmc(tx, node).await?, "action": "off" })
-        }
+        StepKind::BmcVerify | StepKind::BmcInspect => json!({ "bmc": bmc(tx, node).await? }),
+        StepKind::BmcPowerOff => json!({ "bmc": bmc(tx, node).await?, "action": "off" }),
         StepKind::BmcPower { action } => json!({ "bmc": bmc(tx, node).await?, "action": action }),
         StepKind::BmcBootPxe { persistent } => {
             json!({ "bmc": bmc(tx, node).await?, "device": "pxe", "persistent": persistent })

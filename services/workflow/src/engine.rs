@@ -392,11 +392,20 @@ async fn advance(
                 .filter_map(|m| serde_json::from_value(m.clone()).ok())
                 .next()
                 .unwrap_or_default();
+            // IPMI cannot see the host's NICs: then the MACs given at
+            // enroll stand.
+            let macs = if macs.is_empty() {
+                node.macs.clone()
+            } else {
+                macs
+            };
             if macs.is_empty() {
                 return Ok(Some((
                     StepOutcome::Failed {
                         retryable: false,
-                        message: "out-of-band inspection found no PXE MAC".into(),
+                        message:
+                            "out-of-band inspection found no PXE MAC and none was given at enroll"
+                                .into(),
                     },
                     None,
                     false,

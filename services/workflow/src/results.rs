@@ -7,6 +7,7 @@ use async_nats::jetstream::consumer::{pull, AckPolicy};
 use async_nats::jetstream::AckKind;
 use bcm_bus::messages::{CloudEvent, CommandResult};
 use bcm_bus::subjects::StreamKind;
+use bcm_core::PowerState;
 use futures::{StreamExt as _, TryStreamExt as _};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,15 +27,63 @@ pub async fn record(ctx: &Ctx, r: &CommandResult) -> Result<bool, bcm_db::DbErro
         bcm_db::commands::command_complete_in_txn(&mut tx, &r.command_id, r.ok, &body, None)
             .await?;
     let mut events = vec![];
-    if let Some(bcm_db::commands::Completed {
-        step: Some((wf, idx)),
-    }) = &completed
-    {
-        events = crate::engine::drive(&mut tx, ctx, wf, *idx).await?;
+    if let Some(done) = &completed {
+        // The power axis first (node lock before workflow lock, as verbs).
+        if let (true, Some(node)) = (r.ok, &done.node_id) {
+            if let Some(power) = r
+                .output
+                .get("power")
+                .and_then(|p| p.as_str())
+                .and_then(PowerState::parse)
+            {
+                record_power(&mut tx, ctx, node, power, &r.command_id, &mut events).await?;
+            }
+        }
+        if let Some((wf, idx)) = &done.step {
+            events.extend(crate::engine::drive(&mut tx, ctx, wf, *idx).await?);
+        }
     }
     bcm_db::outbox::outbox_insert_in_txn(&mut tx, &events).await?;
     tx.commit().await?;
     Ok(completed.is_some())
+}
+
+/// Records the power state a BMC reported; a change bumps the node's
+/// version and emits `node.power.changed`.
+async fn record_power(
+    tx: &mut bcm_db::Tx<'_>,
+    ctx: &Ctx,
+    node_id: &str,
+    power: PowerState,
+    command_id: &str,
+    events: &mut Vec<bcm_db::outbox::NewOutboxMessage>,
+) -> Result<(), bcm_db::DbError> {
+    let Ok(id) = node_id.parse::<bcm_core::NodeId>() else {
+        return Ok(());
+    };
+    let node = bcm_db::nodes::node_fetch_for_update_in_txn(tx, &id).await?;
+    if node.power == power || power == PowerState::Unknown {
+        return Ok(());
+    }
+    let previous = node.power;
+    let mut next = node.clone();
+    next.power = power;
+    let version = bcm_db::nodes::node_update_guarded_in_txn(tx, &next).await?;
+    next.version = version;
+    events.push(bcm_metal::outbox::event(
+        ctx.bus.subjects(),
+        &next,
+        bcm_bus::messages::types::NODE_POWER_CHANGED,
+        bcm_bus::messages::NodePowerChanged {
+            node_id: next.id,
+            tenant_id: next.tenant_id.clone(),
+            power,
+            previous,
+            command_id: command_id.to_owned(),
+            version,
+        },
+    ));
+    Ok(())
 }
 
 /// Consumes `result.>` until `shutdown`.

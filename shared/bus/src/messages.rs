@@ -115,6 +115,21 @@ pub struct NodePowerRequested {
     pub version: i64,
 }
 
+/// `node.power.changed`: the power state a BMC reported differs from the
+/// node's record (after `metal.power`, a workflow's power step, or drift
+/// found by a power read).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodePowerChanged {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub power: bcm_core::PowerState,
+    pub previous: bcm_core::PowerState,
+    /// The command whose result reported it.
+    pub command_id: String,
+    pub version: i64,
+}
+
 /// A reconcile request for the metal reconciler (`work.reconcile.<shard>.<nodeId>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -196,6 +211,8 @@ pub mod types {
     pub const NODE_UNRESCUING: &str = "node.provision.unrescuing";
     /// `node.power.requested`.
     pub const NODE_POWER_REQUESTED: &str = "node.power.requested";
+    /// `node.power.changed`.
+    pub const NODE_POWER_CHANGED: &str = "node.power.changed";
 
     /// The type of a reconcile request.
     pub const WORK_RECONCILE: &str = "work.reconcile";

@@ -121,6 +121,8 @@ pub async fn command_fetch(db: &Db, id: &str) -> Result<CommandRow, DbError> {
 pub struct Completed {
     /// The workflow step that sent it, if a workflow did.
     pub step: Option<(String, i32)>,
+    pub kind: String,
+    pub node_id: Option<String>,
 }
 
 /// Records a command's result once; `None` when it already had one (a
@@ -132,9 +134,16 @@ pub async fn command_complete_in_txn(
     result: &serde_json::Value,
     signature: Option<&[u8]>,
 ) -> Result<Option<Completed>, DbError> {
-    let row: Option<(Option<String>, Option<i32>)> = sqlx::query_as(
+    #[derive(sqlx::FromRow)]
+    struct Done {
+        workflow_id: Option<String>,
+        step_idx: Option<i32>,
+        kind: String,
+        node_id: Option<String>,
+    }
+    let row: Option<Done> = sqlx::query_as(
         "UPDATE commands SET status = $2, result = $3, signature = $4, completed_at = now() \
-         WHERE id = $1 AND status IN ('pending', 'sent') RETURNING workflow_id, step_idx",
+         WHERE id = $1 AND status IN ('pending', 'sent') RETURNING workflow_id, step_idx, kind, node_id",
     )
     .bind(id)
     .bind(if succeeded { "succeeded" } else { "failed" })
@@ -142,7 +151,11 @@ pub async fn command_complete_in_txn(
     .bind(signature)
     .fetch_optional(&mut **tx)
     .await?;
-    Ok(row.map(|(w, i)| Completed { step: w.zip(i) }))
+    Ok(row.map(|d| Completed {
+        step: d.workflow_id.zip(d.step_idx),
+        kind: d.kind,
+        node_id: d.node_id,
+    }))
 }
 
 /// Hands the pending ramdisk commands of a node to its agent, marking them

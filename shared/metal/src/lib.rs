@@ -6,6 +6,7 @@
 //!
 //! Legality stays in `bcm-core`; SQL stays in `bcm-db`; subjects in `bcm-bus`.
 
+pub mod bmc;
 pub mod moves;
 pub mod outbox;
 pub mod workflows;

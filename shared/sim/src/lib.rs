@@ -53,6 +53,10 @@ pub struct SimConfig {
     /// Commands handled at once.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
+    /// A real `bmc` service serves the site's `bmc.*` commands: the sim
+    /// then emulates boot and ramdisks only.
+    #[serde(default)]
+    pub bmc_service: bool,
 }
 
 fn default_concurrency() -> usize {
@@ -67,6 +71,7 @@ impl SimConfig {
             latency_ms: 0,
             faults: HashMap::new(),
             concurrency: default_concurrency(),
+            bmc_service: false,
         }
     }
 }

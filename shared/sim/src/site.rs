@@ -146,13 +146,30 @@ async fn consume(bus: &Bus, site: &Arc<Site>, shutdown: &CancellationToken) -> a
         .jetstream()
         .get_stream(subjects.stream(StreamKind::Commands))
         .await?;
-    let name = format!("site-{site_id}");
+    // Without BMCs the sim consumes every other family of commands.
+    let (name, filter_subject, filter_subjects) = if !site.cfg.bmc_service {
+        (
+            format!("site-{site_id}"),
+            subjects.commands_of_site(&site_id),
+            vec![],
+        )
+    } else {
+        (
+            format!("site-{site_id}-no-bmc"),
+            String::new(),
+            vec![
+                subjects.commands_of_site_family(&site_id, "site"),
+                subjects.commands_of_site_family(&site_id, "metal"),
+            ],
+        )
+    };
     let consumer = stream
         .get_or_create_consumer(
             &name,
             pull::Config {
                 durable_name: Some(name.clone()),
-                filter_subject: subjects.commands_of_site(&site_id),
+                filter_subject,
+                filter_subjects,
                 ack_policy: AckPolicy::Explicit,
                 max_deliver: 20,
                 ack_wait: Duration::from_secs(30),

@@ -67,6 +67,8 @@ pub struct TestEnv {
     pub http: reqwest::Client,
     /// The simulated site's faults, changeable while it runs.
     pub faults: bcm_sim::Faults,
+    /// The API's sealing keys (a site's bmc service opens with them).
+    pub sealing_keys: Vec<bcm_seal::KeyConfig>,
     shutdown: CancellationToken,
 }
 
@@ -106,6 +108,7 @@ impl TestEnv {
             shards: 16,
         };
         let admin_token = format!("admin-{}", random_suffix());
+        let sealing_keys = vec![bcm_seal::KeyConfig::generate("test-1")];
         let seed: bcm_api::Seed = serde_json::from_value(json!({
             "tenants": [{"id": "a", "name": "Tenant A"}, {"id": "b", "name": "Tenant B"}],
             "sites": [{"id": "s1", "name": "Site 1"}],
@@ -127,7 +130,7 @@ impl TestEnv {
             database_url: database_url.clone(),
             database_max_connections: 10,
             bus: bus_config.clone(),
-            sealing_keys: vec![bcm_seal::KeyConfig::generate("test-1")],
+            sealing_keys: sealing_keys.clone(),
             admin_token: admin_token.clone().into(),
             lock_timeout_ms: opts.lock_timeout_ms,
             relay: RelayConfig {
@@ -160,6 +163,7 @@ impl TestEnv {
                 .as_ref()
                 .map(bcm_sim::Faults::from_config)
                 .unwrap_or_default(),
+            sealing_keys,
             shutdown,
         };
         if opts.relay {
@@ -181,6 +185,11 @@ impl TestEnv {
             ));
         }
         Ok(env)
+    }
+
+    /// A token cancelled when the environment stops.
+    pub fn child_token(&self) -> CancellationToken {
+        self.shutdown.child_token()
     }
 
     /// Starts a workflow engine; returns its stop token.

@@ -1,0 +1,155 @@
+//! The operations every BMC driver offers, and the drivers this service
+//! hosts (native Redfish; IPMI through `ipmitool`). A driver it does not
+//! host answers `unsupported-driver`.
+
+use bcm_core::{BmcDriver, PowerAction, PowerState};
+use secrecy::SecretString;
+use serde::Serialize;
+
+use crate::error::BmcError;
+use crate::ipmi::{Ipmi, IpmiSettings};
+use crate::redfish::{Redfish, RedfishSettings};
+
+/// What verifying the credentials found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verified {
+    /// `RedfishVersion`, or the IPMI version.
+    pub protocol_version: Option<String>,
+    /// The managed system (Redfish `Id`, or `0` for IPMI's one chassis).
+    pub system_id: String,
+    pub power: PowerState,
+}
+
+/// Out-of-band inspection.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inventory {
+    pub manufacturer: Option<String>,
+    pub model: Option<String>,
+    pub serial: Option<String>,
+    pub uuid: Option<String>,
+    pub cpus: Option<u64>,
+    pub cpu_model: Option<String>,
+    pub memory_gib: Option<f64>,
+    /// The host's NIC MACs, which become the node's PXE MACs.
+    pub macs: Vec<String>,
+}
+
+/// Where to boot from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BootDevice {
+    Pxe,
+    Disk,
+    UefiHttp,
+}
+
+/// Firmware boot mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BootMode {
+    Uefi,
+    Legacy,
+}
+
+/// A boot override as read back from the BMC.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootOverride {
+    pub target: String,
+    pub enabled_requested: String,
+    /// What the BMC reports; some (sushy-tools) always say `Continuous`.
+    pub enabled_read_back: Option<String>,
+    pub mode_read_back: Option<String>,
+}
+
+/// Settings of every hosted driver.
+#[derive(Debug, Clone, Default)]
+pub struct DriverSettings {
+    pub redfish: RedfishSettings,
+    pub ipmi: IpmiSettings,
+}
+
+/// A connected driver for one BMC.
+#[derive(Debug)]
+pub enum Driver {
+    Redfish(Box<Redfish>),
+    Ipmi(Ipmi),
+}
+
+impl Driver {
+    /// A driver for `driver` at `address` with the opened credentials.
+    pub fn open(
+        driver: BmcDriver,
+        address: &str,
+        username: SecretString,
+        password: SecretString,
+        settings: &DriverSettings,
+    ) -> Result<Self, BmcError> {
+        match driver {
+            BmcDriver::Redfish => Ok(Driver::Redfish(Box::new(Redfish::new(
+                address,
+                username,
+                password,
+                settings.redfish.clone(),
+            )?))),
+            BmcDriver::Ipmi => Ok(Driver::Ipmi(Ipmi::new(
+                address,
+                username,
+                password,
+                settings.ipmi.clone(),
+            )?)),
+            BmcDriver::Sim => Err(BmcError::Unsupported(
+                "unsupported-driver: sim (the simulated site serves it)".into(),
+            )),
+        }
+    }
+
+    pub async fn verify(&self) -> Result<Verified, BmcError> {
+        match self {
+            Driver::Redfish(r) => r.verify().await,
+            Driver::Ipmi(i) => i.verify().await,
+        }
+    }
+
+    pub async fn inspect(&self) -> Result<Inventory, BmcError> {
+        match self {
+            Driver::Redfish(r) => r.inspect().await,
+            Driver::Ipmi(i) => i.inspect().await,
+        }
+    }
+
+    pub async fn power_state(&self) -> Result<PowerState, BmcError> {
+        match self {
+            Driver::Redfish(r) => r.power_state().await,
+            Driver::Ipmi(i) => i.power_state().await,
+        }
+    }
+
+    pub async fn power(&self, action: PowerAction) -> Result<PowerState, BmcError> {
+        match self {
+            Driver::Redfish(r) => r.power(action).await,
+            Driver::Ipmi(i) => i.power(action).await,
+        }
+    }
+
+    pub async fn boot(
+        &self,
+        device: BootDevice,
+        persistent: bool,
+        mode: Option<BootMode>,
+    ) -> Result<BootOverride, BmcError> {
+        match self {
+            Driver::Redfish(r) => r.boot(device, persistent, mode).await,
+            Driver::Ipmi(i) => i.boot(device, persistent, mode).await,
+        }
+    }
+
+    /// Releases what the driver holds (a Redfish session).
+    pub async fn close(&self) {
+        if let Driver::Redfish(r) = self {
+            r.logout().await;
+        }
+    }
+}

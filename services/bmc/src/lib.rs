@@ -1,0 +1,122 @@
+//! The `bmc` service for one site: executes `bmc.*` commands against real
+//! BMCs (native Redfish, IPMI through `ipmitool`) and replies with results.
+//! It is the only place where BMC credentials are opened: they arrive
+//! sealed in each command, are opened for that command only, and never
+//! appear in a result, a log line or an error.
+
+pub mod driver;
+pub mod error;
+pub mod ipmi;
+pub mod redfish;
+pub mod service;
+
+use serde::Deserialize;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Configuration of the service.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct BmcConfig {
+    /// The site whose `bmc.*` commands this service executes.
+    pub site: String,
+    pub bus: bcm_bus::BusConfig,
+    /// The keys that open the credentials (the API's sealing keys).
+    pub sealing_keys: Vec<bcm_seal::KeyConfig>,
+    /// Commands executed at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// How long a power change may take to show in the BMC's power state.
+    #[serde(default = "default_power_timeout")]
+    pub power_timeout_secs: u64,
+    /// How long a graceful shutdown may take before a forced off.
+    #[serde(default = "default_graceful_timeout")]
+    pub graceful_timeout_secs: u64,
+    /// Redfish TLS: a CA bundle (PEM) to verify BMCs against instead of the
+    /// system roots.
+    #[serde(default)]
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// Redfish TLS: accept any certificate. Only for labs; off by default.
+    #[serde(default)]
+    pub tls_insecure: bool,
+    /// The ipmitool binary.
+    #[serde(default = "default_ipmitool")]
+    pub ipmitool: String,
+    #[serde(default)]
+    pub telemetry: bcm_telemetry::TelemetryConfig,
+}
+
+fn default_concurrency() -> usize {
+    64
+}
+fn default_power_timeout() -> u64 {
+    120
+}
+fn default_graceful_timeout() -> u64 {
+    60
+}
+fn default_ipmitool() -> String {
+    "ipmitool".into()
+}
+
+impl BmcConfig {
+    /// Loads a TOML file, then `BCM_BMC_*` environment variables.
+    pub fn load(path: Option<&std::path::Path>) -> Result<Self, Box<figment::Error>> {
+        use figment::providers::{Env, Format, Toml};
+        let mut fig = figment::Figment::new();
+        if let Some(p) = path {
+            fig = fig.merge(Toml::file_exact(p));
+        }
+        fig.merge(Env::prefixed("BCM_BMC_").split("__"))
+            .extract()
+            .map_err(Box::new)
+    }
+
+    /// The drivers' settings.
+    pub fn drivers(&self) -> anyhow::Result<driver::DriverSettings> {
+        let ca_pem = match &self.tls_ca_file {
+            Some(p) => Some(std::fs::read(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?),
+            None => None,
+        };
+        Ok(driver::DriverSettings {
+            redfish: redfish::RedfishSettings {
+                power_timeout: Duration::from_secs(self.power_timeout_secs),
+                graceful_timeout: Duration::from_secs(self.graceful_timeout_secs),
+                insecure_tls: self.tls_insecure,
+                ca_pem,
+                ..Default::default()
+            },
+            ipmi: ipmi::IpmiSettings {
+                ipmitool: self.ipmitool.clone(),
+                power_timeout: Duration::from_secs(self.power_timeout_secs),
+                ..Default::default()
+            },
+        })
+    }
+}
+
+/// Runs the service until `shutdown`. Returns its context (tests read the
+/// executed-operations hook).
+pub async fn start(
+    cfg: &BmcConfig,
+    drivers: driver::DriverSettings,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(Arc<service::Ctx>, tokio::task::JoinHandle<()>)> {
+    let bus = bcm_bus::Bus::connect(&cfg.bus).await?;
+    bcm_bus::streams::ensure_all(&bus).await?;
+    let sealer = bcm_seal::Sealer::new(&cfg.sealing_keys)?;
+    let site: bcm_core::SiteId = cfg
+        .site
+        .parse()
+        .map_err(|e| anyhow::anyhow!("site {:?}: {e}", cfg.site))?;
+    let ctx = Arc::new(service::Ctx::new(
+        bus,
+        site,
+        sealer,
+        drivers,
+        cfg.concurrency,
+    ));
+    let task = tokio::spawn(service::run(ctx.clone(), shutdown));
+    Ok((ctx, task))
+}

@@ -1,0 +1,30 @@
+//! `bcm-bmc`: the bmc service of one site.
+
+use clap::Parser;
+
+/// Executes a site's `bmc.*` commands against its BMCs.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// A TOML configuration file; `BCM_BMC_*` environment variables override it.
+    #[arg(long, env = "BCM_BMC_CONFIG")]
+    config: Option<std::path::PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let cfg = bcm_bmc::BmcConfig::load(args.config.as_deref())?;
+    bcm_telemetry::init("bcm-bmc", &cfg.telemetry)?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+    let (_ctx, task) = bcm_bmc::start(&cfg, cfg.drivers()?, shutdown).await?;
+    tracing::info!(site = %cfg.site, "bmc service running");
+    task.await?;
+    bcm_telemetry::shutdown();
+    Ok(())
+}

@@ -1,0 +1,853 @@
+//! The native Redfish driver: hand-kept serde types for the few resources
+//! used (service root, collections, `ComputerSystem`, `EthernetInterface`,
+//! sessions, error bodies) and a client that follows links instead of
+//! assuming paths.
+//!
+//! Choice (see ARCHITECTURE.md): hand-kept types rather than a generated
+//! crate. They keep every `@odata.id`, accept unknown enum values as
+//! strings, and cost nothing at build time.
+//!
+//! - The system is discovered from the service root's `Systems` collection;
+//!   an address whose path names a system (`…/redfish/v1/Systems/<id>`)
+//!   selects one of several (an emulator, a blade chassis).
+//! - Session auth through `SessionService` (`X-Auth-Token`), falling back
+//!   to basic auth when the BMC has no session service; a 401 on a session
+//!   logs in again once.
+//! - Requests retry with exponential backoff on 5xx, 409, 412, timeouts and
+//!   connection errors; errors carry the BMC's `@Message.ExtendedInfo`.
+//! - Power changes are asynchronous on real BMCs: after a `Reset` the
+//!   driver polls `PowerState` until it matches or the timeout expires.
+
+use backon::{ExponentialBuilder, Retryable as _};
+use reqwest::{Method, StatusCode, Url};
+use secrecy::{ExposeSecret as _, SecretString};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+use crate::driver::{BootDevice, BootMode, BootOverride, Inventory, Verified};
+use crate::error::BmcError;
+use bcm_core::{PowerAction, PowerState};
+
+const DRIVER: &str = "redfish";
+
+#[derive(Debug, Clone, Deserialize)]
+struct Link {
+    #[serde(rename = "@odata.id")]
+    id: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ServiceRoot {
+    redfish_version: Option<String>,
+    systems: Option<Link>,
+    session_service: Option<Link>,
+    links: Option<RootLinks>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RootLinks {
+    sessions: Option<Link>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Collection {
+    #[serde(default)]
+    members: Vec<Link>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ComputerSystem {
+    #[serde(rename = "@odata.id")]
+    odata_id: String,
+    id: Option<String>,
+    manufacturer: Option<String>,
+    model: Option<String>,
+    serial_number: Option<String>,
+    #[serde(rename = "UUID")]
+    uuid: Option<String>,
+    power_state: Option<String>,
+    boot: Option<Boot>,
+    actions: Option<Actions>,
+    ethernet_interfaces: Option<Link>,
+    processor_summary: Option<ProcessorSummary>,
+    memory_summary: Option<MemorySummary>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Boot {
+    boot_source_override_target: Option<String>,
+    boot_source_override_enabled: Option<String>,
+    boot_source_override_mode: Option<String>,
+    #[serde(rename = "BootSourceOverrideTarget@Redfish.AllowableValues", default)]
+    allowable_targets: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Actions {
+    #[serde(rename = "#ComputerSystem.Reset")]
+    reset: Option<ResetAction>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ResetAction {
+    target: String,
+    #[serde(rename = "ResetType@Redfish.AllowableValues", default)]
+    allowable: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ProcessorSummary {
+    count: Option<u64>,
+    model: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct MemorySummary {
+    #[serde(rename = "TotalSystemMemoryGiB")]
+    total_gib: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct EthernetInterface {
+    #[serde(rename = "MACAddress")]
+    mac: Option<String>,
+    #[serde(rename = "PermanentMACAddress")]
+    permanent_mac: Option<String>,
+}
+
+/// The text of a Redfish error body: the `@Message.ExtendedInfo` messages,
+/// else `error.message`.
+fn error_text(body: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(body).ok()?;
+    let err = v.get("error")?;
+    let extended: Vec<&str> = err
+        .get("@Message.ExtendedInfo")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| i.get("Message").and_then(Value::as_str))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !extended.is_empty() {
+        return Some(extended.join("; "));
+    }
+    err.get("message")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+/// How the client authenticates.
+#[derive(Debug, Clone)]
+enum Auth {
+    /// Not logged in yet.
+    None,
+    /// A session: its token and the session's URI (deleted at the end).
+    Session { token: SecretString, uri: String },
+    /// The BMC has no session service.
+    Basic,
+}
+
+/// Timeouts and retries of the driver.
+#[derive(Debug, Clone)]
+pub struct RedfishSettings {
+    /// Per request.
+    pub request_timeout: Duration,
+    /// Tries per request on transient errors.
+    pub attempts: usize,
+    /// First backoff between tries.
+    pub backoff: Duration,
+    /// How long to wait for `PowerState` to match after a reset.
+    pub power_timeout: Duration,
+    /// How long a graceful shutdown may take before a forced off.
+    pub graceful_timeout: Duration,
+    /// Between `PowerState` reads.
+    pub power_poll: Duration,
+    /// Accept any TLS certificate (only when configured so).
+    pub insecure_tls: bool,
+    /// Verify TLS against this CA (PEM) instead of the system roots.
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl Default for RedfishSettings {
+    fn default() -> Self {
+        Self {
+            request_timeout: Duration::from_secs(30),
+            attempts: 4,
+            backoff: Duration::from_millis(250),
+            power_timeout: Duration::from_secs(120),
+            graceful_timeout: Duration::from_secs(60),
+            power_poll: Duration::from_millis(500),
+            insecure_tls: false,
+            ca_pem: None,
+        }
+    }
+}
+
+/// A client for one BMC.
+pub struct Redfish {
+    http: reqwest::Client,
+    /// `scheme://host:port`.
+    origin: Url,
+    /// The system path the address names, if it names one.
+    system_hint: Option<String>,
+    address: String,
+    username: SecretString,
+    password: SecretString,
+    auth: Mutex<Auth>,
+    settings: RedfishSettings,
+}
+
+impl std::fmt::Debug for Redfish {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redfish")
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Redfish {
+    /// A client for the BMC at `address` (`https://host[:port]`, optionally
+    /// with the path of one system).
+    pub fn new(
+        address: &str,
+        username: SecretString,
+        password: SecretString,
+        settings: RedfishSettings,
+    ) -> Result<Self, BmcError> {
+        let url = Url::parse(address)
+            .map_err(|e| BmcError::Invalid(format!("BMC address {address:?}: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(BmcError::Invalid(format!(
+                "BMC address {address:?} must be http(s)://host[:port][/redfish/v1/Systems/<id>]"
+            )));
+        }
+        let path = url.path().trim_end_matches('/');
+        let system_hint = if path.is_empty() {
+            None
+        } else if path.starts_with("/redfish/v1/Systems/") {
+            Some(path.to_owned())
+        } else {
+            return Err(BmcError::Invalid(format!(
+                "BMC address {address:?}: a path must name a system (/redfish/v1/Systems/<id>)"
+            )));
+        };
+        let mut origin = url.clone();
+        origin.set_path("");
+        origin.set_query(None);
+        origin.set_fragment(None);
+        let mut builder = reqwest::Client::builder()
+            .timeout(settings.request_timeout)
+            .connect_timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::limited(3));
+        if settings.insecure_tls {
+            builder = builder.danger_accept_invalid_certs(true);
+        }
+        if let Some(pem) = &settings.ca_pem {
+            let cert = reqwest::Certificate::from_pem(pem)
+                .map_err(|e| BmcError::Invalid(format!("BMC CA certificate: {e}")))?;
+            builder = builder
+                .tls_built_in_root_certs(false)
+                .add_root_certificate(cert);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| BmcError::Invalid(format!("HTTP client: {e}")))?;
+        Ok(Self {
+            http,
+            origin,
+            system_hint,
+            address: address.to_owned(),
+            username,
+            password,
+            auth: Mutex::new(Auth::None),
+            settings,
+        })
+    }
+
+    fn url(&self, path: &str) -> Result<Url, BmcError> {
+        self.origin
+            .join(path)
+            .map_err(|e| BmcError::Invalid(format!("BMC link {path:?}: {e}")))
+    }
+
+    fn unreachable(&self, e: &reqwest::Error) -> BmcError {
+        // reqwest's Display of a connect error names the URL, never a header.
+        let message = if e.is_timeout() {
+            "timed out".to_owned()
+        } else if e.is_connect() {
+            "connection failed".to_owned()
+        } else {
+            e.to_string()
+        };
+        BmcError::Unreachable {
+            driver: DRIVER,
+            address: self.address.clone(),
+            message,
+        }
+    }
+
+    fn refused(&self, status: StatusCode, body: &str) -> BmcError {
+        let message = error_text(body)
+            .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_owned());
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return BmcError::Unauthorized {
+                driver: DRIVER,
+                address: self.address.clone(),
+                message: format!("{}: {message}", status.as_u16()),
+            };
+        }
+        BmcError::Refused {
+            driver: DRIVER,
+            address: self.address.clone(),
+            status: status.as_u16(),
+            message,
+        }
+    }
+
+    /// Logs in: a session when the service offers one, else basic auth.
+    async fn login(&self) -> Result<Auth, BmcError> {
+        let root: ServiceRoot = self
+            .send_raw(Method::GET, "/redfish/v1/", None, &Auth::Basic)
+            .await?;
+        let sessions = root
+            .links
+            .and_then(|l| l.sessions)
+            .map(|l| l.id)
+            .or_else(|| {
+                root.session_service
+                    .map(|_| "/redfish/v1/SessionService/Sessions".to_owned())
+            });
+        let Some(sessions) = sessions else {
+            return Ok(Auth::Basic);
+        };
+        let body = json!({
+            "UserName": self.username.expose_secret(),
+            "Password": self.password.expose_secret(),
+        });
+        let res = self
+            .http
+            .post(self.url(&sessions)?)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
+        let status = res.status();
+        if status.is_success() {
+            let token = res
+                .headers()
+                .get("X-Auth-Token")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let uri = res
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+                .unwrap_or_default();
+            return Ok(match token {
+                Some(t) => Auth::Session {
+                    token: t.into(),
+                    uri,
+                },
+                None => Auth::Basic,
+            });
+        }
+        let text = res.text().await.unwrap_or_default();
+        match status {
+            // No session service after all: basic auth.
+            StatusCode::NOT_FOUND
+            | StatusCode::METHOD_NOT_ALLOWED
+            | StatusCode::NOT_IMPLEMENTED => Ok(Auth::Basic),
+            _ => Err(self.refused(status, &text)),
+        }
+    }
+
+    async fn current_auth(&self) -> Result<Auth, BmcError> {
+        let mut auth = self.auth.lock().await;
+        if matches!(*auth, Auth::None) {
+            *auth = self.login().await?;
+        }
+        Ok(auth.clone())
+    }
+
+    /// One request with the given auth, no retries.
+    async fn send_raw<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        auth: &Auth,
+    ) -> Result<T, BmcError> {
+        let text = self.send_text(method, path, body, auth).await?;
+        let text = if text.trim().is_empty() {
+            "null".to_owned()
+        } else {
+            text
+        };
+        serde_json::from_str(&text).map_err(|e| {
+            BmcError::Invalid(format!(
+                "{DRIVER} BMC at {}: unexpected answer for {path}: {e}",
+                self.address
+            ))
+        })
+    }
+
+    async fn send_text(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        auth: &Auth,
+    ) -> Result<String, BmcError> {
+        let mut req = self
+            .http
+            .request(method, self.url(path)?)
+            .header(reqwest::header::ACCEPT, "application/json");
+        req = match auth {
+            Auth::Session { token, .. } => req.header("X-Auth-Token", token.expose_secret()),
+            Auth::Basic | Auth::None => req.basic_auth(
+                self.username.expose_secret(),
+                Some(self.password.expose_secret()),
+            ),
+        };
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let res = req.send().await.map_err(|e| self.unreachable(&e))?;
+        let status = res.status();
+        let text = res.text().await.map_err(|e| self.unreachable(&e))?;
+        if !status.is_success() {
+            return Err(self.refused(status, &text));
+        }
+        Ok(text)
+    }
+
+    /// A request with auth (re-login once on a 401 of a stale session) and
+    /// retries with backoff on transient errors.
+    async fn request_text(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<String, BmcError> {
+        let once = || async {
+            let auth = self.current_auth().await?;
+            match self.send_text(method.clone(), path, body, &auth).await {
+                Err(BmcError::Unauthorized { .. }) if matches!(auth, Auth::Session { .. }) => {
+                    // The session expired: log in again, once.
+                    let fresh = self.login().await?;
+                    *self.auth.lock().await = fresh.clone();
+                    self.send_text(method.clone(), path, body, &fresh).await
+                }
+                other => other,
+            }
+        };
+        once.retry(
+            ExponentialBuilder::default()
+                .with_min_delay(self.settings.backoff)
+                .with_max_delay(self.settings.backoff * 16)
+                .with_max_times(self.settings.attempts.saturating_sub(1))
+                .with_jitter(),
+        )
+        .when(BmcError::retryable)
+        .notify(|e, after| tracing::debug!(address = %self.address, error = %e, ?after, "retrying a Redfish request"))
+        .await
+    }
+
+    async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, BmcError> {
+        let text = self.request_text(Method::GET, path, None).await?;
+        serde_json::from_str(&text).map_err(|e| {
+            BmcError::Invalid(format!(
+                "{DRIVER} BMC at {}: unexpected answer for {path}: {e}",
+                self.address
+            ))
+        })
+    }
+
+    /// Ends the session, if there is one (best effort).
+    pub async fn logout(&self) {
+        let auth = std::mem::replace(&mut *self.auth.lock().await, Auth::None);
+        if let Auth::Session { uri, .. } = &auth {
+            if !uri.is_empty() {
+                let _ = self.send_text(Method::DELETE, uri, None, &auth).await;
+            }
+        }
+    }
+
+    /// The system this client manages: the address's, or the only member
+    /// of the service root's `Systems`.
+    async fn system(&self) -> Result<ComputerSystem, BmcError> {
+        let root: ServiceRoot = self.get("/redfish/v1/").await?;
+        let systems = root.systems.ok_or_else(|| {
+            BmcError::Unsupported(format!(
+                "{DRIVER} BMC at {} has no Systems collection",
+                self.address
+            ))
+        })?;
+        let members: Collection = self.get(&systems.id).await?;
+        let path = match &self.system_hint {
+            Some(hint) => members
+                .members
+                .iter()
+                .find(|m| m.id.trim_end_matches('/') == hint)
+                .map(|m| m.id.clone())
+                .ok_or_else(|| {
+                    BmcError::Invalid(format!("{DRIVER} BMC at {}: no system {hint} in {}", self.address, systems.id))
+                })?,
+            None => match members.members.as_slice() {
+                [one] => one.id.clone(),
+                many => {
+                    return Err(BmcError::Invalid(format!(
+                        "{DRIVER} BMC at {} manages {} systems; name one in the address (…/redfish/v1/Systems/<id>)",
+                        self.address,
+                        many.len()
+                    )))
+                }
+            },
+        };
+        self.get(&path).await
+    }
+
+    /// Checks the credentials and finds the system.
+    pub async fn verify(&self) -> Result<Verified, BmcError> {
+        let root: ServiceRoot = self.get("/redfish/v1/").await?;
+        let sys = self.system().await?;
+        Ok(Verified {
+            protocol_version: root.redfish_version,
+            system_id: sys.id.clone().unwrap_or_else(|| sys.odata_id.clone()),
+            power: parse_power(sys.power_state.as_deref()),
+        })
+    }
+
+    /// Out-of-band inspection: vendor, model, serial, UUID, CPUs, memory
+    /// and the MACs of `EthernetInterfaces`.
+    pub async fn inspect(&self) -> Result<Inventory, BmcError> {
+        let sys = self.system().await?;
+        let mut macs = vec![];
+        if let Some(link) = &sys.ethernet_interfaces {
+            let members: Collection = self.get(&link.id).await?;
+            for m in members.members {
+                let nic: EthernetInterface = self.get(&m.id).await?;
+                if let Some(mac) = nic
+                    .permanent_mac
+                    .filter(|m| !m.is_empty())
+                    .or(nic.mac)
+                    .and_then(|m| normalize_mac(&m))
+                {
+                    if !macs.contains(&mac) {
+                        macs.push(mac);
+                    }
+                }
+            }
+        }
+        Ok(Inventory {
+            manufacturer: sys.manufacturer,
+            model: sys.model,
+            serial: sys.serial_number,
+            uuid: sys.uuid,
+            cpus: sys.processor_summary.as_ref().and_then(|p| p.count),
+            cpu_model: sys.processor_summary.and_then(|p| p.model),
+            memory_gib: sys.memory_summary.and_then(|m| m.total_gib),
+            macs,
+        })
+    }
+
+    /// The power state as the BMC reports it now.
+    pub async fn power_state(&self) -> Result<PowerState, BmcError> {
+        Ok(parse_power(self.system().await?.power_state.as_deref()))
+    }
+
+    async fn reset(&self, sys: &ComputerSystem, reset_type: &str) -> Result<(), BmcError> {
+        let action = sys
+            .actions
+            .as_ref()
+            .and_then(|a| a.reset.as_ref())
+            .ok_or_else(|| {
+                BmcError::Unsupported(format!(
+                    "{DRIVER} BMC at {} offers no ComputerSystem.Reset",
+                    self.address
+                ))
+            })?;
+        if !action.allowable.is_empty() && !action.allowable.iter().any(|v| v == reset_type) {
+            return Err(BmcError::Unsupported(format!(
+                "{DRIVER} BMC at {} does not allow ResetType {reset_type} (allows {})",
+                self.address,
+                action.allowable.join(", ")
+            )));
+        }
+        self.request_text(
+            Method::POST,
+            &action.target,
+            Some(&json!({ "ResetType": reset_type })),
+        )
+        .await?;
+        Ok(())
+    }
+
+    fn allows(sys: &ComputerSystem, reset_type: &str) -> bool {
+        sys.actions
+            .as_ref()
+            .and_then(|a| a.reset.as_ref())
+            .is_some_and(|a| a.allowable.is_empty() || a.allowable.iter().any(|v| v == reset_type))
+    }
+
+    /// Polls `PowerState` until it reads `want` or `within` passes.
+    async fn await_power(&self, want: PowerState, within: Duration) -> Result<bool, BmcError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.power_state().await? == want {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(self.settings.power_poll).await;
+        }
+    }
+
+    fn power_timeout(&self, action: &str, want: PowerState) -> BmcError {
+        BmcError::Timeout {
+            driver: DRIVER,
+            address: self.address.clone(),
+            message: format!(
+                "{action}: PowerState did not read {want} within {} s",
+                self.settings.power_timeout.as_secs()
+            ),
+        }
+    }
+
+    /// Applies a power action and waits until `PowerState` matches.
+    /// Returns the state read at the end.
+    pub async fn power(&self, action: PowerAction) -> Result<PowerState, BmcError> {
+        let sys = self.system().await?;
+        let now = parse_power(sys.power_state.as_deref());
+        let timeout = self.settings.power_timeout;
+        match action {
+            PowerAction::On => {
+                if now != PowerState::On {
+                    self.reset(&sys, "On").await?;
+                }
+                self.ensure(PowerState::On, "On", timeout).await
+            }
+            PowerAction::Off => {
+                if now == PowerState::Off {
+                    return Ok(PowerState::Off);
+                }
+                // Graceful first when the BMC offers it, then forced.
+                if Self::allows(&sys, "GracefulShutdown") {
+                    self.reset(&sys, "GracefulShutdown").await?;
+                    if self
+                        .await_power(PowerState::Off, self.settings.graceful_timeout)
+                        .await?
+                    {
+                        return Ok(PowerState::Off);
+                    }
+                    tracing::info!(address = %self.address, "graceful shutdown timed out; forcing off");
+                }
+                self.reset(&sys, "ForceOff").await?;
+                self.ensure(PowerState::Off, "ForceOff", timeout).await
+            }
+            PowerAction::Cycle => {
+                if now == PowerState::Off {
+                    self.reset(&sys, "On").await?;
+                } else if Self::allows(&sys, "PowerCycle") {
+                    self.reset(&sys, "PowerCycle").await?;
+                } else {
+                    self.reset(&sys, "ForceOff").await?;
+                    if !self.await_power(PowerState::Off, timeout).await? {
+                        return Err(self.power_timeout("ForceOff", PowerState::Off));
+                    }
+                    self.reset(&sys, "On").await?;
+                }
+                self.ensure(PowerState::On, "cycle", timeout).await
+            }
+            PowerAction::Reset => {
+                if now == PowerState::Off {
+                    self.reset(&sys, "On").await?;
+                } else {
+                    self.reset(&sys, "ForceRestart").await?;
+                }
+                self.ensure(PowerState::On, "ForceRestart", timeout).await
+            }
+        }
+    }
+
+    async fn ensure(
+        &self,
+        want: PowerState,
+        action: &str,
+        within: Duration,
+    ) -> Result<PowerState, BmcError> {
+        if self.await_power(want, within).await? {
+            Ok(want)
+        } else {
+            Err(self.power_timeout(action, want))
+        }
+    }
+
+    /// Sets the boot override and reads it back.
+    pub async fn boot(
+        &self,
+        device: BootDevice,
+        persistent: bool,
+        mode: Option<BootMode>,
+    ) -> Result<BootOverride, BmcError> {
+        let sys = self.system().await?;
+        let target = match device {
+            BootDevice::Pxe => "Pxe",
+            BootDevice::Disk => "Hdd",
+            BootDevice::UefiHttp => "UefiHttp",
+        };
+        if let Some(b) = &sys.boot {
+            if !b.allowable_targets.is_empty() && !b.allowable_targets.iter().any(|t| t == target) {
+                return Err(BmcError::Unsupported(format!(
+                    "{DRIVER} BMC at {} cannot boot from {target} (allows {})",
+                    self.address,
+                    b.allowable_targets.join(", ")
+                )));
+            }
+        }
+        let enabled = if persistent { "Continuous" } else { "Once" };
+        let mut boot = json!({
+            "BootSourceOverrideTarget": target,
+            "BootSourceOverrideEnabled": enabled,
+        });
+        if let Some(m) = mode {
+            boot["BootSourceOverrideMode"] = json!(match m {
+                BootMode::Uefi => "UEFI",
+                BootMode::Legacy => "Legacy",
+            });
+        }
+        self.request_text(Method::PATCH, &sys.odata_id, Some(&json!({ "Boot": boot })))
+            .await?;
+        let after: ComputerSystem = self.get(&sys.odata_id).await?;
+        let read = after.boot.unwrap_or(Boot {
+            boot_source_override_target: None,
+            boot_source_override_enabled: None,
+            boot_source_override_mode: None,
+            allowable_targets: vec![],
+        });
+        if read.boot_source_override_target.as_deref() != Some(target) {
+            return Err(BmcError::Refused {
+                driver: DRIVER,
+                address: self.address.clone(),
+                status: 200,
+                message: format!(
+                    "boot override read back {:?}, not {target}",
+                    read.boot_source_override_target
+                ),
+            });
+        }
+        Ok(BootOverride {
+            target: target.to_owned(),
+            enabled_requested: enabled.to_owned(),
+            enabled_read_back: read.boot_source_override_enabled,
+            mode_read_back: read.boot_source_override_mode,
+        })
+    }
+}
+
+fn parse_power(s: Option<&str>) -> PowerState {
+    match s {
+        Some("On") | Some("PoweringOff") => PowerState::On,
+        Some("Off") | Some("PoweringOn") => PowerState::Off,
+        _ => PowerState::Unknown,
+    }
+}
+
+/// Lower-case, colon-separated MAC; `None` for anything else.
+pub fn normalize_mac(s: &str) -> Option<String> {
+    let hex: String = s.chars().filter(|c| c.is_ascii_hexdigit()).collect();
+    let seps = s.chars().filter(|c| matches!(c, ':' | '-' | '.')).count();
+    if hex.len() != 12 || hex.len() + seps != s.len() {
+        return None;
+    }
+    let hex = hex.to_ascii_lowercase();
+    Some(
+        (0..6)
+            .map(|i| &hex[i * 2..i * 2 + 2])
+            .collect::<Vec<_>>()
+            .join(":"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extended_info_messages_become_the_error_text() {
+        let body = r#"{"error":{"code":"Base.1.0.GeneralError","message":"A general error has occurred.",
+            "@Message.ExtendedInfo":[{"MessageId":"Base.1.8.PropertyValueNotInList","Message":"The value Floppy for the property BootSourceOverrideTarget is not in the list of acceptable values."}]}}"#;
+        assert_eq!(
+            error_text(body).as_deref(),
+            Some("The value Floppy for the property BootSourceOverrideTarget is not in the list of acceptable values.")
+        );
+        assert_eq!(
+            error_text(r#"{"error":{"message":"nope"}}"#).as_deref(),
+            Some("nope")
+        );
+        assert_eq!(error_text("<html>"), None);
+    }
+
+    #[test]
+    fn macs_are_normalized_or_refused() {
+        assert_eq!(
+            normalize_mac("52:54:00:AB:cd:01").as_deref(),
+            Some("52:54:00:ab:cd:01")
+        );
+        assert_eq!(
+            normalize_mac("52-54-00-ab-cd-01").as_deref(),
+            Some("52:54:00:ab:cd:01")
+        );
+        assert_eq!(
+            normalize_mac("5254.00ab.cd01").as_deref(),
+            Some("52:54:00:ab:cd:01")
+        );
+        assert_eq!(normalize_mac("52:54:00:ab:cd"), None);
+        assert_eq!(normalize_mac("zz:54:00:ab:cd:01"), None);
+        assert_eq!(normalize_mac(""), None);
+    }
+
+    #[test]
+    fn addresses_name_a_bmc_or_one_of_its_systems() {
+        let s = || SecretString::from("x".to_owned());
+        let r =
+            Redfish::new("https://10.0.0.10", s(), s(), RedfishSettings::default()).expect("plain");
+        assert_eq!(r.system_hint, None);
+        let r = Redfish::new(
+            "http://127.0.0.1:8000/redfish/v1/Systems/abc/",
+            s(),
+            s(),
+            RedfishSettings::default(),
+        )
+        .expect("with a system");
+        assert_eq!(r.system_hint.as_deref(), Some("/redfish/v1/Systems/abc"));
+        assert!(Redfish::new("ftp://x", s(), s(), RedfishSettings::default()).is_err());
+        assert!(Redfish::new("https://x/other", s(), s(), RedfishSettings::default()).is_err());
+        assert!(Redfish::new("not a url", s(), s(), RedfishSettings::default()).is_err());
+    }
+
+    #[test]
+    fn unknown_values_do_not_fail_a_document() {
+        let sys: ComputerSystem = serde_json::from_value(json!({
+            "@odata.id": "/redfish/v1/Systems/1",
+            "PowerState": "SomethingNew",
+            "Boot": {"BootSourceOverrideTarget": "BiosSetup", "BootSourceOverrideEnabled": "Disabled"},
+            "Oem": {"Vendor": {"x": 1}}
+        }))
+        .expect("parses");
+        assert_eq!(parse_power(sys.power_state.as_deref()), PowerState::Unknown);
+    }
+}

@@ -1,0 +1,286 @@
+//! The bmc service in the control plane, against sushy-emulator with auth
+//! on: three fake systems enrolled through the public API finish
+//! `metal-enroll` with the MACs of their `EthernetInterfaces`; `metal.power`
+//! on/off/cycle lands on the emulator and in the node's `power`; a
+//! redelivered command does not act twice; no plaintext credential shows in
+//! an API response, a NATS message or a Postgres column.
+
+mod peers;
+
+use bcm_core::{NodeId, PowerState, ProvisionState};
+use bcm_testkit::{eventually, Options, TestEnv};
+use futures::StreamExt as _;
+use peers::{sushy_mac, IpmiSim, Sushy};
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(90);
+
+async fn start(env: &TestEnv) -> std::sync::Arc<bcm_bmc::service::Ctx> {
+    let cfg = bcm_bmc::BmcConfig {
+        site: "s1".into(),
+        bus: env.bus_config.clone(),
+        sealing_keys: env.sealing_keys.clone(),
+        concurrency: 16,
+        power_timeout_secs: 40,
+        graceful_timeout_secs: 15,
+        tls_ca_file: None,
+        tls_insecure: false,
+        ipmitool: "ipmitool".into(),
+        telemetry: Default::default(),
+    };
+    let (ctx, _task) = bcm_bmc::start(&cfg, cfg.drivers().expect("drivers"), env.child_token())
+        .await
+        .expect("bmc service");
+    ctx
+}
+
+fn pg_dump() -> std::path::PathBuf {
+    let mut found: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("Debian's postgresql is installed")
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin/pg_dump")))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    found.pop().expect("pg_dump")
+}
+
+/// Records the body of every message the NATS server carries from now on
+/// (core subscription to `>`: commands, results, events, JetStream API).
+async fn record_all_messages(env: &TestEnv) -> Arc<Mutex<Vec<String>>> {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut sub = env
+        .state
+        .inner
+        .bus
+        .client()
+        .subscribe(">")
+        .await
+        .expect("subscribe");
+    let out = seen.clone();
+    tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            out.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(String::from_utf8_lossy(&m.payload).into_owned());
+        }
+    });
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
+    let sushy = Sushy::start(3).await;
+    let mut site = bcm_sim::SimConfig::new("s1");
+    site.bmc_service = true;
+    let env = TestEnv::start_with(Options {
+        site: Some(site),
+        ..Options::with_site()
+    })
+    .await
+    .expect("env");
+    let wire = record_all_messages(&env).await;
+    let bmc = start(&env).await;
+
+    let mut ids: Vec<NodeId> = vec![];
+    for i in 1..=3 {
+        let (s, b) = env
+            .post(
+                "/api/compute/metal/enroll",
+                Some(&env.admin_token),
+                &json!({"tenantId": "a", "poolId": "a-pool", "bmc": {"driver": "redfish",
+                    "address": sushy.system_address(i), "username": sushy.username, "password": sushy.password}}),
+            )
+            .await
+            .expect("enroll");
+        assert_eq!(s, 200, "{b}");
+        assert!(!b.to_string().contains(&sushy.password), "{b}");
+        ids.push(b["nodeId"].as_str().expect("id").parse().expect("id"));
+    }
+    // metal-enroll ends with the emulator's MACs; the chain then goes on to
+    // inspecting (whose PXE boot this emulator cannot do).
+    for (i, id) in ids.iter().enumerate() {
+        let n = env
+            .wait_state(id, ProvisionState::Inspecting, T)
+            .await
+            .expect("enroll finished");
+        assert_eq!(n.macs, vec![sushy_mac(i + 1)], "node {id}");
+    }
+
+    // Out of inspecting (abort runs its cleanup: power off), then the power
+    // axis through the API.
+    let id = ids[0];
+    env.verb_ok("abort", &id, json!({})).await;
+    env.wait_state(&id, ProvisionState::Failed, T)
+        .await
+        .expect("failed");
+    for (action, want) in [
+        ("on", PowerState::On),
+        ("off", PowerState::Off),
+        ("cycle", PowerState::On),
+    ] {
+        let (s, b) = env.verb("power", &id, json!({"action": action})).await;
+        assert_eq!(s, 200, "{b}");
+        eventually(T, || async {
+            Ok((env.node(&id).await?.power == want).then_some(()))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("power {action}: {e}"));
+        let d = bcm_bmc::driver::Driver::open(
+            bcm_core::BmcDriver::Redfish,
+            &sushy.system_address(1),
+            sushy.username.clone().into(),
+            sushy.password.clone().into(),
+            &Default::default(),
+        )
+        .expect("driver");
+        assert_eq!(
+            d.power_state().await.expect("read"),
+            want,
+            "the emulator agrees"
+        );
+        d.close().await;
+    }
+
+    // A command re-sent with the same command id (as after a crash between
+    // publish and ack) is answered from the stored result, not re-executed.
+    let resets = sushy.resets(1);
+    let executed = bmc.executed.lock().unwrap_or_else(|p| p.into_inner()).len();
+    let commands = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands");
+    let last_power = commands
+        .iter()
+        .rev()
+        .find(|c| c.kind == "bmc.power")
+        .expect("a power command");
+    let envelope = bcm_bus::messages::CommandEnvelope {
+        command_id: last_power.id.clone(),
+        kind: "bmc.power".into(),
+        site_id: "s1".parse().expect("site"),
+        node_id: Some(id),
+        params: last_power.params.clone(),
+        issued_at: chrono::Utc::now(),
+    };
+    let bus = &env.state.inner.bus;
+    let event = bcm_bus::messages::CloudEvent::new(
+        "again".into(),
+        bcm_bus::messages::types::command("bmc.power"),
+        Some(id.to_string()),
+        None,
+        envelope,
+    );
+    bus.publish_durable(
+        &bus.subjects()
+            .command(&"s1".parse().expect("site"), "bmc.power"),
+        "redelivered-copy",
+        &[],
+        serde_json::to_vec(&event).expect("json").into(),
+    )
+    .await
+    .expect("publish");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(sushy.resets(1), resets, "no second reset");
+    assert_eq!(
+        bmc.executed.lock().unwrap_or_else(|p| p.into_inner()).len(),
+        executed,
+        "nothing executed again"
+    );
+
+    // No plaintext credential in any NATS message body or Postgres column.
+    let wire = wire.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(
+        wire.len() > 100,
+        "the recorder saw the traffic: {}",
+        wire.len()
+    );
+    assert!(
+        wire.iter().all(|b| !b.contains(&sushy.password)),
+        "a NATS message carries the password"
+    );
+    let dump = std::process::Command::new(pg_dump())
+        .arg(&env.database_url)
+        .output()
+        .expect("pg_dump");
+    assert!(
+        dump.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&dump.stdout).contains(&sushy.password));
+    for id in &ids {
+        let (s, b) = env
+            .get(
+                &format!("/api/compute/metal/nodes/{id}"),
+                Some(&env.admin_token),
+            )
+            .await
+            .expect("get");
+        assert_eq!(s, 200, "{b}");
+        assert!(!b.to_string().contains(&sushy.password));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipmi_nodes_enroll_with_their_given_macs_and_a_wrong_password_fails_enrolling() {
+    let sim = IpmiSim::start().await;
+    let mut site = bcm_sim::SimConfig::new("s1");
+    site.bmc_service = true;
+    let env = TestEnv::start_with(Options {
+        site: Some(site),
+        ..Options::with_site()
+    })
+    .await
+    .expect("env");
+    let _bmc = start(&env).await;
+    let enroll = |password: &str, mac: &str| {
+        json!({"tenantId": "a", "poolId": "a-pool", "macs": [mac],
+            "bmc": {"driver": "ipmi", "address": sim.address(), "username": sim.username, "password": password}})
+    };
+    let (s, b) = env
+        .post(
+            "/api/compute/metal/enroll",
+            Some(&env.admin_token),
+            &enroll(&sim.password, "52:54:00:aa:00:01"),
+        )
+        .await
+        .expect("enroll");
+    assert_eq!(s, 200, "{b}");
+    let good: NodeId = b["nodeId"].as_str().expect("id").parse().expect("id");
+    let n = env
+        .wait_state(&good, ProvisionState::Inspecting, T)
+        .await
+        .expect("enroll finished over IPMI");
+    assert_eq!(
+        n.macs,
+        vec!["52:54:00:aa:00:01".to_owned()],
+        "IPMI sees no NICs: the given MACs stand"
+    );
+
+    // A wrong password, on a BMC of its own.
+    let other = IpmiSim::start().await;
+    let (s, b) = env
+        .post("/api/compute/metal/enroll", Some(&env.admin_token), &json!({"tenantId": "a", "poolId": "a-pool",
+            "macs": ["52:54:00:aa:00:02"],
+            "bmc": {"driver": "ipmi", "address": other.address(), "username": other.username, "password": "wrong-password"}}))
+        .await
+        .expect("enroll");
+    assert_eq!(s, 200, "{b}");
+    let bad: NodeId = b["nodeId"].as_str().expect("id").parse().expect("id");
+    let n = env
+        .wait_state(&bad, ProvisionState::Failed, T)
+        .await
+        .expect("failed");
+    assert_eq!(n.failed_from, Some(ProvisionState::Enrolling));
+    let err = n.last_error.unwrap_or_default();
+    assert!(
+        err.contains("authentication failed") && err.contains(&other.address()),
+        "{err}"
+    );
+    assert!(!err.contains("wrong-password"), "{err}");
+    assert!(
+        other.events().is_empty(),
+        "nothing happened to that chassis"
+    );
+}

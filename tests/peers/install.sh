@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the real BMC peers the bmc service's tests run against, then
+# prints the environment they need (eval it):
+#   - sushy-tools' Redfish emulator (PyPI, pinned) in a venv under .bcm/;
+#   - OpenIPMI's ipmi_sim and ipmitool (Debian packages).
+# Idempotent; nothing here needs more than PyPI and Debian's mirrors.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+venv="$root/.bcm/venv-sushy"
+SUSHY_TOOLS_VERSION=2.2.0
+log() { echo "peers: $*" >&2; }
+
+if ! "$venv/bin/python" -c "import sushy_tools, bcrypt" >/dev/null 2>&1 \
+   || [ "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("sushy-tools"))' 2>/dev/null)" != "$SUSHY_TOOLS_VERSION" ]; then
+  log "installing sushy-tools==$SUSHY_TOOLS_VERSION into $venv"
+  mkdir -p "$root/.bcm"
+  python3 -m venv "$venv" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check "sushy-tools==$SUSHY_TOOLS_VERSION" bcrypt >&2
+fi
+if ! command -v ipmi_sim >/dev/null || ! command -v ipmitool >/dev/null; then
+  log "installing openipmi and ipmitool"
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openipmi ipmitool >&2
+fi
+echo "export BCM_SUSHY_EMULATOR=$venv/bin/sushy-emulator"
+echo "export BCM_SUSHY_PYTHON=$venv/bin/python"
+echo "export BCM_IPMI_SIM=$(command -v ipmi_sim)"
