@@ -205,6 +205,8 @@ pub struct Redfish {
     username: SecretString,
     password: SecretString,
     auth: Mutex<Auth>,
+    /// The system's path once discovered.
+    system_path: tokio::sync::OnceCell<String>,
     settings: RedfishSettings,
 }
 
@@ -271,6 +273,7 @@ impl Redfish {
             username,
             password,
             auth: Mutex::new(Auth::None),
+            system_path: tokio::sync::OnceCell::new(),
             settings,
         })
     }
@@ -486,8 +489,16 @@ impl Redfish {
     }
 
     /// The system this client manages: the address's, or the only member
-    /// of the service root's `Systems`.
+    /// of the service root's `Systems` (found once per client).
     async fn system(&self) -> Result<ComputerSystem, BmcError> {
+        let path = self
+            .system_path
+            .get_or_try_init(|| self.discover_system())
+            .await?;
+        self.get(path).await
+    }
+
+    async fn discover_system(&self) -> Result<String, BmcError> {
         let root: ServiceRoot = self.get("/redfish/v1/").await?;
         let systems = root.systems.ok_or_else(|| {
             BmcError::Unsupported(format!(
@@ -516,7 +527,7 @@ impl Redfish {
                 }
             },
         };
-        self.get(&path).await
+        Ok(path)
     }
 
     /// Checks the credentials and finds the system.

@@ -284,3 +284,94 @@ async fn ipmi_nodes_enroll_with_their_given_macs_and_a_wrong_password_fails_enro
         "nothing happened to that chassis"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_power_sync_finds_drift_and_publishes_it() {
+    let sushy = Sushy::start(1).await;
+    let mut site = bcm_sim::SimConfig::new("s1");
+    site.bmc_service = true;
+    let env = TestEnv::start_with(Options {
+        site: Some(site),
+        reconcilers: 0,
+        ..Options::with_site()
+    })
+    .await
+    .expect("env");
+    tokio::spawn(bcm_reconciler::run(
+        env.db.clone(),
+        env.state.inner.bus.clone(),
+        bcm_reconciler::ReconcilerConfig {
+            poll_ms: 2000,
+            lease_ttl_ms: 3000,
+            power_sync_secs: 1,
+            ..Default::default()
+        },
+        env.child_token(),
+    ));
+    let _bmc = start(&env).await;
+    let reader = env
+        .events_consumer("power", &env.subjects().events_all())
+        .await
+        .expect("consumer");
+    let (s, b) = env
+        .post("/api/compute/metal/enroll", Some(&env.admin_token), &json!({"tenantId": "a", "poolId": "a-pool",
+            "bmc": {"driver": "redfish", "address": sushy.system_address(1), "username": sushy.username, "password": sushy.password}}))
+        .await
+        .expect("enroll");
+    assert_eq!(s, 200, "{b}");
+    let id: NodeId = b["nodeId"].as_str().expect("id").parse().expect("id");
+    env.wait_state(&id, ProvisionState::Inspecting, T)
+        .await
+        .expect("inspecting");
+    env.verb_ok("abort", &id, json!({})).await;
+    env.wait_state(&id, ProvisionState::Failed, T)
+        .await
+        .expect("failed");
+    eventually(T, || async {
+        Ok((env.node(&id).await?.power == PowerState::Off).then_some(()))
+    })
+    .await
+    .expect("off after the abort's cleanup");
+
+    // Someone powers the machine on behind the control plane's back.
+    let d = bcm_bmc::driver::Driver::open(
+        bcm_core::BmcDriver::Redfish,
+        &sushy.system_address(1),
+        sushy.username.clone().into(),
+        sushy.password.clone().into(),
+        &Default::default(),
+    )
+    .expect("driver");
+    d.power(bcm_core::PowerAction::On).await.expect("on");
+    d.close().await;
+    eventually(T, || async {
+        Ok((env.node(&id).await?.power == PowerState::On).then_some(()))
+    })
+    .await
+    .expect("the sync saw the drift");
+    let events = reader
+        .drain(Duration::from_millis(1500))
+        .await
+        .expect("events");
+    let drift: Vec<_> = events
+        .iter()
+        .filter(|e| e.event.ty == "node.power.changed")
+        .map(|e| {
+            (
+                e.event.data["previous"].clone(),
+                e.event.data["power"].clone(),
+            )
+        })
+        .collect();
+    assert!(
+        drift.contains(&(json!("off"), json!("on"))),
+        "node.power.changed off → on: {drift:?}"
+    );
+    let reads = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands")
+        .into_iter()
+        .filter(|c| c.kind == "bmc.powerStatus")
+        .count();
+    assert!(reads >= 1, "the sync read the BMC");
+}

@@ -12,6 +12,7 @@
 //! looked at again every `poll_ms` (`metalPollMs`) in case a wake-up was
 //! missed.
 
+pub mod power_sync;
 pub mod reconcile;
 pub mod shards;
 
@@ -37,6 +38,19 @@ pub struct ReconcilerConfig {
     /// Row lock wait before a reconcile pass gives up and retries.
     #[serde(default = "default_lock_timeout_ms")]
     pub lock_timeout_ms: u32,
+    /// How often each node's BMC is asked for its power state.
+    #[serde(default = "default_power_sync_secs")]
+    pub power_sync_secs: u64,
+    /// At most this many power reads in flight across the control plane.
+    #[serde(default = "default_power_sync_max_outstanding")]
+    pub power_sync_max_outstanding: u32,
+}
+
+fn default_power_sync_secs() -> u64 {
+    300
+}
+fn default_power_sync_max_outstanding() -> u32 {
+    256
 }
 
 fn default_poll_ms() -> u64 {
@@ -56,6 +70,8 @@ impl Default for ReconcilerConfig {
             lease_ttl_ms: default_lease_ttl_ms(),
             holder: None,
             lock_timeout_ms: default_lock_timeout_ms(),
+            power_sync_secs: default_power_sync_secs(),
+            power_sync_max_outstanding: default_power_sync_max_outstanding(),
         }
     }
 }
@@ -68,5 +84,13 @@ pub async fn run(db: Db, bus: Bus, cfg: ReconcilerConfig, shutdown: Cancellation
             ulid::Ulid::new().to_string().to_lowercase()
         )
     });
+    let sync = tokio::spawn(power_sync::run(
+        db.clone(),
+        bus.clone(),
+        cfg.clone(),
+        holder.clone(),
+        shutdown.clone(),
+    ));
     shards::run(db, bus, cfg, holder, shutdown).await;
+    let _ = sync.await;
 }

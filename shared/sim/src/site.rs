@@ -304,6 +304,10 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
     }
     let m = &site.machines;
     match cmd.kind.as_str() {
+        "bmc.powerStatus" => ok(
+            cmd,
+            json!({ "sim": true, "powerState": if m.powered(&address) { "On" } else { "Off" } }),
+        ),
         "bmc.verify" => ok(cmd, json!({ "sim": true, "redfishVersion": "1.17.0" })),
         "bmc.inspect" => ok(
             cmd,

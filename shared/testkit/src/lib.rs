@@ -215,6 +215,7 @@ impl TestEnv {
             lease_ttl_ms: 3000,
             holder: None,
             lock_timeout_ms: 2000,
+            ..Default::default()
         };
         tokio::spawn(bcm_reconciler::run(
             self.db.clone(),

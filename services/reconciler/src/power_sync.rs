@@ -1,0 +1,107 @@
+//! The periodic power sync: every node with a BMC gets a `bmc.powerStatus`
+//! command every `power_sync_secs`; the result (recorded by the engine's
+//! results consumer) updates the node's `power` and emits
+//! `node.power.changed` when it drifted. One reconciler at a time leads the
+//! sync (a lease), and at most `power_sync_max_outstanding` reads are in
+//! flight, so 10,000 nodes do not stampede their BMCs.
+
+use bcm_bus::messages::CommandEnvelope;
+use bcm_bus::Bus;
+use bcm_db::Db;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use crate::ReconcilerConfig;
+
+/// The lease kind of the sync's leader.
+pub const KIND: &str = "power-sync";
+const KIND_COMMAND: &str = "bmc.powerStatus";
+
+/// Leads the sync whenever this worker holds the lease, until `shutdown`.
+pub async fn run(
+    db: Db,
+    bus: Bus,
+    cfg: ReconcilerConfig,
+    holder: String,
+    shutdown: CancellationToken,
+) {
+    let every = Duration::from_secs(cfg.power_sync_secs.max(1));
+    let ttl = Duration::from_millis(cfg.lease_ttl_ms.max(300));
+    let tick = (every / 4).clamp(Duration::from_millis(200), Duration::from_secs(15));
+    while !shutdown.is_cancelled() {
+        match bcm_db::leases::lease_acquire(&db, KIND, 0, &holder, ttl.max(tick * 3)).await {
+            Ok(true) => {
+                if let Err(e) = round(&db, &bus, &cfg, every).await {
+                    tracing::warn!(error = %e, "power sync round failed");
+                }
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "power sync lease failed"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(tick) => {}
+        }
+    }
+    let _ = bcm_db::leases::lease_release(&db, KIND, 0, &holder).await;
+}
+
+/// Sends power reads to the nodes due, within the outstanding bound.
+/// Returns how many it sent.
+pub async fn round(
+    db: &Db,
+    bus: &Bus,
+    cfg: &ReconcilerConfig,
+    every: Duration,
+) -> Result<usize, bcm_db::DbError> {
+    let outstanding = bcm_db::commands::commands_outstanding(db, KIND_COMMAND).await?;
+    let room = cfg.power_sync_max_outstanding as i64 - outstanding;
+    if room <= 0 {
+        return Ok(0);
+    }
+    let due = bcm_db::commands::nodes_due_for(db, KIND_COMMAND, every, room).await?;
+    let mut sent = 0;
+    for id in due {
+        let Ok(node_id) = id.parse::<bcm_core::NodeId>() else {
+            continue;
+        };
+        let mut tx = db.begin().await?;
+        let node = bcm_db::nodes::node_fetch_in_txn(&mut tx, &node_id).await?;
+        let cmd = CommandEnvelope {
+            command_id: bcm_core::CommandId::generate().to_string(),
+            kind: KIND_COMMAND.to_owned(),
+            site_id: node.site_id.clone(),
+            node_id: Some(node.id),
+            params: serde_json::json!({ "bmc": bcm_metal::bmc::params_in_txn(&mut tx, &node).await? }),
+            issued_at: chrono::Utc::now(),
+        };
+        bcm_db::commands::command_insert_in_txn(
+            &mut tx,
+            &bcm_db::commands::NewCommand {
+                id: cmd.command_id.clone(),
+                idempotency_key: format!("power-sync/{}", cmd.command_id),
+                workflow_id: None,
+                step_idx: None,
+                attempt: 1,
+                node_id: Some(id.clone()),
+                site_id: Some(node.site_id.to_string()),
+                kind: cmd.kind.clone(),
+                target: "site".to_owned(),
+                params: cmd.params.clone(),
+            },
+        )
+        .await?;
+        bcm_db::outbox::outbox_insert_in_txn(
+            &mut tx,
+            &[bcm_metal::outbox::command(bus.subjects(), &node, &cmd)],
+        )
+        .await?;
+        tx.commit().await?;
+        sent += 1;
+    }
+    if sent > 0 {
+        metrics::counter!("bcm_power_sync_reads_total").increment(sent as u64);
+        tracing::debug!(sent, "power sync sent reads");
+    }
+    Ok(sent)
+}
