@@ -68,22 +68,7 @@ async fn killed_engine_and_reconciler_resume_without_resending_or_skipping() {
     let config = child_config(&env, &dir);
     let mut child = spawn_child(&config, "workflow,reconciler", &dir.join("child-1.log"));
 
-    let mut ids = vec![];
-    for i in 0..NODES {
-        let (s, b) = env
-            .post("/api/compute/metal/enroll", Some(&env.admin_token), &json!({"tenantId": "a", "poolId": "a-pool",
-                "bmc": {"driver": "sim", "address": format!("sim://crash-{i}"), "username": "u", "password": "p"}}))
-            .await
-            .expect("enroll");
-        assert_eq!(s, 200, "{b}");
-        ids.push(
-            b["nodeId"]
-                .as_str()
-                .expect("id")
-                .parse::<NodeId>()
-                .expect("id"),
-        );
-    }
+    let ids = env.enroll_sims("crash", NODES).await;
     let before = kill_midway(
         &env,
         &ids,

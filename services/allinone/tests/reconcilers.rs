@@ -43,16 +43,7 @@ async fn three_reconciler_processes_on_200_nodes_end_as_one() {
     .await
     .expect("three processes share the shards");
 
-    let mut ids: Vec<NodeId> = vec![];
-    for i in 0..NODES {
-        let (s, b) = env
-            .post("/api/compute/metal/enroll", Some(&env.admin_token), &json!({"tenantId": "a", "poolId": "a-pool",
-                "bmc": {"driver": "sim", "address": format!("sim://three-{i}"), "username": "u", "password": "p"}}))
-            .await
-            .expect("enroll");
-        assert_eq!(s, 200, "{b}");
-        ids.push(b["nodeId"].as_str().expect("id").parse().expect("id"));
-    }
+    let ids: Vec<NodeId> = env.enroll_sims("three", NODES).await;
     // One process dies with the work half done.
     bcm_testkit::eventually(T, || async {
         Ok((count_in(&env, &ids, ProvisionState::Ready).await >= NODES / 4).then_some(()))

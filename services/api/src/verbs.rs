@@ -5,7 +5,7 @@
 
 use axum::extract::State;
 use axum::Json;
-use bcm_bus::messages::{self, CommandEnvelope};
+use bcm_bus::messages;
 use bcm_core::authz::{Action, Placement};
 use bcm_core::table::NodeFacts;
 use bcm_core::{
@@ -308,34 +308,12 @@ async fn run_verb(
     let s = a.bus.subjects();
     let mut rows: Vec<NewOutboxMessage> = vec![];
     let result = if let Extra::Power { action } = extra {
-        let cmd = CommandEnvelope {
-            command_id: bcm_core::CommandId::generate().to_string(),
-            kind: "bmc.power".to_owned(),
-            site_id: node.site_id.clone(),
-            node_id: Some(node.id),
-            params: serde_json::json!({
-                "action": action,
-                "bmc": bcm_metal::bmc::params_in_txn(&mut tx, &node).await?,
-            }),
-            issued_at: chrono::Utc::now(),
-        };
-        bcm_db::commands::command_insert_in_txn(
-            &mut tx,
-            &bcm_db::commands::NewCommand {
-                id: cmd.command_id.clone(),
-                idempotency_key: format!("power/{}", cmd.command_id),
-                workflow_id: None,
-                step_idx: None,
-                attempt: 1,
-                node_id: Some(node.id.to_string()),
-                site_id: Some(node.site_id.to_string()),
-                kind: cmd.kind.clone(),
-                target: "site".to_owned(),
-                params: cmd.params.clone(),
-            },
-        )
-        .await?;
-        rows.push(outbox::command(s, &node, &cmd));
+        let mut params = serde_json::Map::new();
+        params.insert("action".into(), serde_json::json!(action));
+        let (cmd, row) =
+            bcm_metal::bmc::leaf_command_in_txn(&mut tx, s, &node, "bmc.power", "power", params)
+                .await?;
+        rows.push(row);
         rows.push(outbox::event(
             s,
             &node,

@@ -9,16 +9,6 @@ use std::time::Duration;
 const USERNAME: &str = "bmc-operator-7f3a91";
 const PASSWORD: &str = "pw-Zq8!v2-unguessable-91c4";
 
-fn pg_dump() -> std::path::PathBuf {
-    let mut found: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("Debian's postgresql is installed")
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin/pg_dump")))
-        .filter(|p| p.exists())
-        .collect();
-    found.sort();
-    found.pop().expect("pg_dump")
-}
-
 #[tokio::test]
 async fn credentials_appear_in_no_response_event_or_dump() {
     let env = TestEnv::start().await.expect("env");
@@ -120,7 +110,7 @@ async fn credentials_appear_in_no_response_event_or_dump() {
         );
     }
 
-    let dump = std::process::Command::new(pg_dump())
+    let dump = std::process::Command::new(bcm_testkit::pg_dump())
         .arg("--dbname")
         .arg(&env.database_url)
         .output()

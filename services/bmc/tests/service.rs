@@ -17,6 +17,20 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(90);
 
+/// The control plane with a simulated site that leaves `bmc.*` to the real
+/// bmc service, and `reconcilers` in-process reconcilers.
+async fn env_with_bmc_service(reconcilers: usize) -> TestEnv {
+    let mut site = bcm_sim::SimConfig::new("s1");
+    site.bmc_service = true;
+    TestEnv::start_with(Options {
+        site: Some(site),
+        reconcilers,
+        ..Options::with_site()
+    })
+    .await
+    .expect("env")
+}
+
 async fn start(env: &TestEnv) -> std::sync::Arc<bcm_bmc::service::Ctx> {
     let cfg = bcm_bmc::BmcConfig {
         site: "s1".into(),
@@ -34,16 +48,6 @@ async fn start(env: &TestEnv) -> std::sync::Arc<bcm_bmc::service::Ctx> {
         .await
         .expect("bmc service");
     ctx
-}
-
-fn pg_dump() -> std::path::PathBuf {
-    let mut found: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("Debian's postgresql is installed")
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin/pg_dump")))
-        .filter(|p| p.exists())
-        .collect();
-    found.sort();
-    found.pop().expect("pg_dump")
 }
 
 /// Records the body of every message the NATS server carries from now on
@@ -72,14 +76,7 @@ async fn record_all_messages(env: &TestEnv) -> Arc<Mutex<Vec<String>>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
     let sushy = Sushy::start(3).await;
-    let mut site = bcm_sim::SimConfig::new("s1");
-    site.bmc_service = true;
-    let env = TestEnv::start_with(Options {
-        site: Some(site),
-        ..Options::with_site()
-    })
-    .await
-    .expect("env");
+    let env = env_with_bmc_service(1).await;
     let wire = record_all_messages(&env).await;
     let bmc = start(&env).await;
 
@@ -199,7 +196,7 @@ async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
         wire.iter().all(|b| !b.contains(&sushy.password)),
         "a NATS message carries the password"
     );
-    let dump = std::process::Command::new(pg_dump())
+    let dump = std::process::Command::new(bcm_testkit::pg_dump())
         .arg(&env.database_url)
         .output()
         .expect("pg_dump");
@@ -225,14 +222,7 @@ async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ipmi_nodes_enroll_with_their_given_macs_and_a_wrong_password_fails_enrolling() {
     let sim = IpmiSim::start().await;
-    let mut site = bcm_sim::SimConfig::new("s1");
-    site.bmc_service = true;
-    let env = TestEnv::start_with(Options {
-        site: Some(site),
-        ..Options::with_site()
-    })
-    .await
-    .expect("env");
+    let env = env_with_bmc_service(1).await;
     let _bmc = start(&env).await;
     let enroll = |password: &str, mac: &str| {
         json!({"tenantId": "a", "poolId": "a-pool", "macs": [mac],
@@ -288,15 +278,7 @@ async fn ipmi_nodes_enroll_with_their_given_macs_and_a_wrong_password_fails_enro
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_power_sync_finds_drift_and_publishes_it() {
     let sushy = Sushy::start(1).await;
-    let mut site = bcm_sim::SimConfig::new("s1");
-    site.bmc_service = true;
-    let env = TestEnv::start_with(Options {
-        site: Some(site),
-        reconcilers: 0,
-        ..Options::with_site()
-    })
-    .await
-    .expect("env");
+    let env = env_with_bmc_service(0).await;
     tokio::spawn(bcm_reconciler::run(
         env.db.clone(),
         env.state.inner.bus.clone(),

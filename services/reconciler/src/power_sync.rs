@@ -5,7 +5,6 @@
 //! sync (a lease), and at most `power_sync_max_outstanding` reads are in
 //! flight, so 10,000 nodes do not stampede their BMCs.
 
-use bcm_bus::messages::CommandEnvelope;
 use bcm_bus::Bus;
 use bcm_db::Db;
 use std::time::Duration;
@@ -59,7 +58,7 @@ pub async fn round(
     if room <= 0 {
         return Ok(0);
     }
-    let due = bcm_db::commands::nodes_due_for(db, KIND_COMMAND, every, room).await?;
+    let due = bcm_db::nodes::nodes_due_for_power_read(db, every, room).await?;
     let mut sent = 0;
     for id in due {
         let Ok(node_id) = id.parse::<bcm_core::NodeId>() else {
@@ -67,35 +66,17 @@ pub async fn round(
         };
         let mut tx = db.begin().await?;
         let node = bcm_db::nodes::node_fetch_in_txn(&mut tx, &node_id).await?;
-        let cmd = CommandEnvelope {
-            command_id: bcm_core::CommandId::generate().to_string(),
-            kind: KIND_COMMAND.to_owned(),
-            site_id: node.site_id.clone(),
-            node_id: Some(node.id),
-            params: serde_json::json!({ "bmc": bcm_metal::bmc::params_in_txn(&mut tx, &node).await? }),
-            issued_at: chrono::Utc::now(),
-        };
-        bcm_db::commands::command_insert_in_txn(
+        let (_, row) = bcm_metal::bmc::leaf_command_in_txn(
             &mut tx,
-            &bcm_db::commands::NewCommand {
-                id: cmd.command_id.clone(),
-                idempotency_key: format!("power-sync/{}", cmd.command_id),
-                workflow_id: None,
-                step_idx: None,
-                attempt: 1,
-                node_id: Some(id.clone()),
-                site_id: Some(node.site_id.to_string()),
-                kind: cmd.kind.clone(),
-                target: "site".to_owned(),
-                params: cmd.params.clone(),
-            },
+            bus.subjects(),
+            &node,
+            KIND_COMMAND,
+            "power-sync",
+            serde_json::Map::new(),
         )
         .await?;
-        bcm_db::outbox::outbox_insert_in_txn(
-            &mut tx,
-            &[bcm_metal::outbox::command(bus.subjects(), &node, &cmd)],
-        )
-        .await?;
+        bcm_db::outbox::outbox_insert_in_txn(&mut tx, &[row]).await?;
+        bcm_db::nodes::power_read_requested_in_txn(&mut tx, &id).await?;
         tx.commit().await?;
         sent += 1;
     }

@@ -2,29 +2,11 @@
 //! (Several reconciler processes sharing the work: allinone's
 //! `tests/reconcilers.rs`.)
 
-use bcm_core::{NodeId, ProvisionState};
+use bcm_core::ProvisionState;
 use bcm_testkit::{Options, TestEnv};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
-
-async fn enroll_many(env: &TestEnv, n: usize, prefix: &str) -> Vec<NodeId> {
-    let mut ids = vec![];
-    for i in 0..n {
-        let (s, b) = env
-            .post(
-                "/api/compute/metal/enroll",
-                Some(&env.admin_token),
-                &json!({"tenantId": "a", "poolId": "a-pool",
-                    "bmc": {"driver": "sim", "address": format!("sim://{prefix}-{i}"), "username": "u", "password": "p"}}),
-            )
-            .await
-            .expect("post");
-        assert_eq!(s, 200, "{b}");
-        ids.push(b["nodeId"].as_str().expect("id").parse().expect("id"));
-    }
-    ids
-}
 
 #[tokio::test]
 async fn a_durable_subscriber_sees_the_spec_sequence_per_node() {
@@ -38,7 +20,7 @@ async fn a_durable_subscriber_sees_the_spec_sequence_per_node() {
         )
         .await
         .expect("consumer");
-    let ids = enroll_many(&env, 10, "seq").await;
+    let ids = env.enroll_sims("seq", 10).await;
     for id in &ids {
         env.wait_state(id, ProvisionState::Ready, Duration::from_secs(60))
             .await

@@ -195,26 +195,3 @@ pub async fn commands_outstanding(db: &Db, kind: &str) -> Result<i64, DbError> {
     .fetch_one(db.pool())
     .await?)
 }
-
-/// Nodes with BMC credentials whose last `kind` command is older than
-/// `every` (or that never had one), oldest first, at most `limit`; nodes
-/// being enrolled or retired are left out.
-pub async fn nodes_due_for(
-    db: &Db,
-    kind: &str,
-    every: std::time::Duration,
-    limit: i64,
-) -> Result<Vec<String>, DbError> {
-    Ok(sqlx::query_scalar(
-        "SELECT n.id FROM nodes n \
-         LEFT JOIN LATERAL (SELECT max(c.created_at) AS last FROM commands c WHERE c.node_id = n.id AND c.kind = $1) l ON true \
-         WHERE n.bmc_secret_id IS NOT NULL AND n.provision_state NOT IN ('enrolling', 'retiring', 'retired') \
-         AND (l.last IS NULL OR l.last < now() - make_interval(secs => $2)) \
-         ORDER BY l.last NULLS FIRST, n.id LIMIT $3",
-    )
-    .bind(kind)
-    .bind(every.as_secs_f64())
-    .bind(limit)
-    .fetch_all(db.pool())
-    .await?)
-}

@@ -340,3 +340,35 @@ pub async fn node_fetch_in_txn(tx: &mut Tx<'_>, id: &NodeId) -> Result<Node, DbE
         .await?;
     row.try_into()
 }
+
+/// Nodes with BMC credentials whose power was last read by the power sync
+/// longer than `every` ago (or never), longest first, at most `limit`;
+/// nodes being enrolled or retired are left out.
+pub async fn nodes_due_for_power_read(
+    db: &crate::Db,
+    every: std::time::Duration,
+    limit: i64,
+) -> Result<Vec<String>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT n.id FROM nodes n LEFT JOIN power_reads r ON r.node_id = n.id \
+         WHERE n.bmc_secret_id IS NOT NULL AND n.provision_state NOT IN ('enrolling', 'retiring', 'retired') \
+         AND (r.requested_at IS NULL OR r.requested_at < now() - make_interval(secs => $1)) \
+         ORDER BY r.requested_at NULLS FIRST, n.id LIMIT $2",
+    )
+    .bind(every.as_secs_f64())
+    .bind(limit)
+    .fetch_all(db.pool())
+    .await?)
+}
+
+/// Records that the power sync asked for the node's power now.
+pub async fn power_read_requested_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO power_reads (node_id, requested_at) VALUES ($1, now()) \
+         ON CONFLICT (node_id) DO UPDATE SET requested_at = now()",
+    )
+    .bind(id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

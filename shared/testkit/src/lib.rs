@@ -431,6 +431,15 @@ impl TestEnv {
             .unwrap_or_else(|| panic!("enroll {name}: {b}"))
     }
 
+    /// Enrolls `n` simulated machines `sim://<prefix>-<i>` into `a-pool`.
+    pub async fn enroll_sims(&self, prefix: &str, n: usize) -> Vec<NodeId> {
+        let mut ids = Vec::with_capacity(n);
+        for i in 0..n {
+            ids.push(self.enroll_sim(&format!("{prefix}-{i}")).await);
+        }
+        ids
+    }
+
     /// Calls `metal.<verb>` on a node of tenant `a` as the admin, with the
     /// fields of `extra` added to the body.
     pub async fn verb(&self, verb: &str, node: &NodeId, extra: Value) -> (u16, Value) {
@@ -654,4 +663,17 @@ pub fn sim_profile(id: &str, version: u32, role: &str) -> serde_json::Value {
         "image": {"url": format!("http://images.invalid/{id}.raw"), "format": "raw",
                   "sha256": "5d".repeat(32), "sizeBytes": 1u64 << 30}
     })
+}
+
+/// Debian's newest `pg_dump`, for tests that grep a whole database.
+pub fn pg_dump() -> std::path::PathBuf {
+    let mut found: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path().join("bin/pg_dump")))
+                .filter(|p| p.exists())
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found.pop().unwrap_or_else(|| "pg_dump".into())
 }
