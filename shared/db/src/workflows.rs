@@ -322,6 +322,14 @@ pub async fn step_waiting_on_command_in_txn(
 /// agent due now (an agent joined or reported in); other steps wait for
 /// their command's result and are left alone.
 pub async fn steps_wake_for_node_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<(), DbError> {
+    // First wait for any engine transaction advancing the node's workflows
+    // (it holds the workflow lock), then wake in a statement of its own, so
+    // its snapshot sees the step that transaction just started: a join that
+    // lands while the previous step finishes is never lost.
+    sqlx::query("SELECT id FROM workflows WHERE node_id = $1 AND status = 'running' FOR UPDATE")
+        .bind(node_id)
+        .execute(&mut **tx)
+        .await?;
     sqlx::query(
         "WITH woken AS (UPDATE workflow_steps s SET due_at = now() FROM workflows w \
          WHERE s.workflow_id = w.id AND w.node_id = $1 AND w.status = 'running' AND s.status = 'running' \
