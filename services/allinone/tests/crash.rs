@@ -83,12 +83,8 @@ async fn killed_engine_and_reconciler_resume_without_resending_or_skipping() {
     all_reach(&env, &ids, ProvisionState::Ready).await;
 
     for id in &ids {
-        let (s, b) = env
-            .post("/api/compute/metal/deploy", Some(&env.admin_token),
-                &json!({"tenantId": "a", "nodeId": id.to_string(), "profileId": "p", "profileVersion": 1}))
-            .await
-            .expect("deploy");
-        assert_eq!(s, 200, "{b}");
+        env.verb_ok("deploy", id, json!({"profileId": "p", "profileVersion": 1}))
+            .await;
     }
     let before = kill_midway(
         &env,

@@ -63,12 +63,8 @@ async fn three_reconciler_processes_on_200_nodes_end_as_one() {
     all_reach(&env, &ids, ProvisionState::Ready).await;
 
     for id in &ids {
-        let (s, b) = env
-            .post("/api/compute/metal/deploy", Some(&env.admin_token),
-                &json!({"tenantId": "a", "nodeId": id.to_string(), "profileId": "p", "profileVersion": 1}))
-            .await
-            .expect("deploy");
-        assert_eq!(s, 200, "{b}");
+        env.verb_ok("deploy", id, json!({"profileId": "p", "profileVersion": 1}))
+            .await;
     }
     all_reach(&env, &ids, ProvisionState::Deployed).await;
     for mut c in children {

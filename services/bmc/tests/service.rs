@@ -124,14 +124,7 @@ async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
         })
         .await
         .unwrap_or_else(|e| panic!("power {action}: {e}"));
-        let d = bcm_bmc::driver::Driver::open(
-            bcm_core::BmcDriver::Redfish,
-            &sushy.system_address(1),
-            sushy.username.clone().into(),
-            sushy.password.clone().into(),
-            &Default::default(),
-        )
-        .expect("driver");
+        let d = sushy.driver(1);
         assert_eq!(
             d.power_state().await.expect("read"),
             want,
@@ -316,14 +309,7 @@ async fn the_power_sync_finds_drift_and_publishes_it() {
     .expect("off after the abort's cleanup");
 
     // Someone powers the machine on behind the control plane's back.
-    let d = bcm_bmc::driver::Driver::open(
-        bcm_core::BmcDriver::Redfish,
-        &sushy.system_address(1),
-        sushy.username.clone().into(),
-        sushy.password.clone().into(),
-        &Default::default(),
-    )
-    .expect("driver");
+    let d = sushy.driver(1);
     d.power(bcm_core::PowerAction::On).await.expect("on");
     d.close().await;
     eventually(T, || async {

@@ -25,12 +25,8 @@ async fn a_durable_subscriber_sees_the_spec_sequence_per_node() {
         env.wait_state(id, ProvisionState::Ready, Duration::from_secs(60))
             .await
             .expect("ready");
-        let (s, b) = env
-            .post("/api/compute/metal/deploy", Some(&env.admin_token),
-                &json!({"tenantId": "a", "nodeId": id.to_string(), "profileId": "p", "profileVersion": 1}))
-            .await
-            .expect("deploy");
-        assert_eq!(s, 200, "{b}");
+        env.verb_ok("deploy", id, json!({"profileId": "p", "profileVersion": 1}))
+            .await;
     }
     for id in &ids {
         env.wait_state(id, ProvisionState::Deployed, Duration::from_secs(60))

@@ -159,6 +159,18 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
         format!("{}/redfish/v1/Systems/{}", self.origin(), sushy_uuid(i))
     }
 
+    /// A Redfish driver for fake system `i` with the right credentials.
+    pub fn driver(&self, i: usize) -> bcm_bmc::driver::Driver {
+        bcm_bmc::driver::Driver::open(
+            bcm_core::BmcDriver::Redfish,
+            &self.system_address(i),
+            self.username.clone().into(),
+            self.password.clone().into(),
+            &Default::default(),
+        )
+        .expect("driver")
+    }
+
     /// Stops the emulator (its state survives in the state dir).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
