@@ -96,8 +96,8 @@ impl BmcConfig {
     }
 }
 
-/// Runs the service until `shutdown`. Returns its context (tests read the
-/// executed-operations hook).
+/// Runs the service until `shutdown`. Returns its context (with the count
+/// of operations executed) and the loop's task.
 pub async fn start(
     cfg: &BmcConfig,
     drivers: driver::DriverSettings,

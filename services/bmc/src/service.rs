@@ -35,9 +35,8 @@ pub struct Ctx {
     pub concurrency: usize,
     /// Command ids executing now.
     in_flight: Mutex<HashSet<String>>,
-    /// Test hook: BMC operations executed, by kind (a redelivery must not
-    /// add one).
-    pub executed: Mutex<Vec<String>>,
+    /// BMC operations executed so far (a redelivery must not add one).
+    pub executed: std::sync::atomic::AtomicU64,
 }
 
 impl Ctx {
@@ -55,7 +54,7 @@ impl Ctx {
             drivers,
             concurrency,
             in_flight: Mutex::default(),
-            executed: Mutex::default(),
+            executed: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -284,9 +283,7 @@ async fn execute(ctx: &Ctx, cmd: &CommandEnvelope) -> Result<Value, BmcError> {
 
 async fn run_kind(ctx: &Ctx, driver: &Driver, cmd: &CommandEnvelope) -> Result<Value, BmcError> {
     ctx.executed
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(cmd.kind.clone());
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     metrics::counter!("bcm_bmc_commands_total", "kind" => cmd.kind.clone()).increment(1);
     let p = &cmd.params;
     match cmd.kind.as_str() {
