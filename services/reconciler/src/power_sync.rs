@@ -3,7 +3,8 @@
 //! results consumer) updates the node's `power` and emits
 //! `node.power.changed` when it drifted. One reconciler at a time leads the
 //! sync (a lease), and at most `power_sync_max_outstanding` reads are in
-//! flight, so 10,000 nodes do not stampede their BMCs.
+//! flight, so 10,000 nodes do not stampede their BMCs. The leader also
+//! prunes finished one-leaf commands after a week.
 
 use bcm_bus::Bus;
 use bcm_db::Db;
@@ -15,6 +16,11 @@ use crate::ReconcilerConfig;
 /// The lease kind of the sync's leader.
 pub const KIND: &str = "power-sync";
 const KIND_COMMAND: &str = "bmc.powerStatus";
+/// Finished commands outside workflows (power reads, `metal.power`) are
+/// kept this long, then pruned by the sync's leader: at 10,000 nodes and a
+/// read every 5 minutes they would otherwise add ~2.9 million rows a day.
+const LEAF_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
 
 /// Leads the sync whenever this worker holds the lease, until `shutdown`.
 pub async fn run(
@@ -27,11 +33,22 @@ pub async fn run(
     let every = Duration::from_secs(cfg.power_sync_secs.max(1));
     let ttl = Duration::from_millis(cfg.lease_ttl_ms.max(300));
     let tick = (every / 4).clamp(Duration::from_millis(200), Duration::from_secs(15));
+    let mut next_prune = tokio::time::Instant::now();
     while !shutdown.is_cancelled() {
         match bcm_db::leases::lease_acquire(&db, KIND, 0, &holder, ttl.max(tick * 3)).await {
             Ok(true) => {
                 if let Err(e) = round(&db, &bus, &cfg, every).await {
                     tracing::warn!(error = %e, "power sync round failed");
+                }
+                if tokio::time::Instant::now() >= next_prune {
+                    next_prune = tokio::time::Instant::now() + PRUNE_EVERY;
+                    match bcm_db::commands::commands_prune_leaves(&db, LEAF_RETENTION).await {
+                        Ok(n) if n > 0 => {
+                            tracing::info!(rows = n, "pruned finished one-leaf commands")
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "pruning one-leaf commands failed"),
+                    }
                 }
             }
             Ok(false) => {}

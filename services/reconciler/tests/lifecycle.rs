@@ -143,3 +143,50 @@ async fn enroll_reaches_ready_then_deploy_release_rescue_and_retire() {
         .expect("post");
     assert_eq!((s, b["code"].as_str()), (409, Some("INVALID_STATE")));
 }
+
+#[tokio::test]
+async fn finished_one_leaf_commands_are_pruned_and_workflow_commands_kept() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let id = env.enroll_sim("prune").await;
+    env.wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("ready");
+    let node = id.to_string();
+    let ids = |cmds: Vec<bcm_db::commands::CommandRow>| -> Vec<String> {
+        cmds.into_iter().map(|c| c.id).collect()
+    };
+    let workflow_commands = ids(bcm_db::commands::commands_of_node(&env.db, &node)
+        .await
+        .expect("commands"));
+    env.verb_ok("power", &id, json!({"action": "on"})).await;
+    let leaf = bcm_testkit::eventually(T, || async {
+        let cmds = bcm_db::commands::commands_of_node(&env.db, &node).await?;
+        Ok(cmds
+            .into_iter()
+            .find(|c| !workflow_commands.contains(&c.id) && c.status == "succeeded"))
+    })
+    .await
+    .expect("the metal.power command finished");
+    assert_eq!(leaf.kind, "bmc.power");
+
+    let kept = bcm_db::commands::commands_prune_leaves(&env.db, Duration::from_secs(7 * 24 * 3600))
+        .await
+        .expect("prune");
+    assert_eq!(kept, 0, "nothing is a week old");
+    // Zero retention prunes whatever has finished outside workflows.
+    let pruned = bcm_db::commands::commands_prune_leaves(&env.db, Duration::ZERO)
+        .await
+        .expect("prune");
+    // (a power-sync read may have finished too by now)
+    assert!(pruned >= 1, "the metal.power command");
+    let after = ids(bcm_db::commands::commands_of_node(&env.db, &node)
+        .await
+        .expect("commands"));
+    assert!(!after.contains(&leaf.id), "the leaf command is gone");
+    assert!(
+        workflow_commands.iter().all(|c| after.contains(c)),
+        "every workflow command stays"
+    );
+}

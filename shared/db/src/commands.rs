@@ -195,3 +195,17 @@ pub async fn commands_outstanding(db: &Db, kind: &str) -> Result<i64, DbError> {
     .fetch_one(db.pool())
     .await?)
 }
+
+/// Deletes finished commands that no workflow refers to (power reads,
+/// `metal.power`) completed more than `keep` ago; returns how many.
+/// Workflow commands stay with their workflow's history.
+pub async fn commands_prune_leaves(db: &Db, keep: std::time::Duration) -> Result<u64, DbError> {
+    Ok(sqlx::query(
+        "DELETE FROM commands WHERE workflow_id IS NULL AND status IN ('succeeded', 'failed') \
+         AND completed_at < now() - make_interval(secs => $1)",
+    )
+    .bind(keep.as_secs_f64())
+    .execute(db.pool())
+    .await?
+    .rows_affected())
+}
