@@ -170,7 +170,26 @@ async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
     )
     .await
     .expect("publish");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The service handled the copy once it acked it: nothing pending and
+    // nothing awaiting an ack on its consumer.
+    eventually(T, || async {
+        let mut consumer: async_nats::jetstream::consumer::PullConsumer = bus
+            .jetstream()
+            .get_consumer_from_stream(
+                "bmc-s1",
+                &bus.subjects()
+                    .stream(bcm_bus::subjects::StreamKind::Commands),
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let info = consumer.info().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok((info.delivered.stream_sequence > 0
+            && info.num_pending == 0
+            && info.num_ack_pending == 0)
+            .then_some(()))
+    })
+    .await
+    .expect("the copy was handled and acked");
     assert_eq!(sushy.resets(1), resets, "no second reset");
     assert_eq!(
         bmc.executed.load(std::sync::atomic::Ordering::Relaxed),
