@@ -320,8 +320,9 @@ impl Redfish {
 
     /// Logs in: a session when the service offers one, else basic auth.
     async fn login(&self) -> Result<Auth, BmcError> {
+        // The service root needs no credentials (Redfish spec): none are sent.
         let root: ServiceRoot = self
-            .send_raw(Method::GET, "/redfish/v1/", None, &Auth::Basic)
+            .send_raw(Method::GET, "/redfish/v1/", None, &Auth::None)
             .await?;
         let sessions = root
             .links
@@ -419,10 +420,11 @@ impl Redfish {
             .header(reqwest::header::ACCEPT, "application/json");
         req = match auth {
             Auth::Session { token, .. } => req.header("X-Auth-Token", token.expose_secret()),
-            Auth::Basic | Auth::None => req.basic_auth(
+            Auth::Basic => req.basic_auth(
                 self.username.expose_secret(),
                 Some(self.password.expose_secret()),
             ),
+            Auth::None => req,
         };
         if let Some(b) = body {
             req = req.json(b);
