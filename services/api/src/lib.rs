@@ -191,6 +191,7 @@ pub fn router(state: AppState) -> Router {
         .route("/recover", post(verbs::recover))
         .route("/retire", post(verbs::retire))
         .route("/power", post(verbs::power))
+        .route("/rotateCredentials", post(verbs::rotate_credentials))
         .route("/nodes", get(reads::list_nodes))
         .route("/nodes/{node_id}", get(reads::get_node));
     let admin = axum::Router::<AppState>::new()

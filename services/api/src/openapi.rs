@@ -24,7 +24,7 @@ impl Modify for Bearer {
         description = "The metal API group: enroll machines by their BMCs and move them through the provision state machine. Errors are {code, message} with the spec's codes."),
     paths(
         verbs::enroll, verbs::manage, verbs::inspect, verbs::provide, verbs::deploy, verbs::undeploy,
-        verbs::rescue, verbs::unrescue, verbs::abort, verbs::recover, verbs::retire, verbs::power,
+        verbs::rescue, verbs::unrescue, verbs::abort, verbs::recover, verbs::retire, verbs::power, verbs::rotate_credentials,
         reads::get_node, reads::list_nodes,
         admin::put_tenant, admin::put_site, admin::put_pool, admin::create_token,
     ),

@@ -38,6 +38,10 @@ pub struct EnrollBmc {
     pub username: SecretString,
     #[schema(value_type = String, format = Password)]
     pub password: SecretString,
+    /// How to check the Redfish BMC's TLS certificate; default: the bmc
+    /// service's setting.
+    #[serde(default)]
+    pub tls: Option<bcm_core::BmcTls>,
 }
 
 /// `metal.enroll`.
@@ -93,6 +97,20 @@ pub struct AbortRequest {
     /// Up to 512 characters.
     #[serde(default)]
     pub reason: Option<String>,
+}
+
+/// `metal.rotateCredentials`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RotateCredentialsRequest {
+    pub tenant_id: TenantId,
+    pub node_id: NodeId,
+    /// The new password (12-64 letters, digits and `-_.!@%+=,^~`, with a
+    /// lowercase and an uppercase letter and a digit; at most 20 for IPMI).
+    /// Default: a random one nobody sees.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, format = Password)]
+    pub password: Option<SecretString>,
 }
 
 /// `metal.power`.
@@ -163,6 +181,12 @@ pub async fn enroll(
     {
         return Err(ApiError::invalid("bmc.password must be 1-1024 bytes"));
     }
+    let bmc_tls = req
+        .bmc
+        .tls
+        .map(|t| t.validated(req.bmc.driver))
+        .transpose()
+        .map_err(ApiError::invalid)?;
     let hardware_profile = req
         .hardware_profile
         .clone()
@@ -203,6 +227,9 @@ pub async fn enroll(
         bmc_driver: req.bmc.driver,
         bmc_address: req.bmc.address,
         bmc_secret_id: Some(secret.id.clone()),
+        bmc_tls,
+        bmc_pending_secret_id: None,
+        bmc_rotation_command_id: None,
         macs,
         hardware_profile,
         workflow_id: None,
@@ -261,6 +288,9 @@ enum Extra {
     Power {
         action: PowerAction,
     },
+    Rotate {
+        password: Option<SecretString>,
+    },
 }
 
 /// Runs `verb` on a node in one transaction and returns its view.
@@ -305,9 +335,30 @@ async fn run_verb(
         rescue_booting,
     };
     let t = apply(facts, Move::Verb(verb))?;
+    if node.bmc_pending_secret_id.is_some()
+        && !matches!(verb, Verb::Abort | Verb::Retire | Verb::RotateCredentials)
+    {
+        // Every BMC step would carry a password the BMC may no longer take.
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!(
+                "node {node_id} has a BMC password rotation {}; {} waits for it",
+                if node.bmc_rotation_command_id.is_some() {
+                    "in progress"
+                } else {
+                    "left unresolved (rotateCredentials again resumes it)"
+                },
+                verb.as_str()
+            ),
+        ));
+    }
     let s = a.bus.subjects();
     let mut rows: Vec<NewOutboxMessage> = vec![];
-    let result = if let Extra::Power { action } = extra {
+    let result = if let Extra::Rotate { password } = extra {
+        let (next, cmd_rows) = begin_rotation(a, &mut tx, node, password).await?;
+        rows.extend(cmd_rows);
+        next
+    } else if let Extra::Power { action } = extra {
         let mut params = serde_json::Map::new();
         params.insert("action".into(), serde_json::json!(action));
         let (cmd, row) =
@@ -367,7 +418,7 @@ async fn run_verb(
                         .await?;
                 }
             }
-            Extra::None | Extra::Power { .. } => {}
+            Extra::None | Extra::Power { .. } | Extra::Rotate { .. } => {}
         }
         bcm_metal::moves::commit_in_txn(&mut tx, s, next, &t, verb.as_str()).await?
     };
@@ -375,6 +426,110 @@ async fn run_verb(
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     tracing::info!(node = %result.id, verb = verb.as_str(), from = %t.from, to = %t.to, "verb applied");
     Ok(NodeView::from(&result))
+}
+
+/// Phase 0 of a two-phase BMC password rotation, in the verb's
+/// transaction: the new password is sealed for the node and recorded as
+/// pending beside the current one, and a `bmc.rotateCredentials` command
+/// carrying both (sealed) is queued. An unresolved earlier rotation is
+/// resumed with its pending password instead.
+async fn begin_rotation(
+    a: &crate::Inner,
+    tx: &mut bcm_db::Tx<'_>,
+    node: Node,
+    password: Option<SecretString>,
+) -> Result<(Node, Vec<NewOutboxMessage>), ApiError> {
+    if node.bmc_driver == BmcDriver::Sim {
+        return Err(ApiError::invalid(
+            "the sim driver has no BMC accounts to rotate",
+        ));
+    }
+    if node.bmc_secret_id.is_none() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidState,
+            format!("node {} has no BMC credentials on record", node.id),
+        ));
+    }
+    if let Some(cmd) = &node.bmc_rotation_command_id {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!(
+                "node {} is already rotating its BMC password (command {cmd})",
+                node.id
+            ),
+        ));
+    }
+    let pending_id = match (&node.bmc_pending_secret_id, password) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "node {} holds the pending password of an unresolved rotation; rotate without a password to resume it",
+                    node.id
+                ),
+            ))
+        }
+        (Some(pending), None) => pending.clone(),
+        (None, password) => {
+            let password = match password {
+                Some(p) => {
+                    bcm_core::bmc::check_password(node.bmc_driver, p.expose_secret())
+                        .map_err(ApiError::invalid)?;
+                    p
+                }
+                None => bcm_seal::generate_password(16),
+            };
+            // Only the password is new; the bmc service keeps the username.
+            let creds = bcm_seal::BmcCredentials {
+                username: SecretString::from(String::new()),
+                password,
+            };
+            let sealed = a.sealer.seal_credentials(&creds, &node.id.to_string())?;
+            let secret = bcm_db::secrets::SealedSecretRow {
+                id: format!("sec_{}", ulid::Ulid::new().to_string().to_lowercase()),
+                owner: node.id.to_string(),
+                purpose: "bmc-pending-password".to_owned(),
+                key_id: sealed.key_id,
+                nonce: sealed.nonce,
+                ciphertext: sealed.ciphertext,
+            };
+            bcm_db::secrets::secret_insert_in_txn(tx, &secret).await?;
+            secret.id
+        }
+    };
+    let s = a.bus.subjects();
+    let mut params = serde_json::Map::new();
+    params.insert(
+        "pendingCredentials".into(),
+        bcm_metal::bmc::sealed_in_txn(tx, &pending_id).await?,
+    );
+    let (cmd, cmd_row) = bcm_metal::bmc::leaf_command_in_txn(
+        tx,
+        s,
+        &node,
+        "bmc.rotateCredentials",
+        "rotate-credentials",
+        params,
+    )
+    .await?;
+    let mut next = node;
+    next.bmc_pending_secret_id = Some(pending_id);
+    next.bmc_rotation_command_id = Some(cmd.command_id.clone());
+    next.version = nodes::node_update_guarded_in_txn(tx, &next).await?;
+    let started = outbox::event(
+        s,
+        &next,
+        messages::types::NODE_CREDENTIALS_ROTATION,
+        messages::NodeCredentialsRotation {
+            node_id: next.id,
+            tenant_id: next.tenant_id.clone(),
+            outcome: messages::RotationOutcome::Started,
+            command_id: cmd.command_id,
+            error: None,
+            version: next.version,
+        },
+    );
+    Ok((next, vec![cmd_row, started]))
 }
 
 async fn verb_endpoint(
@@ -532,6 +687,31 @@ pub async fn power(
         req.node_id,
         Verb::Power,
         Extra::Power { action: req.action },
+    )
+    .await
+}
+
+/// `metal.rotateCredentials`: a two-phase BMC password rotation. The new
+/// password is recorded (sealed) as pending beside the current one; the bmc
+/// service sets it on the BMC, logs in with it, and only then is it the one
+/// on record. Returns at once; `bmc.rotationPending` clears when it ends
+/// (`node.credentials.rotation` says how).
+#[utoipa::path(post, path = "/api/compute/metal/rotateCredentials", request_body = RotateCredentialsRequest, tag = "metal",
+    responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
+pub async fn rotate_credentials(
+    State(app): State<AppState>,
+    who: Principal,
+    Body(req): Body<RotateCredentialsRequest>,
+) -> Result<Json<NodeView>, ApiError> {
+    verb_endpoint(
+        app,
+        who,
+        req.tenant_id,
+        req.node_id,
+        Verb::RotateCredentials,
+        Extra::Rotate {
+            password: req.password,
+        },
     )
     .await
 }

@@ -13,6 +13,14 @@ pub struct BmcView {
     pub address: String,
     /// Whether sealed credentials are on record; they are never returned.
     pub credentials_set: bool,
+    /// A password rotation is in progress or left unresolved: the record
+    /// holds the current and the new password until it commits or rolls back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rotation_pending: bool,
+    /// The node's own TLS policy (`ca`, `pinned` or `insecure`); absent:
+    /// the bmc service's setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<String>,
 }
 
 /// A node as every metal method returns it.
@@ -50,6 +58,8 @@ impl From<&Node> for NodeView {
                 driver: n.bmc_driver,
                 address: n.bmc_address.clone(),
                 credentials_set: n.bmc_secret_id.is_some(),
+                rotation_pending: n.bmc_pending_secret_id.is_some(),
+                tls: n.bmc_tls.as_ref().map(|t| t.mode().to_owned()),
             },
             macs: n.macs.clone(),
             workflow_id: n.workflow_id.map(|w| w.to_string()),

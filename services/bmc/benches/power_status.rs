@@ -70,6 +70,7 @@ async fn main() {
                 sushy.username.clone().into(),
                 sushy.password.clone().into(),
                 &settings,
+                None,
             )
             .map(Arc::new)
             .expect("driver")
@@ -87,6 +88,7 @@ async fn main() {
                 sim.username.clone().into(),
                 sim.password.clone().into(),
                 &settings,
+                None,
             )
             .map(Arc::new)
             .expect("driver")

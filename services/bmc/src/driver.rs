@@ -2,7 +2,7 @@
 //! hosts (native Redfish; IPMI through `ipmitool`). A driver it does not
 //! host answers `unsupported-driver`.
 
-use bcm_core::{BmcDriver, PowerAction, PowerState};
+use bcm_core::{BmcDriver, BmcTls, PowerAction, PowerState};
 use secrecy::SecretString;
 use serde::Serialize;
 
@@ -86,6 +86,7 @@ impl Driver {
         username: SecretString,
         password: SecretString,
         settings: &DriverSettings,
+        tls: Option<&BmcTls>,
     ) -> Result<Self, BmcError> {
         match driver {
             BmcDriver::Redfish => Ok(Driver::Redfish(Box::new(Redfish::new(
@@ -93,6 +94,7 @@ impl Driver {
                 username,
                 password,
                 settings.redfish.clone(),
+                tls,
             )?))),
             BmcDriver::Ipmi => Ok(Driver::Ipmi(Ipmi::new(
                 address,
@@ -143,6 +145,14 @@ impl Driver {
         match self {
             Driver::Redfish(r) => r.boot(device, persistent, mode).await,
             Driver::Ipmi(i) => i.boot(device, persistent, mode).await,
+        }
+    }
+
+    /// Sets a new password on the account the driver logs in with.
+    pub async fn set_password(&self, new: &SecretString) -> Result<(), BmcError> {
+        match self {
+            Driver::Redfish(r) => r.set_password(new).await,
+            Driver::Ipmi(i) => i.set_password(new).await,
         }
     }
 

@@ -42,6 +42,10 @@ pub enum BmcError {
     /// The command or the BMC's answer is malformed.
     #[error("{0}")]
     Invalid(String),
+    /// A password rotation did not take and the current password still
+    /// logs in: the rotation is rolled back.
+    #[error("password rotation rolled back: {0}")]
+    RotationRolledBack(String),
 }
 
 impl BmcError {
@@ -50,9 +54,10 @@ impl BmcError {
         match self {
             BmcError::Unreachable { .. } | BmcError::Timeout { .. } => true,
             BmcError::Refused { status, .. } => *status >= 500 || matches!(status, 409 | 412),
-            BmcError::Unauthorized { .. } | BmcError::Unsupported(_) | BmcError::Invalid(_) => {
-                false
-            }
+            BmcError::Unauthorized { .. }
+            | BmcError::Unsupported(_)
+            | BmcError::Invalid(_)
+            | BmcError::RotationRolledBack(_) => false,
         }
     }
 }

@@ -109,6 +109,17 @@ impl Ipmi {
 
     /// Runs one ipmitool command; its stdout.
     async fn run(&self, args: &[&str]) -> Result<String, BmcError> {
+        self.run_with_input(args, None).await
+    }
+
+    /// Runs ipmitool with `input` on its stdin (for `exec /dev/stdin`, so a
+    /// secret argument never appears on a command line).
+    async fn run_with_input(
+        &self,
+        args: &[&str],
+        input: Option<&SecretString>,
+    ) -> Result<String, BmcError> {
+        use tokio::io::AsyncWriteExt as _;
         let s = &self.settings;
         let mut cmd = tokio::process::Command::new(&s.ipmitool);
         // -v: the RAKP messages that tell bad credentials from silence go
@@ -126,9 +137,23 @@ impl Ipmi {
             .arg(s.retry_timeout_secs.to_string())
             .args(args)
             .env("IPMI_PASSWORD", self.password.expose_secret())
-            .stdin(std::process::Stdio::null())
+            .stdin(if input.is_some() {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            })
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
-        let out = tokio::time::timeout(s.command_timeout, cmd.output())
+        let spawned = async {
+            let mut child = cmd.spawn()?;
+            if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+                stdin.write_all(text.expose_secret().as_bytes()).await?;
+                stdin.shutdown().await?;
+            }
+            child.wait_with_output().await
+        };
+        let out = tokio::time::timeout(s.command_timeout, spawned)
             .await
             .map_err(|_| BmcError::Unreachable {
                 driver: DRIVER,
@@ -186,6 +211,58 @@ impl Ipmi {
                 status: 0,
                 message,
             }
+        }
+    }
+
+    /// Sets the password of the account this client logs in with (IPMI
+    /// Set User Password, stored as 20 bytes): the user id is found by name
+    /// in `user list`, and the command reaches ipmitool through
+    /// `exec /dev/stdin`, never its arguments.
+    pub async fn set_password(&self, new: &SecretString) -> Result<(), BmcError> {
+        let len = new.expose_secret().len();
+        if !(1..=20).contains(&len)
+            || !new
+                .expose_secret()
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'#' && b != b'"' && b != b'\'')
+        {
+            return Err(BmcError::Invalid(
+                "an IPMI password must be 1-20 printable characters without quotes or #".into(),
+            ));
+        }
+        let list = self.run(&["user", "list", "1"]).await?;
+        let name = self.username.expose_secret();
+        let id = list
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let mut cols = l.split_whitespace();
+                let id = cols.next()?.parse::<u8>().ok()?;
+                (cols.next()? == name).then_some(id)
+            })
+            .next()
+            .ok_or_else(|| {
+                BmcError::Invalid(format!(
+                "{DRIVER} BMC at {}: the user list of channel 1 has no account with this username",
+                self.address
+            ))
+            })?;
+        let script = SecretString::from(format!(
+            "user set password {id} {} 20\n",
+            new.expose_secret()
+        ));
+        let out = self
+            .run_with_input(&["exec", "/dev/stdin"], Some(&script))
+            .await?;
+        if out.contains("successful") {
+            Ok(())
+        } else {
+            Err(BmcError::Refused {
+                driver: DRIVER,
+                address: self.address.clone(),
+                status: 0,
+                message: format!("Set User Password for user {id} was not confirmed"),
+            })
         }
     }
 

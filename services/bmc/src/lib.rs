@@ -8,7 +8,9 @@ pub mod driver;
 pub mod error;
 pub mod ipmi;
 pub mod redfish;
+pub mod rotation;
 pub mod service;
+pub mod tls;
 
 use serde::Deserialize;
 use std::sync::Arc;

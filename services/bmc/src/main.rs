@@ -24,6 +24,12 @@ async fn main() -> anyhow::Result<()> {
     });
     let (_ctx, task) = bcm_bmc::start(&cfg, cfg.drivers()?, shutdown).await?;
     tracing::info!(site = %cfg.site, "bmc service running");
+    if std::env::var_os(bcm_bmc::rotation::CRASH_AFTER_PHASE1_ENV).is_some() {
+        tracing::warn!(
+            "TEST HOOK {} is set: this process aborts after the first phase of a password rotation",
+            bcm_bmc::rotation::CRASH_AFTER_PHASE1_ENV
+        );
+    }
     task.await?;
     bcm_telemetry::shutdown();
     Ok(())

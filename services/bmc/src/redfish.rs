@@ -28,7 +28,7 @@ use tokio::sync::Mutex;
 
 use crate::driver::{BootDevice, BootMode, BootOverride, Inventory, Verified};
 use crate::error::BmcError;
-use bcm_core::{PowerAction, PowerState};
+use bcm_core::{BmcTls, PowerAction, PowerState};
 
 const DRIVER: &str = "redfish";
 
@@ -44,7 +44,22 @@ struct ServiceRoot {
     redfish_version: Option<String>,
     systems: Option<Link>,
     session_service: Option<Link>,
+    account_service: Option<Link>,
     links: Option<RootLinks>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct AccountService {
+    accounts: Option<Link>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ManagerAccount {
+    #[serde(rename = "@odata.etag")]
+    etag: Option<String>,
+    user_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -194,6 +209,25 @@ impl Default for RedfishSettings {
     }
 }
 
+/// Verifies against the CA bundle `pem` instead of the system roots.
+fn with_ca(
+    builder: reqwest::ClientBuilder,
+    pem: &[u8],
+) -> Result<reqwest::ClientBuilder, BmcError> {
+    let certs = reqwest::Certificate::from_pem_bundle(pem)
+        .map_err(|e| BmcError::Invalid(format!("BMC CA certificate: {e}")))?;
+    if certs.is_empty() {
+        return Err(BmcError::Invalid(
+            "BMC CA certificate: no certificate in the PEM".into(),
+        ));
+    }
+    let mut builder = builder.tls_built_in_root_certs(false);
+    for c in certs {
+        builder = builder.add_root_certificate(c);
+    }
+    Ok(builder)
+}
+
 /// A client for one BMC.
 pub struct Redfish {
     http: reqwest::Client,
@@ -226,6 +260,7 @@ impl Redfish {
         username: SecretString,
         password: SecretString,
         settings: RedfishSettings,
+        tls: Option<&BmcTls>,
     ) -> Result<Self, BmcError> {
         let url = Url::parse(address)
             .map_err(|e| BmcError::Invalid(format!("BMC address {address:?}: {e}")))?;
@@ -252,15 +287,21 @@ impl Redfish {
             .timeout(settings.request_timeout)
             .connect_timeout(Duration::from_secs(10))
             .redirect(reqwest::redirect::Policy::limited(3));
-        if settings.insecure_tls {
-            builder = builder.danger_accept_invalid_certs(true);
-        }
-        if let Some(pem) = &settings.ca_pem {
-            let cert = reqwest::Certificate::from_pem(pem)
-                .map_err(|e| BmcError::Invalid(format!("BMC CA certificate: {e}")))?;
-            builder = builder
-                .tls_built_in_root_certs(false)
-                .add_root_certificate(cert);
+        // The node's own policy wins over the service's setting.
+        match tls {
+            Some(BmcTls::Insecure) => builder = builder.danger_accept_invalid_certs(true),
+            Some(BmcTls::Ca { ca_pem }) => builder = with_ca(builder, ca_pem.as_bytes())?,
+            Some(BmcTls::Pinned { sha256 }) => {
+                builder = builder.use_preconfigured_tls(crate::tls::pinned_config(sha256)?)
+            }
+            None => {
+                if settings.insecure_tls {
+                    builder = builder.danger_accept_invalid_certs(true);
+                }
+                if let Some(pem) = &settings.ca_pem {
+                    builder = with_ca(builder, pem)?;
+                }
+            }
         }
         let http = builder
             .build()
@@ -289,7 +330,13 @@ impl Redfish {
         let message = if e.is_timeout() {
             "timed out".to_owned()
         } else if e.is_connect() {
-            "connection failed".to_owned()
+            // The innermost cause says why (refused, a TLS certificate the
+            // policy rejects); none of them carries a header.
+            let mut cause: &dyn std::error::Error = e;
+            while let Some(inner) = cause.source() {
+                cause = inner;
+            }
+            format!("connection failed: {cause}")
         } else {
             e.to_string()
         };
@@ -414,10 +461,25 @@ impl Redfish {
         body: Option<&Value>,
         auth: &Auth,
     ) -> Result<String, BmcError> {
+        self.send_text_if_match(method, path, body, auth, None)
+            .await
+    }
+
+    async fn send_text_if_match(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        auth: &Auth,
+        if_match: Option<&str>,
+    ) -> Result<String, BmcError> {
         let mut req = self
             .http
             .request(method, self.url(path)?)
             .header(reqwest::header::ACCEPT, "application/json");
+        if let Some(etag) = if_match {
+            req = req.header(reqwest::header::IF_MATCH, etag);
+        }
         req = match auth {
             Auth::Session { token, .. } => req.header("X-Auth-Token", token.expose_secret()),
             Auth::Basic => req.basic_auth(
@@ -446,14 +508,28 @@ impl Redfish {
         path: &str,
         body: Option<&Value>,
     ) -> Result<String, BmcError> {
+        self.request_text_if_match(method, path, body, None).await
+    }
+
+    async fn request_text_if_match(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        if_match: Option<&str>,
+    ) -> Result<String, BmcError> {
         let once = || async {
             let auth = self.current_auth().await?;
-            match self.send_text(method.clone(), path, body, &auth).await {
+            match self
+                .send_text_if_match(method.clone(), path, body, &auth, if_match)
+                .await
+            {
                 Err(BmcError::Unauthorized { .. }) if matches!(auth, Auth::Session { .. }) => {
                     // The session expired: log in again, once.
                     let fresh = self.login().await?;
                     *self.auth.lock().await = fresh.clone();
-                    self.send_text(method.clone(), path, body, &fresh).await
+                    self.send_text_if_match(method.clone(), path, body, &fresh, if_match)
+                        .await
                 }
                 other => other,
             }
@@ -574,6 +650,54 @@ impl Redfish {
             memory_gib: sys.memory_summary.and_then(|m| m.total_gib),
             macs,
         })
+    }
+
+    /// Sets the password of the account this client logs in with, through
+    /// the service root's `AccountService`: the account is found by
+    /// `UserName` among `Accounts` and PATCHed with `If-Match` on its ETag
+    /// (re-read once if another writer changed it meanwhile).
+    pub async fn set_password(&self, new: &SecretString) -> Result<(), BmcError> {
+        let root: ServiceRoot = self.get("/redfish/v1/").await?;
+        let service = root.account_service.ok_or_else(|| {
+            BmcError::Unsupported(format!(
+                "{DRIVER} BMC at {} has no AccountService",
+                self.address
+            ))
+        })?;
+        let service: AccountService = self.get(&service.id).await?;
+        let accounts = service.accounts.ok_or_else(|| {
+            BmcError::Unsupported(format!(
+                "{DRIVER} BMC at {}: AccountService has no Accounts",
+                self.address
+            ))
+        })?;
+        let members: Collection = self.get(&accounts.id).await?;
+        let mut found = None;
+        for m in members.members {
+            let account: ManagerAccount = self.get(&m.id).await?;
+            if account.user_name.as_deref() == Some(self.username.expose_secret()) {
+                found = Some(m.id);
+                break;
+            }
+        }
+        let path = found.ok_or_else(|| {
+            BmcError::Invalid(format!(
+                "{DRIVER} BMC at {}: no account in {} has this username",
+                self.address, accounts.id
+            ))
+        })?;
+        let body = json!({ "Password": new.expose_secret() });
+        let mut tries = 0;
+        loop {
+            let account: ManagerAccount = self.get(&path).await?;
+            match self
+                .request_text_if_match(Method::PATCH, &path, Some(&body), account.etag.as_deref())
+                .await
+            {
+                Err(BmcError::Refused { status: 412, .. }) if tries == 0 => tries += 1,
+                other => return other.map(|_| ()),
+            }
+        }
     }
 
     /// The power state as the BMC reports it now.
@@ -836,20 +960,34 @@ mod tests {
     #[test]
     fn addresses_name_a_bmc_or_one_of_its_systems() {
         let s = || SecretString::from("x".to_owned());
-        let r =
-            Redfish::new("https://10.0.0.10", s(), s(), RedfishSettings::default()).expect("plain");
+        let r = Redfish::new(
+            "https://10.0.0.10",
+            s(),
+            s(),
+            RedfishSettings::default(),
+            None,
+        )
+        .expect("plain");
         assert_eq!(r.system_hint, None);
         let r = Redfish::new(
             "http://127.0.0.1:8000/redfish/v1/Systems/abc/",
             s(),
             s(),
             RedfishSettings::default(),
+            None,
         )
         .expect("with a system");
         assert_eq!(r.system_hint.as_deref(), Some("/redfish/v1/Systems/abc"));
-        assert!(Redfish::new("ftp://x", s(), s(), RedfishSettings::default()).is_err());
-        assert!(Redfish::new("https://x/other", s(), s(), RedfishSettings::default()).is_err());
-        assert!(Redfish::new("not a url", s(), s(), RedfishSettings::default()).is_err());
+        assert!(Redfish::new("ftp://x", s(), s(), RedfishSettings::default(), None).is_err());
+        assert!(Redfish::new(
+            "https://x/other",
+            s(),
+            s(),
+            RedfishSettings::default(),
+            None
+        )
+        .is_err());
+        assert!(Redfish::new("not a url", s(), s(), RedfishSettings::default(), None).is_err());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use base64::Engine as _;
 use bcm_bus::messages::{CloudEvent, CommandEnvelope, CommandResult};
 use bcm_bus::subjects::StreamKind;
 use bcm_bus::Bus;
-use bcm_core::{BmcDriver, PowerAction};
+use bcm_core::{BmcDriver, BmcTls, PowerAction};
 use futures::StreamExt as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -62,15 +62,17 @@ impl Ctx {
 /// The `bmc` part of a command's parameters (sealed credentials).
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct BmcParams {
-    driver: BmcDriver,
-    address: String,
+pub(crate) struct BmcParams {
+    pub driver: BmcDriver,
+    pub address: String,
+    #[serde(default)]
+    pub tls: Option<BmcTls>,
     sealed_credentials: Option<SealedParams>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct SealedParams {
+pub(crate) struct SealedParams {
     key_id: String,
     nonce: String,
     ciphertext: String,
@@ -192,7 +194,10 @@ async fn handle(ctx: &Ctx, msg: async_nats::jetstream::Message) {
                 command_id: cmd.command_id.clone(),
                 ok: false,
                 retryable: e.retryable(),
-                output: json!({}),
+                output: match e {
+                    BmcError::RotationRolledBack(_) => json!({ "outcome": "rolled-back" }),
+                    _ => json!({}),
+                },
                 error: Some(e.to_string()),
             }
         }
@@ -233,18 +238,33 @@ async fn handle(ctx: &Ctx, msg: async_nats::jetstream::Message) {
     }
 }
 
-/// Opens the command's credentials (bound to its node) and its driver.
-fn driver_for(ctx: &Ctx, cmd: &CommandEnvelope) -> Result<Driver, BmcError> {
-    let bmc: BmcParams =
+/// The command's `bmc` parameters, its node id and its opened credentials
+/// (bound to the node).
+pub(crate) fn open_params(
+    ctx: &Ctx,
+    cmd: &CommandEnvelope,
+) -> Result<(BmcParams, String, bcm_seal::BmcCredentials), BmcError> {
+    let mut bmc: BmcParams =
         serde_json::from_value(cmd.params.get("bmc").cloned().unwrap_or(Value::Null))
             .map_err(|e| BmcError::Invalid(format!("{}: bad bmc parameters: {e}", cmd.kind)))?;
-    let sealed = bmc.sealed_credentials.ok_or_else(|| {
+    let sealed = bmc.sealed_credentials.take().ok_or_else(|| {
         BmcError::Invalid(format!("{}: the node has no BMC credentials", cmd.kind))
     })?;
     let node = cmd
         .node_id
         .map(|n| n.to_string())
         .ok_or_else(|| BmcError::Invalid(format!("{}: no node id", cmd.kind)))?;
+    let creds = open_sealed(ctx, cmd, sealed, &node)?;
+    Ok((bmc, node, creds))
+}
+
+/// Opens one sealed value of a command, checking it is bound to `node`.
+pub(crate) fn open_sealed(
+    ctx: &Ctx,
+    cmd: &CommandEnvelope,
+    sealed: SealedParams,
+    node: &str,
+) -> Result<bcm_seal::BmcCredentials, BmcError> {
     if sealed.owner != node {
         return Err(BmcError::Invalid(format!(
             "{}: the credentials are sealed for another node",
@@ -261,20 +281,30 @@ fn driver_for(ctx: &Ctx, cmd: &CommandEnvelope) -> Result<Driver, BmcError> {
             .decode(&sealed.ciphertext)
             .map_err(|_| BmcError::Invalid("sealed credentials: bad ciphertext".into()))?,
     };
-    let creds = ctx
-        .sealer
-        .open_credentials(&sealed, &node)
-        .map_err(|e| BmcError::Invalid(format!("sealed credentials: {e}")))?;
+    ctx.sealer
+        .open_credentials(&sealed, node)
+        .map_err(|e| BmcError::Invalid(format!("sealed credentials: {e}")))
+}
+
+/// Opens the command's credentials and its driver.
+fn driver_for(ctx: &Ctx, cmd: &CommandEnvelope) -> Result<Driver, BmcError> {
+    let (bmc, _, creds) = open_params(ctx, cmd)?;
     Driver::open(
         bmc.driver,
         &bmc.address,
         creds.username,
         creds.password,
         &ctx.drivers,
+        bmc.tls.as_ref(),
     )
 }
 
 async fn execute(ctx: &Ctx, cmd: &CommandEnvelope) -> Result<Value, BmcError> {
+    if cmd.kind == "bmc.rotateCredentials" {
+        ctx.executed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return crate::rotation::rotate(ctx, cmd).await;
+    }
     let driver = driver_for(ctx, cmd)?;
     let out = run_kind(ctx, &driver, cmd).await;
     driver.close().await;

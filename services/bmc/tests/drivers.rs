@@ -28,6 +28,7 @@ fn redfish(sushy: &Sushy, system: usize, password: &str) -> Driver {
         sushy.username.clone().into(),
         password.to_owned().into(),
         &fast(),
+        None,
     )
     .expect("driver")
 }
@@ -95,6 +96,7 @@ async fn redfish_refuses_bad_credentials_and_an_ambiguous_address() {
         sushy.username.clone().into(),
         sushy.password.clone().into(),
         &fast(),
+        None,
     )
     .expect("driver");
     let e = whole.verify().await.expect_err("two systems, none named");
@@ -122,6 +124,7 @@ fn ipmi(sim: &IpmiSim, password: &str) -> Driver {
         sim.username.clone().into(),
         password.to_owned().into(),
         &fast(),
+        None,
     )
     .expect("driver")
 }
@@ -183,6 +186,7 @@ async fn ipmi_wrong_password_is_a_clear_error_without_the_password() {
         sim.username.clone().into(),
         "not-the-password".to_owned().into(),
         &settings,
+        None,
     )
     .expect("driver");
     let e = d.verify().await.expect_err("wrong password");
@@ -190,4 +194,140 @@ async fn ipmi_wrong_password_is_a_clear_error_without_the_password() {
     assert!(text.contains(&sim.address()), "{text}");
     assert!(!text.contains("not-the-password"), "{text}");
     assert!(sim.events().is_empty(), "nothing happened to the chassis");
+}
+
+#[tokio::test]
+async fn redfish_sets_a_password_through_account_service() {
+    let sushy = Sushy::start(1).await;
+    let d = redfish(&sushy, 1, &sushy.password);
+    let new = "Rotated-Pass-42";
+    d.set_password(&new.to_owned().into())
+        .await
+        .expect("set password");
+    assert!(
+        sushy.takes(new).await,
+        "the emulator takes the new password"
+    );
+    assert!(
+        !sushy.takes(&sushy.password).await,
+        "and no longer the old one"
+    );
+    let again = redfish(&sushy, 1, new);
+    again.verify().await.expect("the driver logs in with it");
+    // A password the BMC refuses (too short for its policy) is its error.
+    let e = again
+        .set_password(&"short".to_owned().into())
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(e, BmcError::Refused { status: 400, ref message, .. } if message.contains("8-32")),
+        "{e}"
+    );
+    assert!(sushy.takes(new).await, "a refused change changes nothing");
+}
+
+#[tokio::test]
+async fn ipmi_sets_a_password_without_putting_it_on_a_command_line() {
+    let sim = IpmiSim::start().await;
+    let d = ipmi(&sim, &sim.password);
+    let new = "Ipmi-Rotated-7";
+    d.set_password(&new.to_owned().into())
+        .await
+        .expect("set password");
+    assert!(sim.takes(new), "ipmi_sim takes the new password");
+    assert!(!sim.takes(&sim.password), "and no longer the old one");
+    ipmi(&sim, new).verify().await.expect("the driver logs in");
+    let e = ipmi(&sim, new)
+        .set_password(&"x".repeat(21).into())
+        .await
+        .expect_err("too long for IPMI");
+    assert!(matches!(e, BmcError::Invalid(_)), "{e}");
+}
+
+/// A self-signed certificate for 127.0.0.1 and its SHA-256 fingerprint.
+fn self_signed() -> (String, String, String) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let params =
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .expect("params");
+    let cert = params.self_signed(&key).expect("cert");
+    let fingerprint = {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(cert.der()))
+    };
+    (cert.pem(), key.serialize_pem(), fingerprint)
+}
+
+fn redfish_tls(sushy: &Sushy, tls: Option<bcm_core::BmcTls>) -> Driver {
+    Driver::open(
+        BmcDriver::Redfish,
+        &sushy.system_address(1),
+        sushy.username.clone().into(),
+        sushy.password.clone().into(),
+        &fast(),
+        tls.as_ref(),
+    )
+    .expect("driver")
+}
+
+#[tokio::test]
+async fn redfish_tls_policy_per_node_ca_pinned_insecure_and_refusals() {
+    use bcm_core::BmcTls;
+    let (cert, key, fingerprint) = self_signed();
+    let sushy = Sushy::start_tls(1, &cert, &key).await;
+    assert!(sushy.origin().starts_with("https://"));
+
+    // The system roots do not know a self-signed certificate.
+    let e = redfish_tls(&sushy, None)
+        .verify()
+        .await
+        .expect_err("untrusted");
+    assert!(
+        matches!(e, BmcError::Unreachable { .. }) && e.to_string().contains("UnknownIssuer"),
+        "{e}"
+    );
+    // Its CA (itself) as the node's CA.
+    redfish_tls(
+        &sushy,
+        Some(BmcTls::Ca {
+            ca_pem: cert.clone(),
+        }),
+    )
+    .verify()
+    .await
+    .expect("verified against the node's CA");
+    // Pinned: the right fingerprint passes, any other is refused.
+    redfish_tls(
+        &sushy,
+        Some(BmcTls::Pinned {
+            sha256: fingerprint.clone(),
+        }),
+    )
+    .verify()
+    .await
+    .expect("pinned");
+    let e = redfish_tls(
+        &sushy,
+        Some(BmcTls::Pinned {
+            sha256: "00".repeat(32),
+        }),
+    )
+    .verify()
+    .await
+    .expect_err("another pin");
+    assert!(
+        matches!(e, BmcError::Unreachable { .. }) && e.to_string().contains("not the pinned one"),
+        "{e}"
+    );
+    // Another CA does not vouch for it.
+    let (other, _, _) = self_signed();
+    assert!(redfish_tls(&sushy, Some(BmcTls::Ca { ca_pem: other }))
+        .verify()
+        .await
+        .is_err());
+    // Insecure only when the node says so.
+    redfish_tls(&sushy, Some(BmcTls::Insecure))
+        .verify()
+        .await
+        .expect("insecure by the node's policy");
 }

@@ -8,9 +8,7 @@ mod peers;
 use bcm_core::{NodeId, ProvisionState};
 use bcm_testkit::{Options, TestEnv};
 use peers::Sushy;
-use secrecy::ExposeSecret as _;
 use serde_json::json;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(90);
@@ -26,36 +24,7 @@ async fn credentials_never_reach_the_bmc_service_log() {
     })
     .await
     .expect("env");
-    let dir = std::env::temp_dir().join(format!("bcm-bmc-process-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let keys: String = env
-        .sealing_keys
-        .iter()
-        .map(|k| {
-            format!(
-                "[[sealing_keys]]\nid = \"{}\"\nkey = \"{}\"\n",
-                k.id,
-                k.key.expose_secret()
-            )
-        })
-        .collect();
-    let config = format!(
-        "site = \"s1\"\npower_timeout_secs = 40\n[bus]\nurl = \"{}\"\nnamespace = \"{}\"\n[telemetry]\nlog_format = \"json\"\nlog_filter = \"debug\"\n{keys}",
-        env.bus_config.url,
-        env.bus_config.namespace.clone().expect("namespace"),
-    );
-    std::fs::write(dir.join("bmc.toml"), config).expect("config");
-    let log_path = dir.join("bmc.log");
-    let log = std::fs::File::create(&log_path).expect("log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_bcm-bmc"))
-        .arg("--config")
-        .arg(dir.join("bmc.toml"))
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("spawn bcm-bmc");
+    let mut bmc = peers::BmcProcess::start(&env, &[]);
 
     let wrong = "not-the-password-7f3a";
     let mut ids: Vec<NodeId> = vec![];
@@ -82,10 +51,9 @@ async fn credentials_never_reach_the_bmc_service_log() {
             .contains("authentication failed"),
         "a clear lastError"
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    bmc.stop();
 
-    let text = std::fs::read_to_string(&log_path).expect("log");
+    let text = bmc.log();
     assert!(
         text.lines().count() > 10 && text.contains("bmc.verify"),
         "the service logged its work at debug:\n{}",
@@ -98,5 +66,4 @@ async fn credentials_never_reach_the_bmc_service_log() {
             text.lines().find(|l| l.contains(secret))
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -53,6 +53,22 @@ enum Cmd {
         /// The BMC password; read from BCM_BMC_PASSWORD when absent.
         #[arg(long, env = "BCM_BMC_PASSWORD", hide_env_values = true)]
         password: String,
+        /// Verify the Redfish BMC's TLS against this CA (PEM file).
+        #[arg(long, group = "tls")]
+        tls_ca_file: Option<std::path::PathBuf>,
+        /// Accept exactly the certificate with this SHA-256 fingerprint.
+        #[arg(long, group = "tls")]
+        tls_pin: Option<String>,
+        /// Accept any certificate (a lab only).
+        #[arg(long, group = "tls")]
+        tls_insecure: bool,
+    },
+    /// Rotate a node's BMC password in two phases (set on the BMC, log in
+    /// with it, then commit); a random one unless BCM_BMC_NEW_PASSWORD is set.
+    RotateCredentials {
+        node: String,
+        #[arg(long, env = "BCM_BMC_NEW_PASSWORD", hide_env_values = true)]
+        password: Option<String>,
     },
     /// List nodes.
     List {
@@ -273,10 +289,32 @@ async fn run() -> anyhow::Result<()> {
             address,
             username,
             password,
-        } => (
-            "/api/compute/metal/enroll".to_owned(),
-            json!({"tenantId": tenant, "poolId": pool, "bmc": {"driver": driver, "address": address, "username": username, "password": password}}),
-        ),
+            tls_ca_file,
+            tls_pin,
+            tls_insecure,
+        } => {
+            let mut bmc = json!({"driver": driver, "address": address, "username": username, "password": password});
+            let tls = match (tls_ca_file, tls_pin, tls_insecure) {
+                (Some(file), _, _) => {
+                    let pem = std::fs::read_to_string(file)
+                        .with_context(|| format!("reading {}", file.display()))?;
+                    Some(json!({"mode": "ca", "caPem": pem}))
+                }
+                (None, Some(pin), _) => Some(json!({"mode": "pinned", "sha256": pin})),
+                (None, None, true) => Some(json!({"mode": "insecure"})),
+                _ => None,
+            };
+            if let (Some(t), Some(b)) = (tls, bmc.as_object_mut()) {
+                b.insert("tls".into(), t);
+            }
+            (
+                "/api/compute/metal/enroll".to_owned(),
+                json!({"tenantId": tenant, "poolId": pool, "bmc": bmc}),
+            )
+        }
+        Cmd::RotateCredentials { node, password } => {
+            verb("rotateCredentials", node, json!({"password": password}))
+        }
         Cmd::List { pool, state } => {
             let mut items = vec![];
             let mut page: Option<String> = None;

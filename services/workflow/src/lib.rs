@@ -13,6 +13,7 @@
 pub mod commands;
 pub mod engine;
 pub mod results;
+pub mod rotation;
 
 use bcm_bus::Bus;
 use bcm_db::Db;

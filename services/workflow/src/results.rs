@@ -39,6 +39,9 @@ pub async fn record(ctx: &Ctx, r: &CommandResult) -> Result<bool, bcm_db::DbErro
                 record_power(&mut tx, ctx, node, power, &r.command_id, &mut events).await?;
             }
         }
+        if let (Some(node), "bmc.rotateCredentials") = (&done.node_id, done.kind.as_str()) {
+            crate::rotation::finish(&mut tx, ctx, node, r, &mut events).await?;
+        }
         if let Some((wf, idx)) = &done.step {
             events.extend(crate::engine::drive(&mut tx, ctx, wf, *idx).await?);
         }

@@ -32,6 +32,10 @@ pub fn json_schemas() -> Vec<(&'static str, Value)> {
             s(schema_for!(CloudEvent<NodePowerChanged>)),
         ),
         (
+            "node.credentials.rotation.json",
+            s(schema_for!(CloudEvent<NodeCredentialsRotation>)),
+        ),
+        (
             "work.reconcile.json",
             s(schema_for!(CloudEvent<ReconcileRequest>)),
         ),
@@ -68,6 +72,7 @@ pub fn asyncapi() -> Value {
             "nodeUnrescuing": channel("events.{tenantId}.node.provision.unrescuing", "metal.unrescue started its workflow.", "node.provision.unrescuing.json", stream(StreamKind::Events)),
             "nodePowerRequested": channel("events.{tenantId}.node.power.requested", "metal.power queued a BMC command.", "node.power.requested.json", stream(StreamKind::Events)),
             "nodePowerChanged": channel("events.{tenantId}.node.power.changed", "A BMC reported a power state that differs from the node's record.", "node.power.changed.json", stream(StreamKind::Events)),
+            "nodeCredentialsRotation": channel("events.{tenantId}.node.credentials.rotation", "A two-phase BMC password rotation started, committed, rolled back or was left unresolved; never carries a password.", "node.credentials.rotation.json", stream(StreamKind::Events)),
             "reconcile": channel("work.reconcile.{shard}.{nodeId}", "Reconcile requests, sharded by FNV-1a(nodeId) mod shards; work-queue retention.", "work.reconcile.json", stream(StreamKind::Work)),
             "command": channel("cmd.{siteId}.{kind}", "Commands to a site's services (bmc.*, site.*); executors dedupe by commandId.", "cmd.command.json", stream(StreamKind::Commands)),
             "commandResult": channel("result.{siteId}.{commandId}", "Results of site commands; Nats-Msg-Id is the command id.", "result.command.json", stream(StreamKind::Results)),

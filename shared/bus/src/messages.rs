@@ -130,6 +130,38 @@ pub struct NodePowerChanged {
     pub version: i64,
 }
 
+/// How a BMC password rotation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RotationOutcome {
+    /// `metal.rotateCredentials` recorded the new password as pending and
+    /// queued the command.
+    Started,
+    /// The BMC took the new password and it logs in: it is now the only one
+    /// on record.
+    Committed,
+    /// The new password was not taken (or did not log in) and the current
+    /// one still does: the pending one is forgotten.
+    RolledBack,
+    /// Neither password could be confirmed (the BMC did not answer): the
+    /// record keeps both; the next rotation resumes with the same pending one.
+    Unresolved,
+}
+
+/// `node.credentials.rotation`: a two-phase BMC password rotation moved on.
+/// It never carries a password, sealed or not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeCredentialsRotation {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub outcome: RotationOutcome,
+    pub command_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub version: i64,
+}
+
 /// A reconcile request for the metal reconciler (`work.reconcile.<shard>.<nodeId>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -213,6 +245,8 @@ pub mod types {
     pub const NODE_POWER_REQUESTED: &str = "node.power.requested";
     /// `node.power.changed`.
     pub const NODE_POWER_CHANGED: &str = "node.power.changed";
+    /// `node.credentials.rotation`.
+    pub const NODE_CREDENTIALS_ROTATION: &str = "node.credentials.rotation";
 
     /// The type of a reconcile request.
     pub const WORK_RECONCILE: &str = "work.reconcile";

@@ -6,6 +6,7 @@
 //! legal" reads [`table::apply`]; no other crate decides it.
 
 pub mod authz;
+pub mod bmc;
 pub mod deploy;
 pub mod error;
 pub mod ids;
@@ -15,6 +16,7 @@ pub mod state;
 pub mod table;
 pub mod workflow;
 
+pub use bmc::BmcTls;
 pub use error::ErrorCode;
 pub use ids::{CommandId, IdError, NodeId, PoolId, SiteId, TenantId, WorkflowId};
 pub use node::{BmcDriver, PowerAction, PowerState, WipeMode};

@@ -37,11 +37,15 @@ pub enum Verb {
     Recover,
     Retire,
     Power,
+    /// `metal.rotateCredentials`: a two-phase BMC password rotation; the
+    /// provision state is unchanged.
+    #[serde(rename = "rotateCredentials")]
+    RotateCredentials,
 }
 
 impl Verb {
     /// Every verb, for table tests.
-    pub const ALL: [Verb; 11] = [
+    pub const ALL: [Verb; 12] = [
         Verb::Manage,
         Verb::Inspect,
         Verb::Provide,
@@ -53,6 +57,7 @@ impl Verb {
         Verb::Recover,
         Verb::Retire,
         Verb::Power,
+        Verb::RotateCredentials,
     ];
 
     /// The verb's name as the API and the audit trail spell it.
@@ -69,6 +74,7 @@ impl Verb {
             Verb::Recover => "recover",
             Verb::Retire => "retire",
             Verb::Power => "power",
+            Verb::RotateCredentials => "rotateCredentials",
         }
     }
 
@@ -86,6 +92,10 @@ impl Verb {
             Verb::Power => &[
                 Adopting, Adopted, Enrolling, Ready, Deployed, Rescue, Failed, Retiring, Retired,
             ],
+            // Only where no workflow is using the BMC with the current
+            // password: a rotation under a running workflow would fail its
+            // next BMC step.
+            Verb::RotateCredentials => &[Adopted, Ready, Deployed, Failed],
         }
     }
 }
@@ -280,7 +290,7 @@ pub fn apply(facts: NodeFacts, mv: Move) -> Result<Transition, MoveError> {
                 Verb::Rescue => moved(facts, Rescue),
                 Verb::Retire => moved(facts, Retiring),
                 Verb::Abort => to_failed(facts),
-                Verb::Power => unchanged(facts),
+                Verb::Power | Verb::RotateCredentials => unchanged(facts),
                 Verb::Recover => {
                     let target = facts.failed_from.and_then(recover_target).ok_or(invalid)?;
                     moved(facts, target)

@@ -1,7 +1,8 @@
 //! Nodes and their authorization projection (`node_placements`).
 
 use bcm_core::{
-    BmcDriver, NodeId, PoolId, PowerState, ProvisionState, SiteId, TenantId, WipeMode, WorkflowId,
+    BmcDriver, BmcTls, NodeId, PoolId, PowerState, ProvisionState, SiteId, TenantId, WipeMode,
+    WorkflowId,
 };
 use chrono::{DateTime, Utc};
 
@@ -24,6 +25,15 @@ pub struct Node {
     pub bmc_address: String,
     /// The sealed credentials' id; `None` once forgotten (retired).
     pub bmc_secret_id: Option<String>,
+    /// The node's own TLS policy for its Redfish BMC.
+    pub bmc_tls: Option<BmcTls>,
+    /// The new password of a rotation in progress (sealed); the record
+    /// keeps both until the rotation commits or rolls back.
+    pub bmc_pending_secret_id: Option<String>,
+    /// The `bmc.rotateCredentials` command carrying the rotation out; `None`
+    /// when none is outstanding (a pending secret without one is a rotation
+    /// left unresolved, which the next rotation resumes).
+    pub bmc_rotation_command_id: Option<String>,
     pub macs: Vec<String>,
     pub hardware_profile: String,
     pub workflow_id: Option<WorkflowId>,
@@ -52,6 +62,9 @@ struct NodeRow {
     bmc_driver: String,
     bmc_address: String,
     bmc_secret_id: Option<String>,
+    bmc_tls: Option<serde_json::Value>,
+    bmc_pending_secret_id: Option<String>,
+    bmc_rotation_command_id: Option<String>,
     macs: Vec<String>,
     hardware_profile: String,
     workflow_id: Option<String>,
@@ -98,6 +111,15 @@ impl TryFrom<NodeRow> for Node {
                 .ok_or_else(|| corrupt("bmc driver", &r.bmc_driver))?,
             bmc_address: r.bmc_address,
             bmc_secret_id: r.bmc_secret_id,
+            bmc_tls: r
+                .bmc_tls
+                .map(|v| {
+                    serde_json::from_value(v.clone())
+                        .map_err(|_| corrupt("bmc tls", &v.to_string()))
+                })
+                .transpose()?,
+            bmc_pending_secret_id: r.bmc_pending_secret_id,
+            bmc_rotation_command_id: r.bmc_rotation_command_id,
             macs: r.macs,
             hardware_profile: r.hardware_profile,
             workflow_id: r
@@ -120,15 +142,15 @@ impl TryFrom<NodeRow> for Node {
 }
 
 const COLUMNS: &str = "id, tenant_id, pool_id, site_id, provision_state, failed_from, last_error, \
-    maintenance, power, role, bmc_driver, bmc_address, bmc_secret_id, macs, hardware_profile, \
-    workflow_id, deploy_profile, release_wipe, unrescue_pending, version, created_at, updated_at";
+    maintenance, power, role, bmc_driver, bmc_address, bmc_secret_id, bmc_tls, \
+    bmc_pending_secret_id, bmc_rotation_command_id, macs, hardware_profile, workflow_id, deploy_profile, release_wipe, unrescue_pending, version, created_at, updated_at";
 
 /// Inserts a new node (version 1) and its placement.
 pub async fn node_insert_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<(), DbError> {
     sqlx::query(
         "INSERT INTO nodes (id, tenant_id, pool_id, site_id, provision_state, maintenance, power, \
-         bmc_driver, bmc_address, bmc_secret_id, macs, hardware_profile, version) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+         bmc_driver, bmc_address, bmc_secret_id, macs, hardware_profile, version, bmc_tls) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(n.id.to_string())
     .bind(n.tenant_id.as_str())
@@ -143,6 +165,7 @@ pub async fn node_insert_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<(), DbError
     .bind(&n.macs)
     .bind(&n.hardware_profile)
     .bind(n.version)
+    .bind(n.bmc_tls.as_ref().map(|t| serde_json::json!(t)))
     .execute(&mut **tx)
     .await?;
     placement_refresh_in_txn(tx, n).await
@@ -178,7 +201,8 @@ pub async fn node_update_guarded_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<i64
     let new_version: Option<i64> = sqlx::query_scalar(
         "WITH moved AS (UPDATE nodes SET provision_state = $2, failed_from = $3, last_error = $4, maintenance = $5, \
          power = $6, role = $7, bmc_secret_id = $8, macs = $9, workflow_id = $10, deploy_profile = $11, \
-         release_wipe = $12, unrescue_pending = $13, version = version + 1, updated_at = now() \
+         release_wipe = $12, unrescue_pending = $13, bmc_pending_secret_id = $15, \
+         bmc_rotation_command_id = $16, version = version + 1, updated_at = now() \
          WHERE id = $1 AND version = $14 RETURNING id, tenant_id, pool_id, version), \
          placed AS (INSERT INTO node_placements (node_id, tenant_id, pool_id, version) \
          SELECT id, tenant_id, pool_id, version FROM moved \
@@ -199,6 +223,8 @@ pub async fn node_update_guarded_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<i64
     .bind(n.release_wipe.map(|w| w.as_str()))
     .bind(n.unrescue_pending)
     .bind(n.version)
+    .bind(&n.bmc_pending_secret_id)
+    .bind(&n.bmc_rotation_command_id)
     .fetch_optional(&mut **tx)
     .await?;
     new_version.ok_or(DbError::Stale)
@@ -343,7 +369,8 @@ pub async fn node_fetch_in_txn(tx: &mut Tx<'_>, id: &NodeId) -> Result<Node, DbE
 
 /// Nodes with BMC credentials whose power was last read by the power sync
 /// longer than `every` ago (or never), longest first, at most `limit`;
-/// nodes being enrolled or retired are left out.
+/// nodes being enrolled or retired, and nodes whose password is being
+/// rotated, are left out.
 pub async fn nodes_due_for_power_read(
     db: &crate::Db,
     every: std::time::Duration,
@@ -351,7 +378,7 @@ pub async fn nodes_due_for_power_read(
 ) -> Result<Vec<String>, DbError> {
     Ok(sqlx::query_scalar(
         "SELECT n.id FROM nodes n LEFT JOIN power_reads r ON r.node_id = n.id \
-         WHERE n.bmc_secret_id IS NOT NULL AND n.provision_state NOT IN ('enrolling', 'retiring', 'retired') \
+         WHERE n.bmc_secret_id IS NOT NULL AND n.bmc_pending_secret_id IS NULL AND n.provision_state NOT IN ('enrolling', 'retiring', 'retired') \
          AND (r.requested_at IS NULL OR r.requested_at < now() - make_interval(secs => $1)) \
          ORDER BY r.requested_at NULLS FIRST, n.id LIMIT $2",
     )

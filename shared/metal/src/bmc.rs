@@ -6,18 +6,27 @@ use bcm_db::nodes::Node;
 use bcm_db::{DbError, Tx};
 use serde_json::{json, Value};
 
-/// `{"driver", "address", "sealedCredentials": {keyId, nonce, ciphertext, owner} | null}`.
+/// `{"driver", "address", "tls": BmcTls | null, "sealedCredentials": {keyId, nonce, ciphertext, owner} | null}`.
 pub async fn params_in_txn(tx: &mut Tx<'_>, node: &Node) -> Result<Value, DbError> {
     let sealed = match &node.bmc_secret_id {
-        Some(id) => {
-            let s = bcm_db::secrets::secret_fetch_in_txn(tx, id).await?;
-            let b64 = base64::engine::general_purpose::STANDARD;
-            json!({ "keyId": s.key_id, "nonce": b64.encode(&s.nonce), "ciphertext": b64.encode(&s.ciphertext), "owner": s.owner })
-        }
+        Some(id) => sealed_in_txn(tx, id).await?,
         None => Value::Null,
     };
+    Ok(json!({
+        "driver": node.bmc_driver,
+        "address": node.bmc_address,
+        "tls": node.bmc_tls,
+        "sealedCredentials": sealed,
+    }))
+}
+
+/// A stored sealed value as command parameters carry it:
+/// `{keyId, nonce, ciphertext, owner}` (binary fields in base64).
+pub async fn sealed_in_txn(tx: &mut Tx<'_>, secret_id: &str) -> Result<Value, DbError> {
+    let s = bcm_db::secrets::secret_fetch_in_txn(tx, secret_id).await?;
+    let b64 = base64::engine::general_purpose::STANDARD;
     Ok(
-        json!({ "driver": node.bmc_driver, "address": node.bmc_address, "sealedCredentials": sealed }),
+        json!({ "keyId": s.key_id, "nonce": b64.encode(&s.nonce), "ciphertext": b64.encode(&s.ciphertext), "owner": s.owner }),
     )
 }
 

@@ -197,6 +197,31 @@ impl Sealer {
     }
 }
 
+/// A fresh random BMC password of `len` (at least 12) letters and digits
+/// with at least one lowercase letter, uppercase letter and digit: what a
+/// rotation sets when the caller chose none. Letters and digits only, so
+/// every BMC and tool takes it unchanged.
+pub fn generate_password(len: usize) -> SecretString {
+    use rand::seq::SliceRandom;
+    const LOWER: &[u8] = b"abcdefghijkmnopqrstuvwxyz";
+    const UPPER: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZ";
+    const DIGIT: &[u8] = b"23456789";
+    let len = len.max(12);
+    let mut rng = rand::thread_rng();
+    let all: Vec<u8> = [LOWER, UPPER, DIGIT].concat();
+    let mut chars: Vec<u8> = [LOWER, UPPER, DIGIT]
+        .iter()
+        .filter_map(|set| set.choose(&mut rng).copied())
+        .collect();
+    while chars.len() < len {
+        if let Some(c) = all.choose(&mut rng) {
+            chars.push(*c);
+        }
+    }
+    chars.shuffle(&mut rng);
+    String::from_utf8(chars).unwrap_or_default().into()
+}
+
 /// A BMC's username and password. Both redact in `Debug`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct BmcCredentials {
@@ -242,6 +267,19 @@ mod tests {
         );
         assert!(!format!("{back:?}").contains("hunter2"), "Debug redacts");
         assert!(!format!("{sealed:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn generated_passwords_mix_classes_and_differ() {
+        let a = generate_password(16);
+        let b = generate_password(16);
+        let a = a.expose_secret();
+        assert_eq!(a.len(), 16);
+        assert_ne!(a, b.expose_secret());
+        assert!(a.chars().any(|c| c.is_ascii_lowercase()));
+        assert!(a.chars().any(|c| c.is_ascii_uppercase()));
+        assert!(a.chars().any(|c| c.is_ascii_digit()));
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric()));
     }
 
     #[test]

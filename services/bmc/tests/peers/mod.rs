@@ -57,11 +57,21 @@ pub struct Sushy {
     pub password: String,
     dir: PathBuf,
     child: Option<Child>,
+    https: bool,
 }
 
 impl Sushy {
     /// Starts the emulator with auth on (user `admin`, a random password).
     pub async fn start(systems: usize) -> Sushy {
+        Self::start_with(systems, None).await
+    }
+
+    /// Starts it serving HTTPS with the given certificate and key (PEM).
+    pub async fn start_tls(systems: usize, cert_pem: &str, key_pem: &str) -> Sushy {
+        Self::start_with(systems, Some((cert_pem, key_pem))).await
+    }
+
+    async fn start_with(systems: usize, tls: Option<(&str, &str)>) -> Sushy {
         let python = env_or(
             "BCM_SUSHY_PYTHON",
             repo().join(".bcm/venv-sushy/bin/python"),
@@ -84,6 +94,17 @@ impl Sushy {
         assert!(hash.status.success(), "bcrypt: {:?}", hash);
         std::fs::write(dir.join("htpasswd"), &hash.stdout).expect("htpasswd");
         std::fs::create_dir_all(dir.join("state")).expect("state dir");
+        let tls_conf = match tls {
+            Some((cert, key)) => {
+                std::fs::write(dir.join("cert.pem"), cert).expect("cert");
+                std::fs::write(dir.join("key.pem"), key).expect("key");
+                format!(
+                    "SUSHY_EMULATOR_SSL_CERT = '{0}/cert.pem'\nSUSHY_EMULATOR_SSL_KEY = '{0}/key.pem'\n",
+                    dir.display()
+                )
+            }
+            None => String::new(),
+        };
         let port = free_tcp_port();
         let conf = format!(
             r#"
@@ -98,7 +119,7 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
       'external_notifier': False, 'nics': [{{'mac': '52:54:00:00:00:%02x' % i, 'ip': '127.0.1.%d' % i}}]}}
     for i in range(1, {systems} + 1)
 ]
-"#,
+{tls_conf}"#,
             state = dir.join("state").display(),
             dir = dir.display(),
         );
@@ -109,15 +130,18 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
             password,
             dir,
             child: None,
+            https: tls.is_some(),
         };
         s.spawn().await;
         s
     }
 
     async fn spawn(&mut self) {
+        // The emulator itself, with the AccountService it lacks added by
+        // tests/peers/sushy_accounts.py (which then runs its main()).
         let bin = env_or(
-            "BCM_SUSHY_EMULATOR",
-            repo().join(".bcm/venv-sushy/bin/sushy-emulator"),
+            "BCM_SUSHY_PYTHON",
+            repo().join(".bcm/venv-sushy/bin/python"),
         );
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -125,6 +149,7 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
             .open(self.dir.join("sushy.log"))
             .expect("log");
         let child = Command::new(&bin)
+            .arg(repo().join("tests/peers/sushy_accounts.py"))
             .arg("--config")
             .arg(self.dir.join("sushy.conf"))
             .stdin(Stdio::null())
@@ -133,7 +158,10 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
             .spawn()
             .unwrap_or_else(|e| panic!("{}: {e}; run tests/peers/install.sh", bin.display()));
         self.child = Some(child);
-        let http = reqwest::Client::new();
+        let http = reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .build()
+            .expect("client");
         let url = format!("{}/redfish/v1/", self.origin());
         for _ in 0..120 {
             if http
@@ -149,9 +177,24 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
         panic!("sushy-emulator did not answer: {}", self.log());
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http(s)://127.0.0.1:<port>`.
     pub fn origin(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// Whether `password` is what the emulator's account now takes (asks
+    /// the emulator itself with basic auth).
+    pub async fn takes(&self, password: &str) -> bool {
+        reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .build()
+            .expect("client")
+            .get(format!("{}/redfish/v1/Systems", self.origin()))
+            .basic_auth(&self.username, Some(password))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
     }
 
     /// The BMC address of fake system `i` (1-based).
@@ -167,6 +210,7 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
             self.username.clone().into(),
             self.password.clone().into(),
             &Default::default(),
+            None,
         )
         .expect("driver")
     }
@@ -280,6 +324,19 @@ impl IpmiSim {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Whether `password` logs in as `admin` now (asks with ipmitool).
+    pub fn takes(&self, password: &str) -> bool {
+        Command::new("ipmitool")
+            .args(["-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p"])
+            .arg(self.port.to_string())
+            .args(["-U", "admin", "-E", "-N", "1", "-R", "1", "mc", "info"])
+            .env("IPMI_PASSWORD", password)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     /// The chassis "hardware" state dir.
     fn chassis(&self) -> PathBuf {
         self.dir.join("state/chassis")
@@ -313,6 +370,101 @@ impl Drop for IpmiSim {
             let _ = c.kill();
             let _ = c.wait();
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The `bcm-bmc` binary as its own process for site `s1` of `env`, logging
+/// JSON at `debug` into a file; killed when dropped.
+pub struct BmcProcess {
+    pub dir: PathBuf,
+    pub log_path: PathBuf,
+    child: Option<Child>,
+}
+
+impl BmcProcess {
+    /// Starts it with the extra environment `vars`.
+    pub fn start(env: &bcm_testkit::TestEnv, vars: &[(&str, &str)]) -> BmcProcess {
+        use secrecy::ExposeSecret as _;
+        let dir = scratch("bmc-process");
+        let keys: String = env
+            .sealing_keys
+            .iter()
+            .map(|k| {
+                format!(
+                    "[[sealing_keys]]\nid = \"{}\"\nkey = \"{}\"\n",
+                    k.id,
+                    k.key.expose_secret()
+                )
+            })
+            .collect();
+        let config = format!(
+            "site = \"s1\"\npower_timeout_secs = 40\n[bus]\nurl = \"{}\"\nnamespace = \"{}\"\n[telemetry]\nlog_format = \"json\"\nlog_filter = \"debug\"\n{keys}",
+            env.bus_config.url,
+            env.bus_config.namespace.clone().expect("namespace"),
+        );
+        std::fs::write(dir.join("bmc.toml"), config).expect("config");
+        let mut p = BmcProcess {
+            log_path: dir.join("bmc.log"),
+            dir,
+            child: None,
+        };
+        p.spawn(vars);
+        p
+    }
+
+    /// Starts the process again (same config, appending to the same log).
+    pub fn spawn(&mut self, vars: &[(&str, &str)]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .expect("log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_bcm-bmc"));
+        cmd.arg("--config")
+            .arg(self.dir.join("bmc.toml"))
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("spawn bcm-bmc"));
+    }
+
+    /// Waits up to `within` for the process to exit on its own.
+    pub async fn exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    self.child = None;
+                    return Some(status);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+
+    /// Stops it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Everything it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+impl Drop for BmcProcess {
+    fn drop(&mut self) {
+        self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

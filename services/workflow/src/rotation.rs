@@ -1,0 +1,113 @@
+//! The end of a two-phase BMC password rotation, in the transaction that
+//! records the `bmc.rotateCredentials` result: committed (the bmc service
+//! logged in with the new password and returned the new credentials sealed:
+//! they become the only ones on record), rolled back (the current password
+//! still works: the pending one is forgotten) or unresolved (neither could
+//! be confirmed: both stay, and the next rotation resumes with the pending
+//! one). A result for a rotation that is no longer the node's changes
+//! nothing. Nothing here can open a credential.
+
+use base64::Engine as _;
+use bcm_bus::messages::{self, CommandResult, RotationOutcome};
+use bcm_db::outbox::NewOutboxMessage;
+use bcm_db::secrets::SealedSecretRow;
+use bcm_db::{DbError, Tx};
+use serde::Deserialize;
+
+use crate::engine::Ctx;
+
+/// The sealed credentials a committed rotation returns.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SealedWire {
+    key_id: String,
+    nonce: String,
+    ciphertext: String,
+    owner: String,
+}
+
+fn sealed_row(output: &serde_json::Value, node_id: &str) -> Option<SealedSecretRow> {
+    let w: SealedWire = serde_json::from_value(output.get("sealedCredentials")?.clone()).ok()?;
+    if w.owner != node_id || w.key_id.is_empty() {
+        return None;
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    Some(SealedSecretRow {
+        id: format!("sec_{}", ulid::Ulid::new().to_string().to_lowercase()),
+        owner: w.owner,
+        purpose: "bmc-credentials".to_owned(),
+        key_id: w.key_id,
+        nonce: b64.decode(w.nonce).ok()?,
+        ciphertext: b64.decode(w.ciphertext).ok()?,
+    })
+}
+
+/// Applies a rotation result to the node (see the module doc).
+pub async fn finish(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    node_id: &str,
+    r: &CommandResult,
+    events: &mut Vec<NewOutboxMessage>,
+) -> Result<(), DbError> {
+    let Ok(id) = node_id.parse::<bcm_core::NodeId>() else {
+        return Ok(());
+    };
+    let node = bcm_db::nodes::node_fetch_for_update_in_txn(tx, &id).await?;
+    if node.bmc_rotation_command_id.as_deref() != Some(r.command_id.as_str()) {
+        tracing::warn!(node = %id, command = %r.command_id, "a rotation result for a rotation that is not the node's; ignored");
+        return Ok(());
+    }
+    let mut next = node.clone();
+    next.bmc_rotation_command_id = None;
+    let mut forget: Vec<String> = vec![];
+    let said = r.output.get("outcome").and_then(|o| o.as_str());
+    let (outcome, error) = match (r.ok, said) {
+        (true, Some("committed")) => match sealed_row(&r.output, node_id) {
+            Some(row) => {
+                bcm_db::secrets::secret_insert_in_txn(tx, &row).await?;
+                forget.extend(node.bmc_secret_id.clone());
+                forget.extend(node.bmc_pending_secret_id.clone());
+                next.bmc_secret_id = Some(row.id);
+                next.bmc_pending_secret_id = None;
+                (RotationOutcome::Committed, None)
+            }
+            None => (
+                RotationOutcome::Unresolved,
+                Some("the rotation's result carried no usable sealed credentials".to_owned()),
+            ),
+        },
+        (false, Some("rolled-back")) => {
+            forget.extend(node.bmc_pending_secret_id.clone());
+            next.bmc_pending_secret_id = None;
+            (RotationOutcome::RolledBack, r.error.clone())
+        }
+        _ => (
+            RotationOutcome::Unresolved,
+            Some(
+                r.error
+                    .clone()
+                    .unwrap_or_else(|| "the rotation ended without an outcome".to_owned()),
+            ),
+        ),
+    };
+    next.version = bcm_db::nodes::node_update_guarded_in_txn(tx, &next).await?;
+    for secret in forget {
+        bcm_db::secrets::secret_delete_in_txn(tx, &secret).await?;
+    }
+    tracing::info!(node = %id, command = %r.command_id, outcome = ?outcome, "BMC password rotation ended");
+    events.push(bcm_metal::outbox::event(
+        ctx.bus.subjects(),
+        &next,
+        messages::types::NODE_CREDENTIALS_ROTATION,
+        messages::NodeCredentialsRotation {
+            node_id: next.id,
+            tenant_id: next.tenant_id.clone(),
+            outcome,
+            command_id: r.command_id.clone(),
+            error,
+            version: next.version,
+        },
+    ));
+    Ok(())
+}
