@@ -9,10 +9,8 @@ mod peers;
 
 use bcm_core::{NodeId, PowerState, ProvisionState};
 use bcm_testkit::{eventually, Options, TestEnv};
-use futures::StreamExt as _;
 use peers::{sushy_mac, IpmiSim, Sushy};
 use serde_json::json;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(90);
@@ -50,34 +48,11 @@ async fn start(env: &TestEnv) -> std::sync::Arc<bcm_bmc::service::Ctx> {
     ctx
 }
 
-/// Records the body of every message the NATS server carries from now on
-/// (core subscription to `>`: commands, results, events, JetStream API).
-async fn record_all_messages(env: &TestEnv) -> Arc<Mutex<Vec<String>>> {
-    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let mut sub = env
-        .state
-        .inner
-        .bus
-        .client()
-        .subscribe(">")
-        .await
-        .expect("subscribe");
-    let out = seen.clone();
-    tokio::spawn(async move {
-        while let Some(m) = sub.next().await {
-            out.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(String::from_utf8_lossy(&m.payload).into_owned());
-        }
-    });
-    seen
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
     let sushy = Sushy::start(3).await;
     let env = env_with_bmc_service(1).await;
-    let wire = record_all_messages(&env).await;
+    let wire = peers::record_all_messages(&env).await;
     let bmc = start(&env).await;
 
     let mut ids: Vec<NodeId> = vec![];

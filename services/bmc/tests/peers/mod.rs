@@ -468,3 +468,29 @@ impl Drop for BmcProcess {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Records the body of every message the NATS server carries from now on
+/// (core subscription to `>`: commands, results, events, JetStream API).
+pub async fn record_all_messages(
+    env: &bcm_testkit::TestEnv,
+) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use futures::StreamExt as _;
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let mut sub = env
+        .state
+        .inner
+        .bus
+        .client()
+        .subscribe(">")
+        .await
+        .expect("subscribe");
+    let out = seen.clone();
+    tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            out.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(String::from_utf8_lossy(&m.payload).into_owned());
+        }
+    });
+    seen
+}
