@@ -76,7 +76,7 @@ async fn main() {
             .expect("driver")
         })
         .collect();
-    measure("sushy-emulator (Redfish, session auth)", drivers).await;
+    measure("sushy-emulator (Redfish; basic auth, bcrypt per request: sushy-tools has no SessionService)", drivers).await;
     drop(sushy);
 
     let sim = peers::IpmiSim::start().await;
