@@ -2,7 +2,9 @@
 # Installs the real BMC peers the bmc service's tests run against, then
 # prints the environment they need (eval it):
 #   - sushy-tools' Redfish emulator (PyPI, pinned) in a venv under .bcm/;
-#   - OpenIPMI's ipmi_sim and ipmitool (Debian packages).
+#   - OpenIPMI's ipmi_sim and ipmitool (Debian packages);
+#   - the boot service's clients and reference servers (Debian packages):
+#     tftp-hpa's tftp, curl, tftpd-hpa, dnsmasq, the ipxe builds.
 # Idempotent; nothing here needs more than PyPI and Debian's mirrors.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -21,6 +23,15 @@ if ! command -v ipmi_sim >/dev/null || ! command -v ipmitool >/dev/null; then
   log "installing openipmi and ipmitool"
   apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openipmi ipmitool >&2
+fi
+if ! command -v tftp >/dev/null || ! command -v in.tftpd >/dev/null || ! command -v dnsmasq >/dev/null \
+   || [ ! -e /usr/lib/ipxe/undionly.kpxe ] || ! command -v curl >/dev/null; then
+  log "installing tftp-hpa, tftpd-hpa, dnsmasq-base, ipxe, curl"
+  apt-get update -qq >&2
+  # tftpd-hpa's maintainer script starts a daemon where it can; stop it.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    tftp-hpa tftpd-hpa dnsmasq-base ipxe curl >&2
+  pkill -x in.tftpd 2>/dev/null || true
 fi
 echo "export BCM_SUSHY_EMULATOR=$venv/bin/sushy-emulator"
 echo "export BCM_SUSHY_PYTHON=$venv/bin/python"

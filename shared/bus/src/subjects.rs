@@ -144,6 +144,27 @@ impl Subjects {
         self.p(format!("cmd.{site}.{family}.>"))
     }
 
+    /// A JetStream key-value bucket of `site`, e.g. `BCM_BOOT_ENTRIES_S1`
+    /// for `kv_bucket("boot_entries", site)`: bucket names allow only
+    /// letters, digits, `_` and `-`.
+    pub fn kv_bucket(&self, name: &str, site: &SiteId) -> String {
+        let clean = |s: &str| {
+            s.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() {
+                        c.to_ascii_uppercase()
+                    } else {
+                        '_'
+                    }
+                })
+                .collect::<String>()
+        };
+        match &self.namespace {
+            Some(ns) => format!("BCM_{}_{}_{}", clean(ns), clean(name), clean(site.as_str())),
+            None => format!("BCM_{}_{}", clean(name), clean(site.as_str())),
+        }
+    }
+
     /// Every command result.
     pub fn results_all(&self) -> String {
         self.p("result.>".to_owned())

@@ -57,6 +57,10 @@ pub struct SimConfig {
     /// then emulates boot and ramdisks only.
     #[serde(default)]
     pub bmc_service: bool,
+    /// A real `boot` service serves the site's `site.*` commands (boot
+    /// entries): the sim then leaves them alone.
+    #[serde(default)]
+    pub boot_service: bool,
 }
 
 fn default_concurrency() -> usize {
@@ -72,6 +76,7 @@ impl SimConfig {
             faults: HashMap::new(),
             concurrency: default_concurrency(),
             bmc_service: false,
+            boot_service: false,
         }
     }
 }

@@ -146,8 +146,16 @@ async fn consume(bus: &Bus, site: &Arc<Site>, shutdown: &CancellationToken) -> a
         .jetstream()
         .get_stream(subjects.stream(StreamKind::Commands))
         .await?;
-    // Without BMCs the sim consumes every other family of commands.
-    let (name, filter_subject, filter_subjects) = if !site.cfg.bmc_service {
+    // The sim consumes every family a real service does not.
+    let families: Vec<&str> = [
+        (!site.cfg.bmc_service).then_some("bmc"),
+        (!site.cfg.boot_service).then_some("site"),
+        Some("metal"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let (name, filter_subject, filter_subjects) = if families.len() == 3 {
         (
             format!("site-{site_id}"),
             subjects.commands_of_site(&site_id),
@@ -155,12 +163,17 @@ async fn consume(bus: &Bus, site: &Arc<Site>, shutdown: &CancellationToken) -> a
         )
     } else {
         (
-            format!("site-{site_id}-no-bmc"),
+            // (`-no-bmc` is the name the bmc-service mode always had.)
+            if families == ["site", "metal"] {
+                format!("site-{site_id}-no-bmc")
+            } else {
+                format!("site-{site_id}-{}", families.join("-"))
+            },
             String::new(),
-            vec![
-                subjects.commands_of_site_family(&site_id, "site"),
-                subjects.commands_of_site_family(&site_id, "metal"),
-            ],
+            families
+                .iter()
+                .map(|f| subjects.commands_of_site_family(&site_id, f))
+                .collect(),
         )
     };
     let consumer = stream

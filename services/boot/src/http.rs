@@ -1,0 +1,116 @@
+//! The boot service over HTTP:
+//! - `GET /ipxe/{mac}`: the iPXE script of a MAC's live entry (`#!ipxe`,
+//!   `kernel` with its command line, `initrd`, `boot`); an unknown MAC or a
+//!   dead entry gets a script that says so and `exit`s, so the firmware
+//!   falls through to its next boot device;
+//! - `GET /boot/{file}`: the iPXE builds for UEFI HTTP boot (the same files
+//!   and the same path checks as TFTP);
+//! - `GET /images/{path}`: the pre-warmed image cache, with Range support;
+//! - `GET /healthz`: whether this process holds the site lease.
+
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::dhcp::ProxyConfig;
+use crate::entries::{BootEntry, Entries, Mac};
+use crate::lease::Lease;
+use crate::tftp::RootHandler;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct HttpState {
+    pub entries: Arc<Entries>,
+    pub lease: Arc<Lease>,
+    pub proxy: ProxyConfig,
+    pub boot_files: RootHandler,
+    pub image_cache: PathBuf,
+}
+
+/// The router.
+pub fn router(state: HttpState) -> Router {
+    let images = tower_http::services::ServeDir::new(&state.image_cache);
+    Router::new()
+        .route("/ipxe/{mac}", get(script))
+        .route("/boot/{file}", get(boot_file))
+        .route("/healthz", get(health))
+        .nest_service("/images", images)
+        .with_state(state)
+}
+
+/// A URL for a kernel or initrd: kept when absolute, else in the cache.
+fn artifact_url(proxy: &ProxyConfig, path: &str) -> String {
+    if path.starts_with("http://") || path.starts_with("https://") {
+        path.to_owned()
+    } else {
+        format!(
+            "http://{}:{}/images/{}",
+            proxy.server_ip,
+            proxy.http_port,
+            path.trim_start_matches('/')
+        )
+    }
+}
+
+/// The iPXE script of an entry. `initrd=<name>` is what the EFI stub
+/// needs to find the initrd iPXE hands it.
+pub fn render(proxy: &ProxyConfig, mac: &Mac, e: &BootEntry) -> String {
+    let initrd_name = e
+        .initrd
+        .rsplit('/')
+        .next()
+        .filter(|n| !n.is_empty())
+        .unwrap_or("initrd");
+    format!(
+        "#!ipxe\necho Better Compute Metal: {mac} boots {node}\nkernel {kernel} initrd={initrd_name} {cmdline}\ninitrd {initrd}\nboot\n",
+        node = e.node_id.as_deref().unwrap_or("its boot entry"),
+        kernel = artifact_url(proxy, &e.kernel),
+        initrd = artifact_url(proxy, &e.initrd),
+        cmdline = e.cmdline,
+    )
+}
+
+fn ipxe(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
+async fn script(State(s): State<HttpState>, UrlPath(mac): UrlPath<String>) -> Response {
+    let Some(mac) = Mac::parse(&mac) else {
+        return (StatusCode::BAD_REQUEST, "not a MAC address\n").into_response();
+    };
+    match s.entries.live(&mac) {
+        Some(e) => {
+            tracing::info!(%mac, node = e.node_id.as_deref().unwrap_or(""), "iPXE script served");
+            metrics::counter!("bcm_boot_scripts_total", "outcome" => "entry").increment(1);
+            ipxe(render(&s.proxy, &mac, &e))
+        }
+        None => {
+            metrics::counter!("bcm_boot_scripts_total", "outcome" => "unknown").increment(1);
+            ipxe(format!(
+                "#!ipxe\necho Better Compute Metal: no boot entry for {mac}; booting the next device\nexit\n"
+            ))
+        }
+    }
+}
+
+async fn boot_file(State(s): State<HttpState>, UrlPath(file): UrlPath<String>) -> Response {
+    match s.boot_files.read(std::path::Path::new(&file)) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/efi")], bytes.to_vec()).into_response(),
+        Err(async_tftp::packet::Error::PermissionDenied) => {
+            (StatusCode::FORBIDDEN, "outside the boot files\n").into_response()
+        }
+        Err(_) => (StatusCode::NOT_FOUND, "no such boot file\n").into_response(),
+    }
+}
+
+async fn health(State(s): State<HttpState>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "active": s.lease.is_active(),
+        "holder": s.lease.holder(),
+        "entries": s.entries.len(),
+    }))
+}

@@ -1,0 +1,270 @@
+//! The `boot` service for one site: proxy DHCP (ports 67 and 4011) that
+//! never hands out addresses, read-only TFTP for the iPXE builds, iPXE
+//! scripts, UEFI HTTP boot and cached images over HTTP, and the boot
+//! entries that decide who is answered (from `site.bootEntry.*` commands,
+//! shared by the site's boot processes through a JetStream KV bucket).
+//! Several processes may run per site: exactly one holds the site boot
+//! lease and answers DHCP; the others stand by and take over when its lease
+//! expires. TFTP and HTTP answer on every process (they hand out nothing a
+//! DHCP answer did not point at).
+
+pub mod commands;
+pub mod dhcp;
+pub mod dhcp_server;
+pub mod entries;
+pub mod http;
+pub mod images;
+pub mod lease;
+pub mod tftp;
+
+use serde::Deserialize;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Proxy DHCP settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct DhcpConfig {
+    /// The address the DHCP sockets bind (0.0.0.0 to receive broadcasts).
+    #[serde(default = "any")]
+    pub listen: Ipv4Addr,
+    /// Bind the sockets to this interface (SO_BINDTODEVICE): the boot VLAN.
+    #[serde(default)]
+    pub interface: Option<String>,
+    #[serde(default = "default_dhcp_port")]
+    pub port: u16,
+    #[serde(default = "default_pxe_port")]
+    pub pxe_port: u16,
+    /// The port clients listen on (68).
+    #[serde(default = "default_client_port")]
+    pub client_port: u16,
+    /// Where replies to clients without an address go: the limited
+    /// broadcast. A lab on loopback may name a unicast address.
+    #[serde(default = "broadcast")]
+    pub broadcast: Ipv4Addr,
+}
+
+fn any() -> Ipv4Addr {
+    Ipv4Addr::UNSPECIFIED
+}
+fn broadcast() -> Ipv4Addr {
+    Ipv4Addr::BROADCAST
+}
+fn default_dhcp_port() -> u16 {
+    67
+}
+fn default_pxe_port() -> u16 {
+    4011
+}
+fn default_client_port() -> u16 {
+    68
+}
+
+impl Default for DhcpConfig {
+    fn default() -> Self {
+        Self {
+            listen: any(),
+            interface: None,
+            port: default_dhcp_port(),
+            pxe_port: default_pxe_port(),
+            client_port: default_client_port(),
+            broadcast: broadcast(),
+        }
+    }
+}
+
+/// Configuration of the service.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct BootConfig {
+    /// The site whose `site.*` commands this service executes.
+    pub site: String,
+    pub bus: bcm_bus::BusConfig,
+    /// This server's address on the boot network: next-server, option 54
+    /// and the host of every URL handed out.
+    pub server_ip: Ipv4Addr,
+    #[serde(default)]
+    pub dhcp: DhcpConfig,
+    /// TFTP listen address.
+    #[serde(default = "default_tftp_listen")]
+    pub tftp_listen: SocketAddr,
+    /// The directory of boot files (Debian's `ipxe` package: /usr/lib/ipxe).
+    #[serde(default = "default_boot_files")]
+    pub boot_files: PathBuf,
+    #[serde(default = "default_bios_file")]
+    pub bios_file: String,
+    #[serde(default = "default_uefi_x64_file")]
+    pub uefi_x64_file: String,
+    #[serde(default = "default_uefi_arm64_file")]
+    pub uefi_arm64_file: String,
+    /// HTTP listen address (scripts, UEFI HTTP boot, images).
+    #[serde(default = "default_http_listen")]
+    pub http_listen: SocketAddr,
+    /// The port URLs name (the listen port unless behind a forwarder).
+    #[serde(default)]
+    pub http_port: Option<u16>,
+    /// Seconds the site boot lease lives without renewal.
+    #[serde(default = "default_lease_ttl")]
+    pub lease_ttl_secs: u64,
+    /// This process's name in the lease (default: host and pid).
+    #[serde(default)]
+    pub holder: Option<String>,
+    /// The image cache: pre-warmed from `images` at start, served over HTTP.
+    #[serde(default = "default_image_cache")]
+    pub image_cache: PathBuf,
+    #[serde(default)]
+    pub images: Vec<images::CatalogImage>,
+    #[serde(default)]
+    pub telemetry: bcm_telemetry::TelemetryConfig,
+}
+
+fn default_tftp_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 69))
+}
+fn default_http_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 8081))
+}
+fn default_boot_files() -> PathBuf {
+    "/usr/lib/ipxe".into()
+}
+fn default_bios_file() -> String {
+    "undionly.kpxe".into()
+}
+fn default_uefi_x64_file() -> String {
+    "ipxe.efi".into()
+}
+fn default_uefi_arm64_file() -> String {
+    "ipxe-arm64.efi".into()
+}
+fn default_lease_ttl() -> u64 {
+    6
+}
+fn default_image_cache() -> PathBuf {
+    "/var/cache/bcm-boot".into()
+}
+
+impl BootConfig {
+    /// Loads a TOML file, then `BCM_BOOT_*` environment variables.
+    pub fn load(path: Option<&std::path::Path>) -> Result<Self, Box<figment::Error>> {
+        use figment::providers::{Env, Format, Toml};
+        let mut fig = figment::Figment::new();
+        if let Some(p) = path {
+            fig = fig.merge(Toml::file_exact(p));
+        }
+        fig.merge(Env::prefixed("BCM_BOOT_").split("__"))
+            .extract()
+            .map_err(Box::new)
+    }
+
+    /// The proxy DHCP decisions' settings.
+    pub fn proxy(&self, http_port: u16) -> dhcp::ProxyConfig {
+        dhcp::ProxyConfig {
+            server_ip: self.server_ip,
+            http_port: self.http_port.unwrap_or(http_port),
+            bios_file: self.bios_file.clone(),
+            uefi_x64_file: self.uefi_x64_file.clone(),
+            uefi_arm64_file: self.uefi_arm64_file.clone(),
+            client_port: self.dhcp.client_port,
+        }
+    }
+}
+
+/// A running boot service: what tests and benchmarks look at.
+pub struct Running {
+    pub lease: Arc<lease::Lease>,
+    pub entries: Arc<entries::Entries>,
+    pub dhcp: SocketAddr,
+    pub pxe: SocketAddr,
+    pub tftp: SocketAddr,
+    pub http: SocketAddr,
+    pub tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts every part of the service; each runs until `shutdown`.
+pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    let site: bcm_core::SiteId = cfg
+        .site
+        .parse()
+        .map_err(|e| anyhow::anyhow!("site {:?}: {e}", cfg.site))?;
+    let bus = bcm_bus::Bus::connect(&cfg.bus).await?;
+    bcm_bus::streams::ensure_all(&bus).await?;
+    let ttl = Duration::from_secs(cfg.lease_ttl_secs.max(2));
+    let (entries_kv, lease_kv) = commands::buckets(&bus, &site, ttl).await?;
+
+    images::prewarm(&cfg.image_cache, &cfg.images).await?;
+
+    let entries = Arc::new(entries::Entries::default());
+    let holder = cfg.holder.clone().unwrap_or_else(|| {
+        format!(
+            "{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "boot".into()),
+            std::process::id()
+        )
+    });
+    let lease = Arc::new(lease::Lease::new(holder, ttl));
+    let mut tasks = vec![];
+
+    // HTTP first: the proxy's URLs name its port.
+    let http_listener = tokio::net::TcpListener::bind(cfg.http_listen).await?;
+    let http_addr = http_listener.local_addr()?;
+    let proxy = cfg.proxy(http_addr.port());
+    let app = http::router(http::HttpState {
+        entries: entries.clone(),
+        lease: lease.clone(),
+        proxy: proxy.clone(),
+        boot_files: tftp::RootHandler::new(&cfg.boot_files)?,
+        image_cache: cfg.image_cache.clone(),
+    });
+    let stop = shutdown.clone();
+    tasks.push(tokio::spawn(async move {
+        let served = axum::serve(http_listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "boot HTTP server failed");
+        }
+    }));
+
+    let tftp_socket =
+        dhcp_server::udp_socket(cfg.tftp_listen, cfg.dhcp.interface.as_deref(), false)?;
+    let tftp =
+        tftp::TftpServer::new(tftp_socket, &cfg.boot_files, &tftp::TftpSettings::default()).await?;
+    let tftp_addr = tftp.local_addr()?;
+    let stop = shutdown.clone();
+    tasks.push(tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            r = tftp.serve() => if let Err(e) = r { tracing::error!(error = %e, "TFTP server failed") },
+        }
+    }));
+
+    let dhcp = dhcp_server::DhcpServer::bind(&cfg.dhcp, proxy, entries.clone(), lease.clone())?;
+    let (dhcp_addr, pxe_addr) = dhcp.local_addrs()?;
+    tasks.push(tokio::spawn(dhcp.run(shutdown.clone())));
+
+    tasks.push(tokio::spawn(commands::sync_entries(
+        entries_kv.clone(),
+        entries.clone(),
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(commands::run(
+        bus.clone(),
+        site.clone(),
+        entries_kv,
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(lease::run(lease.clone(), lease_kv, shutdown)));
+    tracing::info!(site = %site, dhcp = %dhcp_addr, pxe = %pxe_addr, tftp = %tftp_addr, http = %http_addr, holder = lease.holder(), "boot service running");
+    Ok(Running {
+        lease,
+        entries,
+        dhcp: dhcp_addr,
+        pxe: pxe_addr,
+        tftp: tftp_addr,
+        http: http_addr,
+        tasks,
+    })
+}

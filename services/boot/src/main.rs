@@ -1,0 +1,36 @@
+//! `bcm-boot`: the boot service of one site.
+
+use clap::Parser;
+
+/// Proxy DHCP, TFTP and HTTP boot for a site's machines.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// A TOML configuration file; `BCM_BOOT_*` environment variables override it.
+    #[arg(long, env = "BCM_BOOT_CONFIG")]
+    config: Option<std::path::PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let cfg = bcm_boot::BootConfig::load(args.config.as_deref())?;
+    bcm_telemetry::init("bcm-boot", &cfg.telemetry)?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        stop.cancel();
+    });
+    let running = bcm_boot::start(&cfg, shutdown).await?;
+    for t in running.tasks {
+        let _ = t.await;
+    }
+    bcm_telemetry::shutdown();
+    Ok(())
+}
