@@ -55,5 +55,9 @@ step "real BMC peers: sushy-tools' Redfish emulator, ipmi_sim"
 peers_env="$("$repo/tests/peers/install.sh")"
 eval "$peers_env"
 
+step "PXE boot test: QEMU, OVMF, iPXE, dnsmasq; a Debian kernel and a busybox ramdisk"
+e2e_env="$("$repo/tests/boot-e2e/build.sh")"
+eval "$e2e_env"
+
 step "cargo test (Postgres $DATABASE_URL, NATS $NATS_URL)"
 cargo test --workspace --no-fail-fast

@@ -54,7 +54,7 @@ pub async fn buckets(
 pub async fn sync_entries(kv: Store, entries: Arc<Entries>, shutdown: CancellationToken) {
     let mut sweep = tokio::time::interval(Duration::from_secs(30));
     while !shutdown.is_cancelled() {
-        let mut watch = match kv.watch_all().await {
+        let mut watch = match kv.watch_with_history(">").await {
             Ok(w) => w,
             Err(e) => {
                 tracing::warn!(error = %e, "watching boot entries failed; retrying");

@@ -128,7 +128,7 @@ impl DhcpServer {
                 Err(why) => {
                     metrics::counter!("bcm_boot_dhcp_dropped_total", "reason" => "ignored")
                         .increment(1);
-                    tracing::debug!(%from, ?port, %why, "no proxy DHCP answer");
+                    tracing::debug!(%from, ?port, %why, "dropped a DHCP request");
                 }
             }
         }

@@ -91,7 +91,8 @@ pub struct BootConfig {
     /// TFTP listen address.
     #[serde(default = "default_tftp_listen")]
     pub tftp_listen: SocketAddr,
-    /// The directory of boot files (Debian's `ipxe` package: /usr/lib/ipxe).
+    /// The directory of boot files: copies (`cp -L`) of the iPXE builds;
+    /// Debian's /usr/lib/ipxe links ipxe.efi to /boot, which is refused.
     #[serde(default = "default_boot_files")]
     pub boot_files: PathBuf,
     #[serde(default = "default_bios_file")]
@@ -128,7 +129,7 @@ fn default_http_listen() -> SocketAddr {
     SocketAddr::from(([0, 0, 0, 0], 8081))
 }
 fn default_boot_files() -> PathBuf {
-    "/usr/lib/ipxe".into()
+    "/var/lib/bcm-boot/tftp".into()
 }
 fn default_bios_file() -> String {
     "undionly.kpxe".into()
@@ -228,6 +229,12 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> anyhow::Res
         }
     }));
 
+    let files = tftp::RootHandler::new(&cfg.boot_files)?;
+    for f in [&cfg.bios_file, &cfg.uefi_x64_file, &cfg.uefi_arm64_file] {
+        if let Err(e) = files.read(std::path::Path::new(f)) {
+            tracing::warn!(file = %f, root = %cfg.boot_files.display(), error = ?e, "a boot file cannot be served (missing, or a symlink out of the root: copy it in)");
+        }
+    }
     let tftp_socket =
         dhcp_server::udp_socket(cfg.tftp_listen, cfg.dhcp.interface.as_deref(), false)?;
     let tftp =
