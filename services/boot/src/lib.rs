@@ -88,7 +88,7 @@ pub struct BootConfig {
     pub server_ip: Ipv4Addr,
     #[serde(default)]
     pub dhcp: DhcpConfig,
-    /// TFTP listen address.
+    /// TFTP listen address (the boot VLAN address, port 69).
     #[serde(default = "default_tftp_listen")]
     pub tftp_listen: SocketAddr,
     /// The directory of boot files: copies (`cp -L`) of the iPXE builds;
@@ -235,8 +235,9 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> anyhow::Res
             tracing::warn!(file = %f, root = %cfg.boot_files.display(), error = ?e, "a boot file cannot be served (missing, or a symlink out of the root: copy it in)");
         }
     }
-    let tftp_socket =
-        dhcp_server::udp_socket(cfg.tftp_listen, cfg.dhcp.interface.as_deref(), false)?;
+    // TFTP binds an address (the boot VLAN's), not a device: its transfers
+    // run on per-client sockets of that address anyway.
+    let tftp_socket = dhcp_server::udp_socket(cfg.tftp_listen, None, false)?;
     let tftp =
         tftp::TftpServer::new(tftp_socket, &cfg.boot_files, &tftp::TftpSettings::default()).await?;
     let tftp_addr = tftp.local_addr()?;
