@@ -224,6 +224,7 @@ async fn main() -> anyhow::Result<()> {
         holder: Some("bench".into()),
         image_cache: dir.join("cache"),
         images: vec![],
+        http_proxy: None,
         telemetry: Default::default(),
     };
     let stop = tokio_util::sync::CancellationToken::new();

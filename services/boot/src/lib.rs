@@ -15,6 +15,7 @@ pub mod entries;
 pub mod http;
 pub mod images;
 pub mod lease;
+pub mod proxy;
 pub mod tftp;
 
 use serde::Deserialize;
@@ -76,6 +77,15 @@ impl Default for DhcpConfig {
     }
 }
 
+/// The forward proxy's settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct HttpProxyConfig {
+    pub listen: SocketAddr,
+    /// `host:port` destinations it may reach (`images.example:443`).
+    pub allow: Vec<String>,
+}
+
 /// Configuration of the service.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
@@ -118,6 +128,10 @@ pub struct BootConfig {
     pub image_cache: PathBuf,
     #[serde(default)]
     pub images: Vec<images::CatalogImage>,
+    /// `site.httpProxy`: a forward proxy for the ramdisk's image
+    /// downloads, to allowlisted destinations only. Off unless configured.
+    #[serde(default)]
+    pub http_proxy: Option<HttpProxyConfig>,
     #[serde(default)]
     pub telemetry: bcm_telemetry::TelemetryConfig,
 }
@@ -181,6 +195,8 @@ pub struct Running {
     pub pxe: SocketAddr,
     pub tftp: SocketAddr,
     pub http: SocketAddr,
+    /// The forward proxy, when configured.
+    pub proxy: Option<SocketAddr>,
     pub tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -235,6 +251,25 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> anyhow::Res
             tracing::warn!(file = %f, root = %cfg.boot_files.display(), error = ?e, "a boot file cannot be served (missing, or a symlink out of the root: copy it in)");
         }
     }
+    let proxy_addr = match &cfg.http_proxy {
+        Some(p) => {
+            let listener = tokio::net::TcpListener::bind(p.listen).await?;
+            let addr = listener.local_addr()?;
+            let app = proxy::router(proxy::ProxyState::new(&p.allow));
+            let stop = shutdown.clone();
+            tasks.push(tokio::spawn(async move {
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "HTTP proxy failed");
+                }
+            }));
+            Some(addr)
+        }
+        None => None,
+    };
+
     // TFTP binds an address (the boot VLAN's), not a device: its transfers
     // run on per-client sockets of that address anyway.
     let tftp_socket = dhcp_server::udp_socket(cfg.tftp_listen, None, false)?;
@@ -273,6 +308,7 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> anyhow::Res
         pxe: pxe_addr,
         tftp: tftp_addr,
         http: http_addr,
+        proxy: proxy_addr,
         tasks,
     })
 }

@@ -89,6 +89,7 @@ pub fn config(
         holder: Some(holder.into()),
         image_cache: dir.join("cache"),
         images: vec![],
+        http_proxy: None,
         telemetry: Default::default(),
     }
 }
