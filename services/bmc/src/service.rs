@@ -202,26 +202,11 @@ async fn handle(ctx: &Ctx, msg: async_nats::jetstream::Message) {
             }
         }
     };
-    let event = CloudEvent::new(
-        format!("result-{}", cmd.command_id),
-        bcm_bus::messages::types::COMMAND_RESULT.to_owned(),
-        cmd.node_id.map(|n| n.to_string()),
-        None,
-        result,
-    );
-    let published = match serde_json::to_vec(&event) {
-        Ok(payload) => ctx
-            .bus
-            .publish_durable(
-                &ctx.bus.subjects().result(&ctx.site, &cmd.command_id),
-                &format!("result-{}", cmd.command_id),
-                &bcm_bus::trace_headers(),
-                payload.into(),
-            )
-            .await
-            .map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
+    let published = ctx
+        .bus
+        .publish_result(&cmd, result)
+        .await
+        .map_err(|e| e.to_string());
     ctx.in_flight
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -198,25 +198,7 @@ async fn consume(
                 Ok(output) => CommandResult { command_id: cmd.command_id.clone(), ok: true, retryable: false, output, error: None },
                 Err(e) => CommandResult { command_id: cmd.command_id.clone(), ok: false, retryable: false, output: json!({}), error: Some(e) },
             };
-            let event = CloudEvent::new(
-                format!("result-{}", cmd.command_id),
-                bcm_bus::messages::types::COMMAND_RESULT.to_owned(),
-                cmd.node_id.map(|n| n.to_string()),
-                None,
-                result,
-            );
-            let published = match serde_json::to_vec(&event) {
-                Ok(payload) => bus
-                    .publish_durable(
-                        &bus.subjects().result(site, &cmd.command_id),
-                        &format!("result-{}", cmd.command_id),
-                        &bcm_bus::trace_headers(),
-                        payload.into(),
-                    )
-                    .await
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
+            let published = bus.publish_result(&cmd, result).await;
             match published {
                 Ok(()) => {
                     let _ = msg.ack().await;

@@ -117,6 +117,31 @@ impl Bus {
         &self.client
     }
 
+    /// Publishes a site command's result on `result.<site>.<commandId>`
+    /// (message id `result-<commandId>`, trace headers) and returns once
+    /// JetStream stored it: only then may the executor ack the command.
+    pub async fn publish_result(
+        &self,
+        cmd: &messages::CommandEnvelope,
+        result: messages::CommandResult,
+    ) -> Result<(), BusError> {
+        let subject = self.subjects().result(&cmd.site_id, &cmd.command_id);
+        let id = format!("result-{}", cmd.command_id);
+        let event = messages::CloudEvent::new(
+            id.clone(),
+            messages::types::COMMAND_RESULT.to_owned(),
+            cmd.node_id.map(|n| n.to_string()),
+            None,
+            result,
+        );
+        let payload = serde_json::to_vec(&event).map_err(|e| BusError::Publish {
+            subject: subject.clone(),
+            why: e.to_string(),
+        })?;
+        self.publish_durable(&subject, &id, &trace_headers(), payload.into())
+            .await
+    }
+
     /// Publishes `payload` to a stream subject with `Nats-Msg-Id = msg_id`
     /// and the given headers, and returns once JetStream has stored it (or
     /// recognised it as a duplicate).

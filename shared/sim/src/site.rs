@@ -234,24 +234,7 @@ async fn consume(bus: &Bus, site: &Arc<Site>, shutdown: &CancellationToken) -> a
                     r
                 }
             };
-            let subject = bus.subjects().result(&cmd.site_id, &cmd.command_id);
-            let event = CloudEvent::new(
-                cmd.command_id.clone(),
-                bcm_bus::messages::types::COMMAND_RESULT.to_owned(),
-                cmd.node_id.map(|n| n.to_string()),
-                None,
-                result,
-            );
-            let payload = serde_json::to_vec(&event).unwrap_or_default();
-            match bus
-                .publish_durable(
-                    &subject,
-                    &cmd.command_id,
-                    &bcm_bus::trace_headers(),
-                    payload.into(),
-                )
-                .await
-            {
+            match bus.publish_result(&cmd, result).await {
                 Ok(()) => {
                     let _ = msg.ack().await;
                 }
