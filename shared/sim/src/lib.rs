@@ -61,6 +61,11 @@ pub struct SimConfig {
     /// entries): the sim then leaves them alone.
     #[serde(default)]
     pub boot_service: bool,
+    /// The real boot service's HTTP base URL (with `boot_service`):
+    /// simulated machines PXE-boot by fetching their iPXE script there and
+    /// booting the kernel command line it names, as real ones do.
+    #[serde(default)]
+    pub boot_url: Option<String>,
 }
 
 fn default_concurrency() -> usize {
@@ -77,6 +82,7 @@ impl SimConfig {
             concurrency: default_concurrency(),
             bmc_service: false,
             boot_service: false,
+            boot_url: None,
         }
     }
 }

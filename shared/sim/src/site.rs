@@ -405,10 +405,19 @@ fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
         if pxe && !m.pxe_persistent {
             m.pxe = false; // a one-time PXE boot falls back to disk next time
         }
-        match (pxe, m.cmdline.as_deref().and_then(parse_cmdline)) {
-            (true, Some(params)) => Some(Ok(params)),
-            (true, None) => None,
-            (false, _) => m.disk.is_some().then_some(Err(())),
+        if !pxe {
+            return m.disk.is_some().then_some(Boot::Os);
+        }
+        // With a real boot service only `metal.ensureRamdisk` hands the sim
+        // a command line, once; every other PXE boot asks the boot service.
+        let cmdline = if site.cfg.boot_service {
+            m.cmdline.take()
+        } else {
+            m.cmdline.clone()
+        };
+        match cmdline.as_deref().and_then(parse_cmdline) {
+            Some(params) => Some(Boot::Ramdisk(params)),
+            None => site.cfg.boot_url.clone().map(Boot::AskBootService),
         }
     });
     let (http, cfg, faults, machines, address) = (
@@ -419,14 +428,47 @@ fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
         address.to_owned(),
     );
     match boot {
-        Some(Ok(params)) => {
+        Some(Boot::Ramdisk(params)) => {
             tokio::spawn(agent::ramdisk(
                 http, cfg, faults, machines, address, params, stop,
             ));
         }
-        Some(Err(())) => {
+        Some(Boot::AskBootService(base)) => {
+            tokio::spawn(async move {
+                // As iPXE would: the script of our MAC, then its kernel line.
+                let url = format!("{}/ipxe/{}", base.trim_end_matches('/'), mac_of(&address));
+                let script = match http.get(&url).send().await {
+                    Ok(r) => r.text().await.unwrap_or_default(),
+                    Err(e) => {
+                        tracing::warn!(%url, error = %e, "sim machine: the boot service did not answer; nothing boots");
+                        return;
+                    }
+                };
+                let params = script
+                    .lines()
+                    .find(|l| l.starts_with("kernel "))
+                    .and_then(parse_cmdline);
+                match params {
+                    Some(params) => {
+                        agent::ramdisk(http, cfg, faults, machines, address, params, stop).await
+                    }
+                    None => {
+                        tracing::info!(%url, "sim machine: the boot service has no entry for it; nothing boots")
+                    }
+                }
+            });
+        }
+        Some(Boot::Os) => {
             tokio::spawn(agent::os(http, faults, machines, address, stop));
         }
         None => {}
     }
+}
+
+/// What a powered-on simulated machine boots.
+enum Boot {
+    Ramdisk(agent::BootParams),
+    /// PXE through the real boot service at this base URL.
+    AskBootService(String),
+    Os,
 }
