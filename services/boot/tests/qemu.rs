@@ -163,9 +163,9 @@ async fn wait_for(within: Duration, mut done: impl FnMut() -> bool) -> bool {
 }
 
 fn qemu(tap: &str, mac: &str, serial: &Path, uefi_vars: Option<&Path>) -> Vec<String> {
+    // No `timeout` wrapper: `ip netns exec` execs QEMU itself, so the pid
+    // the topology kills on drop is QEMU's (a wrapper would orphan it).
     let mut a: Vec<String> = [
-        "timeout",
-        "300",
         "qemu-system-x86_64",
         "-accel",
         "tcg",
