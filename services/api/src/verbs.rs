@@ -333,25 +333,9 @@ async fn run_verb(
         failed_from: node.failed_from,
         unrescue_pending: node.unrescue_pending,
         rescue_booting,
+        rotation_pending: node.bmc_pending_secret_id.is_some(),
     };
     let t = apply(facts, Move::Verb(verb))?;
-    if node.bmc_pending_secret_id.is_some()
-        && !matches!(verb, Verb::Abort | Verb::Retire | Verb::RotateCredentials)
-    {
-        // Every BMC step would carry a password the BMC may no longer take.
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!(
-                "node {node_id} has a BMC password rotation {}; {} waits for it",
-                if node.bmc_rotation_command_id.is_some() {
-                    "in progress"
-                } else {
-                    "left unresolved (rotateCredentials again resumes it)"
-                },
-                verb.as_str()
-            ),
-        ));
-    }
     let s = a.bus.subjects();
     let mut rows: Vec<NewOutboxMessage> = vec![];
     let result = if let Extra::Rotate { password } = extra {

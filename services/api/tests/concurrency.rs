@@ -105,6 +105,7 @@ async fn fifty_concurrent_verbs_serialize() {
             failed_from: t.failed_from,
             unrescue_pending: t.unrescue_pending,
             rescue_booting: false,
+            rotation_pending: false,
         };
     }
     assert_eq!(facts.state, after.provision_state);

@@ -51,6 +51,7 @@ pub async fn node(
             failed_from: node.failed_from,
             unrescue_pending: node.unrescue_pending,
             rescue_booting: false,
+            rotation_pending: node.bmc_pending_secret_id.is_some(),
         };
         match decide(facts, summary.as_ref()) {
             ReconcileAction::Idle | ReconcileAction::Wait => break,

@@ -152,6 +152,9 @@ pub struct NodeFacts {
     pub unrescue_pending: bool,
     /// The `metal-rescue` workflow (booting the rescue ramdisk) still runs.
     pub rescue_booting: bool,
+    /// A BMC password rotation is in progress or unresolved: the record
+    /// holds two passwords, and a verb that would use the BMC waits.
+    pub rotation_pending: bool,
 }
 
 impl NodeFacts {
@@ -162,6 +165,7 @@ impl NodeFacts {
             failed_from: None,
             unrescue_pending: false,
             rescue_booting: false,
+            rotation_pending: false,
         }
     }
 }
@@ -200,6 +204,8 @@ pub enum MoveError {
     InvalidState { from: ProvisionState, mv: MoveName },
     #[error("the rescue ramdisk is still booting; unrescue once it is up")]
     RescueBooting,
+    #[error("a BMC password rotation is pending; {0} waits for it (rotateCredentials again resumes an unresolved one)")]
+    RotationPending(MoveName),
     #[error("the release's wipe was not verified (unsigned result or a disk failed read-back)")]
     UnverifiedWipe,
 }
@@ -209,7 +215,7 @@ impl MoveError {
     pub const fn code(&self) -> crate::ErrorCode {
         match self {
             MoveError::InvalidState { .. } => crate::ErrorCode::InvalidState,
-            MoveError::RescueBooting => crate::ErrorCode::Conflict,
+            MoveError::RescueBooting | MoveError::RotationPending(_) => crate::ErrorCode::Conflict,
             MoveError::UnverifiedWipe => crate::ErrorCode::UnverifiedWipe,
         }
     }
@@ -280,6 +286,13 @@ pub fn apply(facts: NodeFacts, mv: Move) -> Result<Transition, MoveError> {
         Move::Verb(verb) => {
             if !verb.legal_from().contains(&from) {
                 return Err(invalid);
+            }
+            // Every other verb's steps would carry a password the BMC may
+            // no longer take; abort and retire need no BMC login to be legal.
+            if facts.rotation_pending
+                && !matches!(verb, Verb::Abort | Verb::Retire | Verb::RotateCredentials)
+            {
+                return Err(MoveError::RotationPending(Move::Verb(verb).name()));
             }
             Ok(match verb {
                 Verb::Manage => moved(facts, Enrolling),

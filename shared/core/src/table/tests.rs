@@ -312,9 +312,41 @@ proptest! {
                 state: t.to,
                 failed_from: t.failed_from,
                 unrescue_pending: t.unrescue_pending,
+                rotation_pending: false,
                 rescue_booting: false,
             };
             prop_assert_eq!(facts.failed_from.is_some(), facts.state == Failed);
+        }
+    }
+}
+
+#[test]
+fn a_pending_rotation_holds_back_every_verb_but_abort_retire_and_rotation() {
+    for from in ProvisionState::ALL {
+        for verb in Verb::ALL {
+            let facts = NodeFacts {
+                rotation_pending: true,
+                failed_from: (from == Failed).then_some(Enrolling),
+                ..NodeFacts::at(from)
+            };
+            let free = apply(
+                NodeFacts {
+                    rotation_pending: false,
+                    ..facts
+                },
+                Move::Verb(verb),
+            );
+            let held = apply(facts, Move::Verb(verb));
+            match (free, verb) {
+                (Err(e), _) => assert_eq!(held, Err(e), "{verb:?} from {from}"),
+                (Ok(t), Verb::Abort | Verb::Retire | Verb::RotateCredentials) => {
+                    assert_eq!(held, Ok(t), "{verb:?} from {from}")
+                }
+                (Ok(_), _) => assert!(
+                    matches!(held, Err(MoveError::RotationPending(_))),
+                    "{verb:?} from {from} must wait for the rotation: {held:?}"
+                ),
+            }
         }
     }
 }
