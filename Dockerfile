@@ -8,7 +8,9 @@ RUN cargo build --release --locked --bins \
 
 FROM debian:bookworm-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl \
+ && apt-get install -y --no-install-recommends ca-certificates curl ipmitool ipxe \
+ && mkdir -p /var/lib/bcm-boot/tftp /var/cache/bcm-boot \
+ && cp -L /usr/lib/ipxe/undionly.kpxe /usr/lib/ipxe/ipxe.efi /usr/lib/ipxe/snponly.efi /var/lib/bcm-boot/tftp/ \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 bcm
 COPY --from=build /out/ /usr/local/bin/

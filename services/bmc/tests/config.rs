@@ -16,6 +16,15 @@ fn the_example_parses_and_builds_the_drivers() {
 }
 
 #[test]
+fn the_compose_configuration_parses() {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/config/bmc.compose.toml");
+    let cfg = bcm_bmc::BmcConfig::load(Some(&path)).expect("compose config");
+    assert_eq!(cfg.site, "lab");
+    bcm_seal::Sealer::new(&cfg.sealing_keys).expect("keys");
+}
+
+#[test]
 fn a_typo_is_refused() {
     let dir = std::env::temp_dir().join(format!("bcm-bmc-config-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
