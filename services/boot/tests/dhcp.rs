@@ -10,7 +10,7 @@ use dhcproto::v4::{DhcpOption, MessageType, OptionCode};
 use proptest::prelude::*;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
-use support::{entry, file, vendor, Boot, Client, Request, Scratch};
+use support::{entry, file, vendor, Client, Request};
 
 const ANSWER: Duration = Duration::from_secs(2);
 const SILENCE: Duration = Duration::from_millis(700);
@@ -20,10 +20,8 @@ const MAC_TEXT: &str = "52:54:00:aa:00:01";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pxe_clients_with_an_entry_get_a_proxy_answer_and_never_an_address() {
     let env = bcm_testkit::TestEnv::start().await.expect("env");
-    let dir = Scratch::new("dhcp");
-    support::boot_files(&dir.0.join("boot"));
     let client = Client::new().await;
-    let boot = Boot::start(&support::config(&env, &dir.0, client.port(), "a")).await;
+    let (_dir, boot) = support::started(&env, "dhcp", client.port()).await;
     boot.active().await;
     let dhcp = boot.running.dhcp;
     let pxe = boot.running.pxe;
@@ -142,9 +140,7 @@ async fn pxe_clients_with_an_entry_get_a_proxy_answer_and_never_an_address() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ipxe_script_names_the_entry_and_an_unknown_mac_exits() {
     let env = bcm_testkit::TestEnv::start().await.expect("env");
-    let dir = Scratch::new("script");
-    support::boot_files(&dir.0.join("boot"));
-    let boot = Boot::start(&support::config(&env, &dir.0, 9, "a")).await;
+    let (_dir, boot) = support::started(&env, "script", 9).await;
     entry(&env, &boot, MAC_TEXT).await;
     let base = format!("http://{}", boot.running.http);
     let http = reqwest::Client::new();
@@ -201,10 +197,8 @@ async fn the_ipxe_script_names_the_entry_and_an_unknown_mac_exits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_gets_no_answer_and_no_crash() {
     let env = bcm_testkit::TestEnv::start().await.expect("env");
-    let dir = Scratch::new("garbage");
-    support::boot_files(&dir.0.join("boot"));
     let client = Client::new().await;
-    let boot = Boot::start(&support::config(&env, &dir.0, client.port(), "a")).await;
+    let (_dir, boot) = support::started(&env, "garbage", client.port()).await;
     boot.active().await;
     entry(&env, &boot, MAC_TEXT).await;
     let valid = Request::pxe(MAC, 0).bytes();

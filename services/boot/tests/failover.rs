@@ -22,6 +22,7 @@ fn free_port() -> u16 {
 struct Proc {
     child: Child,
     dhcp: SocketAddr,
+    http: SocketAddr,
 }
 
 impl Proc {
@@ -73,6 +74,7 @@ log_format = "json"
         Proc {
             child,
             dhcp: SocketAddr::from(([127, 0, 0, 1], dhcp)),
+            http: SocketAddr::from(([127, 0, 0, 1], http)),
         }
     }
 
@@ -133,7 +135,23 @@ async fn only_the_lease_holder_answers_and_a_standby_takes_over() {
         .await
         .expect("the first process takes the lease and answers");
     let b = Proc::start(&env, &dir.0, "b", client.port());
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Up (its HTTP answers) and standing by.
+    let http = reqwest::Client::new();
+    let mut health = serde_json::Value::Null;
+    for _ in 0..100 {
+        if let Ok(r) = http.get(format!("http://{}/healthz", b.http)).send().await {
+            health = r.json().await.unwrap_or_default();
+            if health["entries"] == 1 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        health["entries"], 1,
+        "the standby has the site's entry: {health}"
+    );
+    assert_eq!(health["active"], false, "{health}");
     assert!(
         silent_for(&client, b.dhcp, Duration::from_secs(2)).await,
         "the standby does not answer"

@@ -15,6 +15,15 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// What a client printed, stdout then stderr.
+fn said(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 fn curl(
     port: u16,
     path: &str,
@@ -120,11 +129,7 @@ async fn real_clients_fetch_identical_bytes_and_nothing_outside_the_root() {
     })
     .await
     .expect("join");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let text = said(&o);
     assert!(
         text.contains("Error code"),
         "an absolute path gets a TFTP error: {text}"
@@ -141,11 +146,7 @@ async fn real_clients_fetch_identical_bytes_and_nothing_outside_the_root() {
         .arg("new.bin")
         .output()
         .expect("tftp put");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let text = said(&o);
     assert!(
         text.contains("Error code"),
         "a write gets a TFTP error: {text}"
@@ -156,17 +157,11 @@ async fn real_clients_fetch_identical_bytes_and_nothing_outside_the_root() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_parallel_fetches_all_succeed() {
     let env = bcm_testkit::TestEnv::start().await.expect("env");
-    let dir = Scratch::new("tftp100");
-    let files = support::boot_files(&dir.0.join("boot"));
-    let boot = Boot::start(&support::config(&env, &dir.0, 9, "a")).await;
+    let (dir, boot) = support::started(&env, "tftp100", 9).await;
     let port = boot.running.tftp.port();
     let out = dir.0.join("out");
     std::fs::create_dir_all(&out).expect("out");
-    let want = files
-        .iter()
-        .find(|(n, _)| n == "undionly.kpxe")
-        .map(|(_, b)| b.clone())
-        .expect("file");
+    let want = std::fs::read(dir.0.join("boot/undionly.kpxe")).expect("served file");
     let children: Vec<_> = (0..100)
         .map(|i| {
             Command::new("curl")

@@ -12,8 +12,9 @@ use bcm_testkit::{Options, TestEnv};
 use std::time::Duration;
 use support::Scratch;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inspection_boots_the_ramdisk_through_the_boot_service() {
+/// The control plane with a simulated site whose machines boot through a
+/// boot service on the returned HTTP port (started by the test, or not).
+async fn env_with_boot_service() -> (TestEnv, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -27,6 +28,12 @@ async fn inspection_boots_the_ramdisk_through_the_boot_service() {
     })
     .await
     .expect("env");
+    (env, port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspection_boots_the_ramdisk_through_the_boot_service() {
+    let (env, port) = env_with_boot_service().await;
     let dir = Scratch::new("wired");
     support::boot_files(&dir.0.join("boot"));
     let mut cfg = support::config(&env, &dir.0, 9, "a");
@@ -55,19 +62,7 @@ async fn inspection_boots_the_ramdisk_through_the_boot_service() {
 async fn without_the_boot_service_inspection_does_not_finish() {
     // The same site pointing at a boot service that is not there: the
     // machines find no script, the ramdisk never joins, nothing is `ready`.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
-    let mut site = bcm_sim::SimConfig::new("s1");
-    site.boot_service = true;
-    site.boot_url = Some(format!("http://127.0.0.1:{port}"));
-    let env = TestEnv::start_with(Options {
-        site: Some(site),
-        ..Options::with_site()
-    })
-    .await
-    .expect("env");
+    let (env, _) = env_with_boot_service().await;
     let nodes = env.enroll_sims("unwired", 1).await;
     env.wait_state(
         &nodes[0],

@@ -94,6 +94,15 @@ pub fn config(
     }
 }
 
+/// A scratch directory with boot files and a boot service on loopback
+/// whose client-bound replies go to `client_port`.
+pub async fn started(env: &TestEnv, name: &str, client_port: u16) -> (Scratch, Boot) {
+    let dir = Scratch::new(name);
+    boot_files(&dir.0.join("boot"));
+    let boot = Boot::start(&config(env, &dir.0, client_port, "a")).await;
+    (dir, boot)
+}
+
 /// A running in-process boot service and its stop token.
 pub struct Boot {
     pub running: bcm_boot::Running,
