@@ -1,5 +1,5 @@
 //! `bcm`, the all-in-one: the API with its outbox relay, the workflow
-//! engine, a reconciler and a simulated site in one process, on the
+//! engine, the attestation service, a reconciler and a simulated site in one process, on the
 //! Postgres and NATS the configuration names. With `--sim-machines N` it
 //! enrolls N simulated machines, shows them moving to `ready`, deploys one
 //! and releases it, and leaves the API up for `metalctl`.
@@ -19,6 +19,9 @@ pub struct Config {
     pub engine: Option<bcm_workflow::EngineConfig>,
     #[serde(default)]
     pub reconciler: bcm_reconciler::ReconcilerConfig,
+    /// The attestation service; an ephemeral CA when absent.
+    #[serde(default)]
+    pub attestation: Option<bcm_attestation::AttestationConfig>,
     /// The simulated site; its `site` must be a site of the seed.
     pub sim: bcm_sim::SimConfig,
 }
@@ -48,17 +51,20 @@ pub enum Service {
     Workflow,
     /// A reconciler worker.
     Reconciler,
+    /// The attestation service.
+    Attestation,
     /// The simulated site.
     Sim,
 }
 
 impl Service {
     /// Every service.
-    pub const ALL: [Service; 5] = [
+    pub const ALL: [Service; 6] = [
         Service::Api,
         Service::Relay,
         Service::Workflow,
         Service::Reconciler,
+        Service::Attestation,
         Service::Sim,
     ];
 }
@@ -98,6 +104,19 @@ pub async fn run(
             engine,
             shutdown.clone(),
         )));
+    }
+    if on(Service::Attestation) {
+        let attest = cfg
+            .attestation
+            .clone()
+            .unwrap_or_else(bcm_attestation::AttestationConfig::ephemeral);
+        let (db, bus, stop) = (db.clone(), bus.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = bcm_attestation::run(db, bus, attest, stop.clone()).await {
+                tracing::error!(error = %e, "attestation service stopped");
+                stop.cancel();
+            }
+        }));
     }
     if on(Service::Reconciler) {
         tasks.push(tokio::spawn(bcm_reconciler::run(

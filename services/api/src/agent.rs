@@ -1,19 +1,21 @@
 //! The agent endpoints the ramdisk and installed-OS agents speak (the same
-//! for `bcd` and the simulated site): join with a one-time token and a
-//! public key, heartbeat, long-poll for commands, and post results signed
-//! over the signing input rebuilt from the STORED command row.
+//! for `bcd` and the simulated site): join with a one-time token and a CSR,
+//! heartbeat, long-poll for commands, and post results signed over the
+//! signing input the attestation service rebuilds from the STORED command
+//! row. Joins and results are forwarded to the attestation service.
 
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::Json;
-use base64::Engine as _;
-use bcm_bus::messages::{self, AgentCommand, AgentResult, Heartbeat, JoinRequest, JoinResponse};
+use bcm_bus::messages::{
+    AgentCommand, AgentResult, AttestJoin, AttestReply, AttestResult, Heartbeat, JoinRequest,
+    JoinResponse, ResultRecorded,
+};
 use bcm_core::ErrorCode;
-use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use serde::Deserialize;
 use std::time::Duration;
 
-use crate::auth::{new_token_secret, token_hash};
+use crate::auth::token_hash;
 use crate::error::ApiError;
 use crate::extract::{Body, Query};
 use crate::AppState;
@@ -53,78 +55,57 @@ impl FromRequestParts<AppState> for Agent {
     }
 }
 
-fn b64() -> base64::engine::GeneralPurpose {
-    base64::engine::general_purpose::STANDARD
+/// Asks the attestation service (request/reply, queue group
+/// `attestation`) and maps its answer to the API's errors.
+async fn attest<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+    app: &AppState,
+    what: &str,
+    req: &Req,
+) -> Result<Resp, ApiError> {
+    let bus = &app.inner.bus;
+    let payload =
+        serde_json::to_vec(req).map_err(|e| ApiError::internal(format!("encoding: {e}")))?;
+    let asked = tokio::time::timeout(
+        Duration::from_secs(15),
+        bus.client()
+            .request(bus.subjects().attest(what), payload.into()),
+    )
+    .await;
+    let msg = match asked {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "attestation request failed");
+            return Err(ApiError::new(
+                ErrorCode::Unavailable,
+                "the attestation service is not answering; retry later",
+            ));
+        }
+        Err(_) => {
+            return Err(ApiError::new(
+                ErrorCode::Unavailable,
+                "the attestation service timed out; retry later",
+            ))
+        }
+    };
+    match serde_json::from_slice::<AttestReply<Resp>>(&msg.payload) {
+        Ok(AttestReply::Ok(v)) => Ok(v),
+        Ok(AttestReply::Err { code, message }) => Err(ApiError::new(code, message)),
+        Err(e) => Err(ApiError::internal(format!(
+            "malformed attestation reply: {e}"
+        ))),
+    }
 }
 
-/// `POST /api/agent/join`.
+/// `POST /api/agent/join`: forwarded to the attestation service, which
+/// alone holds the node CA.
 pub async fn join(
     State(app): State<AppState>,
     Body(req): Body<JoinRequest>,
 ) -> Result<Json<JoinResponse>, ApiError> {
-    let key = b64()
-        .decode(req.public_key.as_bytes())
-        .ok()
-        .and_then(|k| <[u8; 32]>::try_from(k).ok())
-        .and_then(|k| VerifyingKey::from_bytes(&k).ok())
-        .ok_or_else(|| ApiError::invalid("publicKey must be a base64 ed25519 public key"))?;
-    let db = &app.inner.db;
-    let mut tx = db.begin().await?;
-    let Some((purpose, node_id)) =
-        bcm_db::agents::join_token_consume_in_txn(&mut tx, &token_hash(&req.token)).await?
-    else {
-        return Err(ApiError::new(
-            ErrorCode::Unauthenticated,
-            "unknown, used or expired join token",
-        ));
-    };
-    let now = chrono::Utc::now();
-    let life = if purpose == "discovery" {
-        chrono::Duration::hours(24)
-    } else {
-        chrono::Duration::days(365)
-    };
-    let serial = format!("crt_{}", ulid::Ulid::new().to_string().to_lowercase());
-    bcm_db::agents::cert_insert_in_txn(
-        &mut tx,
-        &bcm_db::agents::CertRow {
-            serial: serial.clone(),
-            node_id: node_id.clone(),
-            public_key: key.to_bytes().to_vec(),
-            // X.509 issuance comes with the attestation service; until then
-            // the record holds the verified public key only.
-            cert_pem: String::new(),
-            not_before: now,
-            not_after: now + life,
-            revoked_at: None,
-        },
-    )
-    .await?;
-    let session = new_token_secret();
-    bcm_db::agents::session_insert_in_txn(
-        &mut tx,
-        &token_hash(&session),
-        &node_id,
-        &serial,
-        &purpose,
-        now + life,
-    )
-    .await?;
-    bcm_db::agents::node_fact_upsert_in_txn(
-        &mut tx,
-        &node_id,
-        &format!("agent:{purpose}"),
-        &serde_json::json!({ "role": req.role, "event": "join" }),
-    )
-    .await?;
-    bcm_db::workflows::steps_wake_for_node_in_txn(&mut tx, &node_id).await?;
-    tx.commit().await.map_err(bcm_db::DbError::from)?;
-    tracing::info!(node = %node_id, %purpose, "agent joined");
-    Ok(Json(JoinResponse {
-        node_id,
-        session_token: session,
-        cert_serial: serial,
-    }))
+    if req.csr.len() > 16 * 1024 || req.token.len() > 256 {
+        return Err(ApiError::invalid("token or csr too long"));
+    }
+    Ok(Json(attest(&app, "join", &AttestJoin { join: req }).await?))
 }
 
 /// `POST /api/agent/heartbeat`.
@@ -179,6 +160,7 @@ pub async fn commands(
                             command_id: c.id,
                             kind: c.kind,
                             params: c.params,
+                            issued_at: c.created_at,
                         })
                         .collect(),
                 ));
@@ -205,86 +187,25 @@ pub async fn commands(
     }
 }
 
-/// `POST /api/agent/results`: a result for one of the node's commands. A
-/// signature must verify against the session's key over the input rebuilt
-/// from the stored command; an unsigned result is kept as unsigned.
+/// `POST /api/agent/results`: a result for one of the node's commands,
+/// recorded by the attestation service, which verifies a signature against
+/// the stored command row (a bad one is FORBIDDEN and nothing is kept); an
+/// unsigned result is kept as unsigned.
 pub async fn results(
     State(app): State<AppState>,
     agent: Agent,
     Body(r): Body<AgentResult>,
 ) -> Result<axum::http::StatusCode, ApiError> {
-    let db = &app.inner.db;
-    let mut tx = db.begin().await?;
-    let cmd = match bcm_db::commands::command_fetch_in_txn(&mut tx, &r.command_id).await {
-        Ok(c) if c.node_id.as_deref() == Some(agent.node_id.as_str()) => c,
-        Ok(_) | Err(bcm_db::DbError::NotFound) => {
-            return Err(ApiError::new(
-                ErrorCode::NotFound,
-                "no such command for this node",
-            ))
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let signature = match &r.signature {
-        None => None,
-        Some(sig) => {
-            let cert = bcm_db::agents::cert_fetch_live_in_txn(&mut tx, &agent.cert_serial)
-                .await?
-                .ok_or_else(|| {
-                    ApiError::new(
-                        ErrorCode::Forbidden,
-                        "the agent's certificate is revoked or expired",
-                    )
-                })?;
-            let key = <[u8; 32]>::try_from(cert.public_key.as_slice())
-                .ok()
-                .and_then(|k| VerifyingKey::from_bytes(&k).ok())
-                .ok_or_else(|| ApiError::internal("stored public key is malformed"))?;
-            let sig_bytes = b64()
-                .decode(sig.as_bytes())
-                .map_err(|_| ApiError::invalid("signature is not base64"))?;
-            let sig = Signature::from_slice(&sig_bytes)
-                .map_err(|_| ApiError::invalid("signature is not an ed25519 signature"))?;
-            let input = messages::signing_input(
-                &cmd.id,
-                &agent.node_id,
-                &cmd.kind,
-                &cmd.params,
-                r.ok,
-                &r.output,
-                r.error.as_deref(),
-            );
-            key.verify(&input, &sig).map_err(|_| {
-                ApiError::new(
-                    ErrorCode::Forbidden,
-                    "the result's signature does not verify",
-                )
-            })?;
-            Some(sig_bytes)
-        }
-    };
-    let body = serde_json::json!({ "ok": r.ok, "retryable": r.retryable, "output": r.output, "error": r.error });
-    if bcm_db::commands::command_complete_in_txn(
-        &mut tx,
-        &cmd.id,
-        r.ok,
-        &body,
-        signature.as_deref(),
+    let recorded: ResultRecorded = attest(
+        &app,
+        "result",
+        &AttestResult {
+            node_id: agent.node_id,
+            cert_serial: agent.cert_serial,
+            result: r,
+        },
     )
-    .await?
-    .is_some()
-    {
-        if cmd.kind == "inventory" && r.ok {
-            bcm_db::agents::node_fact_upsert_in_txn(
-                &mut tx,
-                &agent.node_id,
-                "inventory",
-                &r.output,
-            )
-            .await?;
-        }
-        bcm_db::workflows::step_wake_for_command_in_txn(&mut tx, &cmd.id).await?;
-    }
-    tx.commit().await.map_err(bcm_db::DbError::from)?;
+    .await?;
+    tracing::debug!(recorded = recorded.recorded, attested_by = ?recorded.attested_by, "agent result");
     Ok(axum::http::StatusCode::NO_CONTENT)
 }

@@ -2,15 +2,13 @@
 //! parameters (the BMC's sealed credentials travel sealed; join tokens are
 //! minted here and only their hashes are stored), and the verdict on a
 //! result (a wipe counts only when node-signed and every disk passed
-//! read-back).
+//! read-back, and the attestation service verified the signature).
 
 use bcm_core::deploy::{DeployProfile, UserDataVars};
 use bcm_core::workflow::{StepKind, StepOutcome};
 use bcm_db::nodes::Node;
 use bcm_db::{DbError, Tx};
-use rand::RngCore;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 use crate::EngineConfig;
 
@@ -21,22 +19,14 @@ pub async fn mint_join_token(
     node: &Node,
     purpose: &str,
 ) -> Result<String, DbError> {
-    let mut raw = [0u8; 32];
-    rand::thread_rng().fill_bytes(&mut raw);
-    let token = format!("bcmj_{}", hex::encode(raw));
-    let hash = Sha256::digest(token.as_bytes()).to_vec();
     let expires = chrono::Utc::now() + chrono::Duration::seconds(cfg.join_token_ttl_secs as i64);
-    let id = format!("jt_{}", ulid::Ulid::new().to_string().to_lowercase());
-    bcm_db::agents::join_token_insert_in_txn(
+    bcm_attestation::tokens::mint_in_txn(
         tx,
-        &id,
-        &hash,
         purpose,
-        &node.id.to_string(),
+        &bcm_db::agents::TokenScope::Node(node.id.to_string()),
         expires,
     )
-    .await?;
-    Ok(token)
+    .await
 }
 
 async fn bmc(tx: &mut Tx<'_>, node: &Node) -> Result<Value, DbError> {
@@ -160,7 +150,7 @@ pub fn judge(kind: &StepKind, cmd: &bcm_db::commands::CommandRow) -> Verdict {
                 .iter()
                 .map(|d| d.get("outcome").and_then(Value::as_str).unwrap_or(""))
                 .collect();
-            match bcm_core::workflow::wipe_verdict(cmd.signature.is_some(), &outcomes) {
+            match bcm_core::workflow::wipe_verdict(cmd.attested_by.is_some(), &outcomes) {
                 Ok(()) => Verdict {
                     outcome: StepOutcome::Succeeded,
                     output,
@@ -182,7 +172,16 @@ pub fn judge(kind: &StepKind, cmd: &bcm_db::commands::CommandRow) -> Verdict {
                 .and_then(|o| o.get("status"))
                 .and_then(Value::as_str)
                 .unwrap_or("");
-            if status == "pass" {
+            if cmd.attested_by.is_none() {
+                Verdict {
+                    outcome: StepOutcome::Failed {
+                        retryable: false,
+                        message: "diag.dcgm: the result is not node-signed".into(),
+                    },
+                    output,
+                    wipe_verified: false,
+                }
+            } else if status == "pass" {
                 Verdict {
                     outcome: StepOutcome::Succeeded,
                     output,

@@ -419,7 +419,7 @@ async fn advance(
             )))
         }
         StepKind::RevokeIdentity => {
-            let n = bcm_db::agents::certs_revoke_in_txn(tx, &node.id.to_string()).await?;
+            let n = bcm_attestation::revoke(tx, &node.id.to_string()).await?;
             Ok(Some((
                 StepOutcome::Succeeded,
                 Some(serde_json::json!({ "revokedCerts": n })),

@@ -43,6 +43,16 @@ pub fn json_schemas() -> Vec<(&'static str, Value)> {
             "cmd.command.json",
             s(schema_for!(CloudEvent<CommandEnvelope>)),
         ),
+        ("attest.join.request.json", s(schema_for!(AttestJoin))),
+        (
+            "attest.join.reply.json",
+            s(schema_for!(AttestReply<JoinResponse>)),
+        ),
+        ("attest.result.request.json", s(schema_for!(AttestResult))),
+        (
+            "attest.result.reply.json",
+            s(schema_for!(AttestReply<ResultRecorded>)),
+        ),
     ]
 }
 
@@ -77,6 +87,22 @@ pub fn asyncapi() -> Value {
             "command": channel("cmd.{siteId}.{kind}", "Commands to a site's services (bmc.*, site.*); executors dedupe by commandId.", "cmd.command.json", stream(StreamKind::Commands)),
             "commandResult": channel("result.{siteId}.{commandId}", "Results of site commands; Nats-Msg-Id is the command id.", "result.command.json", stream(StreamKind::Results)),
             "nodeWorkflow": channel("events.{tenantId}.node.provision.workflow", "A state's workflow started.", "node.provision.workflow.json", stream(StreamKind::Events)),
+            "attestJoin": {
+                "address": "attest.join",
+                "description": "Request/reply (core NATS, queue group attestation): an agent's join forwarded by the API; the reply carries the node certificate or an error code.",
+                "messages": {
+                    "request": { "payload": { "$ref": "./schemas/attest.join.request.json" } },
+                    "reply": { "payload": { "$ref": "./schemas/attest.join.reply.json" } }
+                }
+            },
+            "attestResult": {
+                "address": "attest.result",
+                "description": "Request/reply (core NATS, queue group attestation): an agent's result forwarded by the API; recorded only if its signature verifies against the stored command row.",
+                "messages": {
+                    "request": { "payload": { "$ref": "./schemas/attest.result.request.json" } },
+                    "reply": { "payload": { "$ref": "./schemas/attest.result.reply.json" } }
+                }
+            },
             "workflow": channel("events.{tenantId}.workflow.{status}", "A workflow ended (succeeded, failed, cancelled); workflow.step.{status} for each step.", "workflow.json", stream(StreamKind::Events))
         }
     })

@@ -278,38 +278,20 @@ pub mod types {
     }
 }
 
-/// The bytes a node signs for a command result, rebuilt by the verifier
-/// from the STORED command row: canonical JSON (keys sorted) of the command
-/// id, node id, kind, parameters and the result.
-pub fn signing_input(
-    command_id: &str,
-    node_id: &str,
-    kind: &str,
-    params: &serde_json::Value,
-    ok: bool,
-    output: &serde_json::Value,
-    error: Option<&str>,
-) -> Vec<u8> {
-    let v = serde_json::json!({
-        "commandId": command_id,
-        "nodeId": node_id,
-        "kind": kind,
-        "params": params,
-        "result": { "ok": ok, "output": output, "error": error },
-    });
-    serde_json::to_vec(&v).unwrap_or_default()
-}
-
 /// An agent's join request (`POST /api/agent/join`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JoinRequest {
     /// The one-time join token from the kernel command line or user data.
     pub token: String,
-    /// The agent's ed25519 public key, base64.
-    pub public_key: String,
+    /// A PKCS#10 certificate signing request (PEM) for the agent's ed25519
+    /// key, which never leaves the agent's memory.
+    pub csr: String,
     /// The agent's role (`ramdisk` or `node`).
     pub role: String,
+    /// For an adopt (`node` token of a pool): what the machine calls itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
 }
 
 /// The answer to a join.
@@ -320,6 +302,14 @@ pub struct JoinResponse {
     /// Bearer token of the agent's session.
     pub session_token: String,
     pub cert_serial: String,
+    /// The node certificate (PEM) issued for the CSR's key.
+    pub certificate: String,
+    /// The CA certificate (PEM) that issued it.
+    pub ca_certificate: String,
+    /// ed25519 public keys (base64) whose signature on an image manifest
+    /// the agent trusts.
+    #[serde(default)]
+    pub image_keys: Vec<String>,
 }
 
 /// A command handed to an agent.
@@ -329,10 +319,12 @@ pub struct AgentCommand {
     pub command_id: String,
     pub kind: String,
     pub params: serde_json::Value,
+    /// When the control plane issued it; part of the signing input.
+    pub issued_at: DateTime<Utc>,
 }
 
 /// A result an agent posts (`POST /api/agent/results`), signed over
-/// [`signing_input`] with its key.
+/// `bcm_pki::signing_input` with its key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentResult {
@@ -344,9 +336,54 @@ pub struct AgentResult {
     pub output: serde_json::Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// When the agent finished; part of the signing input.
+    pub finished_at: DateTime<Utc>,
     /// ed25519 signature, base64; absent when the agent cannot sign.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<String>,
+}
+
+/// `attest.join` (request/reply to the attestation service): an agent's
+/// join, forwarded by the API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AttestJoin {
+    pub join: JoinRequest,
+}
+
+/// `attest.result` (request/reply): a result from an authenticated agent
+/// session, forwarded by the API; the attestation service records it and
+/// verifies its signature against the stored command row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AttestResult {
+    pub node_id: String,
+    /// The serial of the session's certificate.
+    pub cert_serial: String,
+    pub result: AgentResult,
+}
+
+/// What the attestation service did with a result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResultRecorded {
+    /// False when the command already had a result (a repeat post).
+    pub recorded: bool,
+    /// The serial of the certificate the signature verified against;
+    /// absent for an unsigned result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attested_by: Option<String>,
+}
+
+/// The reply of an attestation request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum AttestReply<T> {
+    Ok(T),
+    Err {
+        code: bcm_core::ErrorCode,
+        message: String,
+    },
 }
 
 /// A heartbeat (`POST /api/agent/heartbeat`).

@@ -165,6 +165,11 @@ impl Subjects {
         }
     }
 
+    /// Requests to the attestation service: `attest.join`, `attest.result`.
+    pub fn attest(&self, what: &str) -> String {
+        self.p(format!("attest.{what}"))
+    }
+
     /// Every command result.
     pub fn results_all(&self) -> String {
         self.p("result.>".to_owned())

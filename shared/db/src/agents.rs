@@ -6,38 +6,55 @@ use chrono::{DateTime, Utc};
 
 use crate::{Db, DbError, Tx};
 
+/// What a join token is for: one node, or (adopt) any machine of a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenScope {
+    Node(String),
+    Pool(String),
+}
+
 /// Stores a join token's hash.
 pub async fn join_token_insert_in_txn(
     tx: &mut Tx<'_>,
     id: &str,
     hash: &[u8],
     purpose: &str,
-    node_id: &str,
+    scope: &TokenScope,
     expires_at: DateTime<Utc>,
 ) -> Result<(), DbError> {
-    sqlx::query("INSERT INTO join_tokens (id, token_hash, purpose, node_id, expires_at) VALUES ($1, $2, $3, $4, $5)")
+    let (node, pool) = match scope {
+        TokenScope::Node(n) => (Some(n.as_str()), None),
+        TokenScope::Pool(p) => (None, Some(p.as_str())),
+    };
+    sqlx::query("INSERT INTO join_tokens (id, token_hash, purpose, node_id, pool_id, expires_at) VALUES ($1, $2, $3, $4, $5, $6)")
         .bind(id)
         .bind(hash)
         .bind(purpose)
-        .bind(node_id)
+        .bind(node)
+        .bind(pool)
         .bind(expires_at)
         .execute(&mut **tx)
         .await?;
     Ok(())
 }
 
-/// Uses a join token once: `(purpose, node id)` if it was live and unused.
+/// Uses a join token once: `(purpose, scope)` if it was live and unused.
 pub async fn join_token_consume_in_txn(
     tx: &mut Tx<'_>,
     hash: &[u8],
-) -> Result<Option<(String, String)>, DbError> {
-    Ok(sqlx::query_as(
+) -> Result<Option<(String, TokenScope)>, DbError> {
+    let row: Option<(String, Option<String>, Option<String>)> = sqlx::query_as(
         "UPDATE join_tokens SET used_at = now() WHERE token_hash = $1 AND used_at IS NULL AND expires_at > now() \
-         AND node_id IS NOT NULL RETURNING purpose, node_id",
+         RETURNING purpose, node_id, pool_id",
     )
     .bind(hash)
     .fetch_optional(&mut **tx)
-    .await?)
+    .await?;
+    Ok(row.and_then(|(purpose, node, pool)| match (node, pool) {
+        (Some(n), _) => Some((purpose, TokenScope::Node(n))),
+        (None, Some(p)) => Some((purpose, TokenScope::Pool(p))),
+        (None, None) => None,
+    }))
 }
 
 /// A node certificate as stored.
@@ -50,12 +67,16 @@ pub struct CertRow {
     pub not_before: DateTime<Utc>,
     pub not_after: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
+    pub purpose: String,
 }
+
+const CERT_COLUMNS: &str =
+    "serial, node_id, public_key, cert_pem, not_before, not_after, revoked_at, purpose";
 
 /// Records a certificate.
 pub async fn cert_insert_in_txn(tx: &mut Tx<'_>, c: &CertRow) -> Result<(), DbError> {
     sqlx::query(
-        "INSERT INTO node_certs (serial, node_id, public_key, cert_pem, not_before, not_after) VALUES ($1, $2, $3, $4, $5, $6)",
+        "INSERT INTO node_certs (serial, node_id, public_key, cert_pem, not_before, not_after, purpose) VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(&c.serial)
     .bind(&c.node_id)
@@ -63,6 +84,7 @@ pub async fn cert_insert_in_txn(tx: &mut Tx<'_>, c: &CertRow) -> Result<(), DbEr
     .bind(&c.cert_pem)
     .bind(c.not_before)
     .bind(c.not_after)
+    .bind(&c.purpose)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -88,6 +110,18 @@ pub async fn certs_revoke_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<u64, 
     Ok(n)
 }
 
+/// Revokes one certificate (its sessions end with it).
+pub async fn cert_revoke_in_txn(tx: &mut Tx<'_>, serial: &str) -> Result<bool, DbError> {
+    let n = sqlx::query(
+        "UPDATE node_certs SET revoked_at = now() WHERE serial = $1 AND revoked_at IS NULL",
+    )
+    .bind(serial)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    Ok(n == 1)
+}
+
 /// How many live (unrevoked, unexpired) certificates a node has.
 pub async fn certs_live_count(db: &Db, node_id: &str) -> Result<i64, DbError> {
     Ok(sqlx::query_scalar(
@@ -103,12 +137,36 @@ pub async fn cert_fetch_live_in_txn(
     tx: &mut Tx<'_>,
     serial: &str,
 ) -> Result<Option<CertRow>, DbError> {
-    Ok(sqlx::query_as(
-        "SELECT serial, node_id, public_key, cert_pem, not_before, not_after, revoked_at FROM node_certs \
-         WHERE serial = $1 AND revoked_at IS NULL AND not_after > now()",
-    )
+    Ok(sqlx::query_as(&format!(
+        "SELECT {CERT_COLUMNS} FROM node_certs \
+         WHERE serial = $1 AND revoked_at IS NULL AND not_after > now()"
+    ))
     .bind(serial)
     .fetch_optional(&mut **tx)
+    .await?)
+}
+
+/// Every live (unrevoked, unexpired) certificate of a node.
+pub async fn certs_live_of_node_in_txn(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+) -> Result<Vec<CertRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {CERT_COLUMNS} FROM node_certs \
+         WHERE node_id = $1 AND revoked_at IS NULL AND not_after > now() ORDER BY not_before DESC"
+    ))
+    .bind(node_id)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
+/// Every certificate of a node, newest first.
+pub async fn certs_of_node(db: &Db, node_id: &str) -> Result<Vec<CertRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {CERT_COLUMNS} FROM node_certs WHERE node_id = $1 ORDER BY not_before DESC"
+    ))
+    .bind(node_id)
+    .fetch_all(db.pool())
     .await?)
 }
 

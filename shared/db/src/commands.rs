@@ -33,11 +33,14 @@ pub struct CommandRow {
     pub status: String,
     pub result: Option<serde_json::Value>,
     pub signature: Option<Vec<u8>>,
+    /// The certificate serial the attestation service verified the
+    /// signature against.
+    pub attested_by: Option<String>,
     pub created_at: DateTime<Utc>,
     pub completed_at: Option<DateTime<Utc>>,
 }
 
-const COLUMNS: &str = "id, node_id, site_id, kind, target, params, status, result, signature, created_at, completed_at";
+const COLUMNS: &str = "id, node_id, site_id, kind, target, params, status, result, signature, attested_by, created_at, completed_at";
 
 /// Records a command as pending. A repeated idempotency key is
 /// [`DbError::Duplicate`].
@@ -104,6 +107,29 @@ pub async fn command_fetch_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<CommandRo
             .fetch_one(&mut **tx)
             .await?,
     )
+}
+
+/// Reads and locks a command.
+pub async fn command_fetch_for_update_in_txn(
+    tx: &mut Tx<'_>,
+    id: &str,
+) -> Result<CommandRow, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM commands WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(id)
+    .fetch_one(&mut **tx)
+    .await?)
+}
+
+/// Records that a command's signature verified against certificate `serial`.
+pub async fn command_attest_in_txn(tx: &mut Tx<'_>, id: &str, serial: &str) -> Result<(), DbError> {
+    sqlx::query("UPDATE commands SET attested_by = $2, attested_at = now() WHERE id = $1")
+        .bind(id)
+        .bind(serial)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 /// Reads a command.

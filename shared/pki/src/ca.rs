@@ -129,8 +129,8 @@ impl Ca {
     /// Issues a node certificate for the CSR's (ed25519) key. The CSR's own
     /// subject and extensions are ignored: the CA decides what it says.
     pub fn issue(&self, req: &IssueRequest<'_>) -> Result<IssuedCert, PkiError> {
-        let mut csr = CertificateSigningRequestParams::from_pem(req.csr_pem)
-            .map_err(|_| PkiError::BadCsr)?;
+        let mut csr =
+            CertificateSigningRequestParams::from_pem(req.csr_pem).map_err(|_| PkiError::BadCsr)?;
         if csr.public_key.algorithm() != &rcgen::PKCS_ED25519 {
             return Err(PkiError::WrongKeyType(format!(
                 "{:?}",
@@ -166,34 +166,47 @@ impl Ca {
 
     /// Checks that `cert_pem` was issued by this CA and is valid at `at`.
     pub fn check(&self, cert_pem: &str, at: DateTime<Utc>) -> Result<CheckedCert, PkiError> {
-        let der = der_of_pem(cert_pem)?;
-        let (_, cert) =
-            X509Certificate::from_der(&der).map_err(|e| PkiError::BadCert(e.to_string()))?;
-        let (_, ca) = X509Certificate::from_der(&self.cert_der)
-            .map_err(|e| PkiError::BadCa(e.to_string()))?;
-        if cert.issuer() != ca.subject() {
-            return Err(PkiError::NotIssuedByCa);
-        }
-        cert.verify_signature(Some(ca.public_key()))
-            .map_err(|_| PkiError::NotIssuedByCa)?;
-        let when = ASN1Time::from_timestamp(at.timestamp())
-            .map_err(|e| PkiError::BadCert(e.to_string()))?;
-        if !cert.validity().is_valid_at(when) {
-            return Err(PkiError::OutsideValidity(crate::format_ts(at)));
-        }
-        let text = |it: Option<&AttributeTypeAndValue<'_>>| {
-            it.and_then(|a| a.as_str().ok()).unwrap_or("").to_owned()
-        };
-        let node_id = text(cert.subject().iter_common_name().next());
-        let purpose = text(cert.subject().iter_organizational_unit().next());
-        let checked = CheckedCert {
-            serial: hex::encode(cert.raw_serial()),
-            node_id,
-            purpose,
-            public_key: cert.public_key().subject_public_key.data.to_vec(),
-        };
-        Ok(checked)
+        check_der(&self.cert_der, cert_pem, at)
     }
+}
+
+/// Checks that `cert_pem` was issued by the CA certificate `ca_pem` and is
+/// valid at `at` (what an agent or an auditor can do without the CA key).
+pub fn check_against(
+    ca_pem: &str,
+    cert_pem: &str,
+    at: DateTime<Utc>,
+) -> Result<CheckedCert, PkiError> {
+    check_der(&der_of_pem(ca_pem)?, cert_pem, at)
+}
+
+fn check_der(ca_der: &[u8], cert_pem: &str, at: DateTime<Utc>) -> Result<CheckedCert, PkiError> {
+    let der = der_of_pem(cert_pem)?;
+    let (_, cert) =
+        X509Certificate::from_der(&der).map_err(|e| PkiError::BadCert(e.to_string()))?;
+    let (_, ca) = X509Certificate::from_der(ca_der).map_err(|e| PkiError::BadCa(e.to_string()))?;
+    if cert.issuer() != ca.subject() {
+        return Err(PkiError::NotIssuedByCa);
+    }
+    cert.verify_signature(Some(ca.public_key()))
+        .map_err(|_| PkiError::NotIssuedByCa)?;
+    let when =
+        ASN1Time::from_timestamp(at.timestamp()).map_err(|e| PkiError::BadCert(e.to_string()))?;
+    if !cert.validity().is_valid_at(when) {
+        return Err(PkiError::OutsideValidity(crate::format_ts(at)));
+    }
+    let text = |it: Option<&AttributeTypeAndValue<'_>>| {
+        it.and_then(|a| a.as_str().ok()).unwrap_or("").to_owned()
+    };
+    let node_id = text(cert.subject().iter_common_name().next());
+    let purpose = text(cert.subject().iter_organizational_unit().next());
+    let checked = CheckedCert {
+        serial: hex::encode(cert.raw_serial()),
+        node_id,
+        purpose,
+        public_key: cert.public_key().subject_public_key.data.to_vec(),
+    };
+    Ok(checked)
 }
 
 /// An agent's CSR (PEM) for its ed25519 key; `name` is only a hint, the
@@ -285,7 +298,8 @@ mod tests {
         let key = SigningKey::generate(&mut rand::rngs::OsRng);
         let csr = csr_pem(&key, "n").expect("csr");
         let issued = loaded.issue(&req(&csr, "node_9")).expect("issue");
-        ca.check(&issued.pem, Utc::now()).expect("issued by the same CA");
+        ca.check(&issued.pem, Utc::now())
+            .expect("issued by the same CA");
         let other = Ca::generate("other").expect("other");
         assert!(matches!(
             Ca::from_pem(ca.cert_pem(), &other.key_pem()),
@@ -309,6 +323,9 @@ mod tests {
             .chunks(64)
             .map(|c| std::str::from_utf8(c).unwrap_or(""))
             .collect();
-        format!("-----BEGIN {label}-----\n{}\n-----END {label}-----\n", lines.join("\n"))
+        format!(
+            "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
+            lines.join("\n")
+        )
     }
 }

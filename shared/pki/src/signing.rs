@@ -96,10 +96,10 @@ mod tests {
 
     #[test]
     fn key_order_does_not_change_the_input() {
-        let a: Value = serde_json::from_str(r#"{"b":1,"a":{"y":[1,{"q":2,"p":1}],"x":"s"}}"#)
-            .expect("json");
-        let b: Value = serde_json::from_str(r#"{"a":{"x":"s","y":[1,{"p":1,"q":2}]},"b":1}"#)
-            .expect("json");
+        let a: Value =
+            serde_json::from_str(r#"{"b":1,"a":{"y":[1,{"q":2,"p":1}],"x":"s"}}"#).expect("json");
+        let b: Value =
+            serde_json::from_str(r#"{"a":{"x":"s","y":[1,{"p":1,"q":2}]},"b":1}"#).expect("json");
         assert_eq!(canonical_json(&a), canonical_json(&b));
         assert_eq!(
             canonical_json(&a),

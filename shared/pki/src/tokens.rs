@@ -9,9 +9,15 @@ pub const PREFIX: &str = "bcmj_";
 
 /// A fresh join token and the hash to store.
 pub fn mint() -> (String, Vec<u8>) {
+    mint_prefixed(PREFIX)
+}
+
+/// A fresh 256-bit secret with `prefix` (e.g. `bcms_` for agent sessions)
+/// and the hash to store.
+pub fn mint_prefixed(prefix: &str) -> (String, Vec<u8>) {
     let mut raw = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut raw);
-    let token = format!("{PREFIX}{}", hex::encode(raw));
+    let token = format!("{prefix}{}", hex::encode(raw));
     let hash = hash(&token);
     (token, hash)
 }

@@ -4,7 +4,7 @@
 //! provisioned token from user data, heartbeat with role `node`).
 
 use base64::Engine as _;
-use bcm_bus::messages::{self, AgentCommand, AgentResult, Heartbeat, JoinRequest, JoinResponse};
+use bcm_bus::messages::{AgentCommand, AgentResult, Heartbeat, JoinRequest, JoinResponse};
 use ed25519_dalek::{Signer, SigningKey};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -46,9 +46,9 @@ async fn join(
 ) -> anyhow::Result<JoinResponse> {
     let req = JoinRequest {
         token: token.to_owned(),
-        public_key: base64::engine::general_purpose::STANDARD
-            .encode(key.verifying_key().to_bytes()),
+        csr: bcm_pki::csr_pem(key, role)?,
         role: role.to_owned(),
+        hostname: None,
     };
     let res = http
         .post(format!("{api}/api/agent/join"))
@@ -106,16 +106,19 @@ pub async fn ramdisk(
             }
             let (ok, output, error) = execute(&faults, &machines, &address, &boot, &cmd);
             let unsigned = cmd.kind == "disk.wipe" && faults.has(&address, Fault::UnsignedWipe);
+            let finished_at = chrono::Utc::now();
             let signature = (!unsigned).then(|| {
-                let input = messages::signing_input(
-                    &cmd.command_id,
-                    &boot.node,
-                    &cmd.kind,
-                    &cmd.params,
+                let input = bcm_pki::signing_input(&bcm_pki::SignedFacts {
+                    command_id: &cmd.command_id,
+                    node_id: &boot.node,
+                    kind: &cmd.kind,
+                    params: &cmd.params,
+                    issued_at: cmd.issued_at,
                     ok,
-                    &output,
-                    error.as_deref(),
-                );
+                    output: &output,
+                    error: error.as_deref(),
+                    finished_at,
+                });
                 base64::engine::general_purpose::STANDARD.encode(key.sign(&input).to_bytes())
             });
             let result = AgentResult {
@@ -124,6 +127,7 @@ pub async fn ramdisk(
                 retryable: false,
                 output,
                 error,
+                finished_at,
                 signature,
             };
             let posted = http

@@ -32,6 +32,8 @@ pub struct Options {
     pub reconcilers: usize,
     /// Start a workflow engine in-process with the site.
     pub engine: bool,
+    /// Start the attestation service (an ephemeral CA) with the API.
+    pub attestation: bool,
 }
 
 impl Default for Options {
@@ -42,6 +44,7 @@ impl Default for Options {
             site: None,
             reconcilers: 1,
             engine: true,
+            attestation: true,
         }
     }
 }
@@ -169,6 +172,10 @@ impl TestEnv {
         if opts.relay {
             env.spawn_relay(RelayFaults::default());
         }
+        if opts.attestation {
+            env.spawn_attestation(bcm_attestation::AttestationConfig::ephemeral())
+                .await?;
+        }
         if let Some(sim) = opts.site.clone() {
             if opts.engine {
                 env.spawn_engine();
@@ -190,6 +197,36 @@ impl TestEnv {
     /// A token cancelled when the environment stops.
     pub fn child_token(&self) -> CancellationToken {
         self.shutdown.child_token()
+    }
+
+    /// Starts an attestation service and waits until it answers; returns
+    /// its stop token.
+    pub async fn spawn_attestation(
+        &self,
+        cfg: bcm_attestation::AttestationConfig,
+    ) -> anyhow::Result<CancellationToken> {
+        let stop = self.shutdown.child_token();
+        let (db, bus) = (self.db.clone(), self.state.inner.bus.clone());
+        let s = stop.clone();
+        tokio::spawn(async move {
+            if let Err(e) = bcm_attestation::run(db, bus, cfg, s).await {
+                tracing::error!(error = %e, "attestation service stopped");
+            }
+        });
+        // Answered (even with an error) once it subscribed.
+        let subject = self.state.inner.bus.subjects().attest("join");
+        eventually(Duration::from_secs(10), || async {
+            let r = self
+                .state
+                .inner
+                .bus
+                .client()
+                .request(subject.clone(), "{}".into())
+                .await;
+            Ok(r.ok().map(|_| ()))
+        })
+        .await?;
+        Ok(stop)
     }
 
     /// Starts a workflow engine; returns its stop token.

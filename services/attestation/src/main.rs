@@ -1,0 +1,50 @@
+//! `bcm-attestation`: the attestation service.
+
+use clap::Parser;
+use serde::Deserialize;
+
+/// The attestation service.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// A TOML configuration file; `BCM_ATTEST_*` environment variables override it.
+    #[arg(long, env = "BCM_ATTEST_CONFIG")]
+    config: Option<std::path::PathBuf>,
+}
+
+/// Configuration of the service.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    database_url: String,
+    bus: bcm_bus::BusConfig,
+    attestation: bcm_attestation::AttestationConfig,
+    #[serde(default)]
+    telemetry: bcm_telemetry::TelemetryConfig,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    use figment::providers::{Env, Format, Toml};
+    let args = Args::parse();
+    let mut fig = figment::Figment::new();
+    if let Some(p) = &args.config {
+        fig = fig.merge(Toml::file_exact(p));
+    }
+    let cfg: Config = fig
+        .merge(Env::prefixed("BCM_ATTEST_").split("__"))
+        .extract()?;
+    bcm_telemetry::init("bcm-attestation", &cfg.telemetry)?;
+    let db = bcm_db::Db::connect(&cfg.database_url, 8).await?;
+    db.migrate().await?;
+    let bus = bcm_bus::Bus::connect(&cfg.bus).await?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+    let ran = bcm_attestation::run(db, bus, cfg.attestation, shutdown).await;
+    bcm_telemetry::shutdown();
+    Ok(ran?)
+}

@@ -1,0 +1,84 @@
+//! Recording an agent's result: written to the command row, re-read, and
+//! (when signed) verified against the stored row in the same transaction;
+//! a signature that does not verify rolls everything back and is refused.
+//! A repeated post of an answered command changes nothing.
+
+use base64::Engine as _;
+use bcm_bus::messages::{AttestResult, ResultRecorded};
+use bcm_db::Db;
+use bcm_pki::Ca;
+use chrono::Utc;
+
+use crate::{AttestError, AttestationConfig};
+
+/// Records (and verifies) a result.
+pub async fn record(
+    db: &Db,
+    ca: &Ca,
+    cfg: &AttestationConfig,
+    req: &AttestResult,
+) -> Result<ResultRecorded, AttestError> {
+    let r = &req.result;
+    let signature = r
+        .signature
+        .as_deref()
+        .map(|s| {
+            base64::engine::general_purpose::STANDARD
+                .decode(s.as_bytes())
+                .map_err(|_| AttestError::Invalid("signature is not base64".into()))
+        })
+        .transpose()?;
+    let mut tx = db.begin().await?;
+    let cmd = match bcm_db::commands::command_fetch_for_update_in_txn(&mut tx, &r.command_id).await
+    {
+        Ok(c) if c.node_id.as_deref() == Some(req.node_id.as_str()) => c,
+        Ok(_) | Err(bcm_db::DbError::NotFound) => return Err(AttestError::NoSuchCommand),
+        Err(e) => return Err(e.into()),
+    };
+    if cmd.status != "pending" && cmd.status != "sent" {
+        return Ok(ResultRecorded {
+            recorded: false,
+            attested_by: cmd.attested_by,
+        });
+    }
+    let body = serde_json::json!({
+        "ok": r.ok,
+        "retryable": r.retryable,
+        "output": r.output,
+        "error": r.error,
+        "finishedAt": bcm_pki::format_ts(r.finished_at),
+    });
+    bcm_db::commands::command_complete_in_txn(&mut tx, &cmd.id, r.ok, &body, signature.as_deref())
+        .await?;
+    let attested_by = if signature.is_some() {
+        let stored = bcm_db::commands::command_fetch_in_txn(&mut tx, &cmd.id).await?;
+        let certs = bcm_db::agents::certs_live_of_node_in_txn(&mut tx, &req.node_id).await?;
+        let serial = match crate::verify::verify_stored(ca, &stored, &certs, Utc::now()) {
+            Ok(serial) => serial,
+            #[cfg(feature = "accept-ingested-attestation")]
+            Err(why) if cfg.accept_ingested => {
+                tracing::warn!(command = %cmd.id, %why, "accepting an unverified signature (test-only bypass)");
+                "ingested".to_owned()
+            }
+            Err(why) => {
+                tracing::warn!(command = %cmd.id, node = %req.node_id, %why, "result signature rejected");
+                return Err(AttestError::Rejected(why));
+            }
+        };
+        bcm_db::commands::command_attest_in_txn(&mut tx, &cmd.id, &serial).await?;
+        Some(serial)
+    } else {
+        None
+    };
+    let _ = cfg;
+    if cmd.kind == "inventory" && r.ok {
+        bcm_db::agents::node_fact_upsert_in_txn(&mut tx, &req.node_id, "inventory", &r.output)
+            .await?;
+    }
+    bcm_db::workflows::step_wake_for_command_in_txn(&mut tx, &cmd.id).await?;
+    tx.commit().await.map_err(bcm_db::DbError::from)?;
+    Ok(ResultRecorded {
+        recorded: true,
+        attested_by,
+    })
+}

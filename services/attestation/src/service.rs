@@ -1,0 +1,107 @@
+//! The request loop: `attest.join` and `attest.result` in the queue group
+//! `attestation`. A malformed request is answered INVALID_ARGUMENT and
+//! logged, never a crash.
+
+use std::sync::Arc;
+
+use bcm_bus::messages::{AttestJoin, AttestReply, AttestResult};
+use bcm_bus::Bus;
+use bcm_core::ErrorCode;
+use bcm_db::Db;
+use bcm_pki::Ca;
+use futures::StreamExt;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::{AttestError, AttestationConfig};
+
+struct Ctx {
+    db: Db,
+    ca: Ca,
+    cfg: AttestationConfig,
+    client: async_nats::Client,
+}
+
+fn reply<T: Serialize>(r: Result<T, AttestError>) -> Vec<u8> {
+    let body = match r {
+        Ok(v) => AttestReply::Ok(v),
+        Err(e) => {
+            if e.code() == ErrorCode::Internal {
+                tracing::error!(error = %e, "attestation request failed");
+            }
+            AttestReply::Err {
+                code: e.code(),
+                message: e.public_message(),
+            }
+        }
+    };
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+async fn answer(ctx: Arc<Ctx>, msg: async_nats::Message, join: bool) {
+    let Some(to) = msg.reply.clone() else {
+        tracing::warn!(subject = %msg.subject, "attestation request without a reply subject dropped");
+        return;
+    };
+    let payload = if join {
+        match serde_json::from_slice::<AttestJoin>(&msg.payload) {
+            Ok(req) => reply(crate::join::join(&ctx.db, &ctx.ca, &ctx.cfg, &req.join).await),
+            Err(e) => {
+                tracing::warn!(error = %e, "malformed attest.join dropped");
+                reply::<()>(Err(AttestError::Invalid(format!("malformed request: {e}"))))
+            }
+        }
+    } else {
+        match serde_json::from_slice::<AttestResult>(&msg.payload) {
+            Ok(req) => reply(crate::results::record(&ctx.db, &ctx.ca, &ctx.cfg, &req).await),
+            Err(e) => {
+                tracing::warn!(error = %e, "malformed attest.result dropped");
+                reply::<()>(Err(AttestError::Invalid(format!("malformed request: {e}"))))
+            }
+        }
+    };
+    if let Err(e) = ctx.client.publish(to, payload.into()).await {
+        tracing::warn!(error = %e, "attestation reply not sent");
+    }
+}
+
+/// Runs the service until `shutdown`.
+pub async fn run(
+    db: Db,
+    bus: Bus,
+    cfg: AttestationConfig,
+    shutdown: CancellationToken,
+) -> Result<(), AttestError> {
+    let ca = crate::ca_store::load(&cfg)?;
+    let client = bus.client().clone();
+    let s = bus.subjects();
+    let sub = |what: &str| {
+        let client = client.clone();
+        let subject = s.attest(what);
+        async move { client.queue_subscribe(subject, "attestation".into()).await }
+    };
+    let mut joins = sub("join")
+        .await
+        .map_err(|e| AttestError::Config(format!("subscribing: {e}")))?;
+    let mut results = sub("result")
+        .await
+        .map_err(|e| AttestError::Config(format!("subscribing: {e}")))?;
+    let ctx = Arc::new(Ctx {
+        db,
+        ca,
+        cfg,
+        client,
+    });
+    tracing::info!("attestation service ready");
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            Some(m) = joins.next() => { tokio::spawn(answer(ctx.clone(), m, true)); }
+            Some(m) = results.next() => { tokio::spawn(answer(ctx.clone(), m, false)); }
+            else => break,
+        }
+    }
+    let _ = joins.unsubscribe().await;
+    let _ = results.unsubscribe().await;
+    Ok(())
+}

@@ -1,0 +1,362 @@
+//! The attestation service over the real agent endpoints, Postgres and
+//! JetStream: join tokens are one-time and expire, certificates chain to the
+//! CA, and a result is kept only when its signature verifies against the
+//! stored command row and a valid, unrevoked certificate of the node.
+
+use base64::Engine as _;
+use bcm_db::agents::TokenScope;
+use bcm_testkit::TestEnv;
+use chrono::{DateTime, Utc};
+use ed25519_dalek::{Signer, SigningKey};
+use serde_json::{json, Value};
+
+async fn token(env: &TestEnv, node: &str, purpose: &str, ttl_secs: i64) -> String {
+    let mut tx = env.db.begin().await.expect("tx");
+    let t = bcm_attestation::tokens::mint_in_txn(
+        &mut tx,
+        purpose,
+        &TokenScope::Node(node.into()),
+        Utc::now() + chrono::Duration::seconds(ttl_secs),
+    )
+    .await
+    .expect("mint");
+    tx.commit().await.expect("commit");
+    t
+}
+
+async fn node(env: &TestEnv) -> String {
+    let n = env.enroll("a", "a-pool").await.expect("enroll");
+    n["nodeId"].as_str().expect("id").to_owned()
+}
+
+struct Joined {
+    key: SigningKey,
+    session: String,
+    body: Value,
+}
+
+async fn join(env: &TestEnv, token: &str, role: &str) -> (u16, Option<Joined>, Value) {
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    let csr = bcm_pki::csr_pem(&key, "agent").expect("csr");
+    let (status, body) = env
+        .post(
+            "/api/agent/join",
+            None,
+            &json!({"token": token, "csr": csr, "role": role}),
+        )
+        .await
+        .expect("post");
+    let joined = (status == 200).then(|| Joined {
+        key,
+        session: body["sessionToken"].as_str().unwrap_or_default().to_owned(),
+        body: body.clone(),
+    });
+    (status, joined, body)
+}
+
+async fn command(env: &TestEnv, node: &str, kind: &str, params: Value) -> String {
+    let id = format!("cmd_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let mut tx = env.db.begin().await.expect("tx");
+    bcm_db::commands::command_insert_in_txn(
+        &mut tx,
+        &bcm_db::commands::NewCommand {
+            id: id.clone(),
+            idempotency_key: id.clone(),
+            workflow_id: None,
+            step_idx: None,
+            attempt: 1,
+            node_id: Some(node.into()),
+            site_id: Some("s1".into()),
+            kind: kind.into(),
+            target: "ramdisk".into(),
+            params,
+        },
+    )
+    .await
+    .expect("insert");
+    tx.commit().await.expect("commit");
+    id
+}
+
+async fn poll(env: &TestEnv, session: &str) -> Vec<Value> {
+    let (status, body) = env
+        .get("/api/agent/commands?waitMs=2000", Some(session))
+        .await
+        .expect("poll");
+    assert_eq!(status, 200, "{body}");
+    body.as_array().cloned().unwrap_or_default()
+}
+
+fn signed_result(key: &SigningKey, node: &str, cmd: &Value, output: Value) -> Value {
+    let finished = Utc::now();
+    let issued: DateTime<Utc> = cmd["issuedAt"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .expect("issuedAt");
+    let input = bcm_pki::signing_input(&bcm_pki::SignedFacts {
+        command_id: cmd["commandId"].as_str().expect("id"),
+        node_id: node,
+        kind: cmd["kind"].as_str().expect("kind"),
+        params: &cmd["params"],
+        issued_at: issued,
+        ok: true,
+        output: &output,
+        error: None,
+        finished_at: finished,
+    });
+    json!({
+        "commandId": cmd["commandId"],
+        "ok": true,
+        "output": output,
+        "finishedAt": finished,
+        "signature": base64::engine::general_purpose::STANDARD.encode(key.sign(&input).to_bytes()),
+    })
+}
+
+#[tokio::test]
+async fn join_tokens_are_one_time_and_expire_and_certificates_chain_to_the_ca() {
+    let env = TestEnv::start().await.expect("env");
+    let n = node(&env).await;
+
+    let t = token(&env, &n, "discovery", 600).await;
+    // A CSR that is not one spends nothing.
+    let (status, _, body) = {
+        let (s, b) = env
+            .post(
+                "/api/agent/join",
+                None,
+                &json!({"token": t, "csr": "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n", "role": "ramdisk"}),
+            )
+            .await
+            .expect("post");
+        (s, (), b)
+    };
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("INVALID_ARGUMENT")),
+        "{body}"
+    );
+    // Nor does the wrong role for the token's purpose.
+    let (status, _, body) = join(&env, &t, "node").await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("FORBIDDEN")),
+        "{body}"
+    );
+
+    let (status, joined, body) = join(&env, &t, "ramdisk").await;
+    assert_eq!(status, 200, "{body}");
+    let joined = joined.expect("joined");
+    assert_eq!(joined.body["nodeId"], json!(n));
+    // The certificate names the node and the purpose, holds the CSR's key,
+    // and chains to the CA the service handed out.
+    let ca_pem = joined.body["caCertificate"].as_str().expect("ca");
+    let cert_pem = joined.body["certificate"].as_str().expect("cert");
+    let cert_serial = joined.body["certSerial"].as_str().expect("serial");
+    let certs = bcm_db::agents::certs_of_node(&env.db, &n)
+        .await
+        .expect("certs");
+    assert_eq!(certs.len(), 1);
+    assert_eq!(certs[0].serial, cert_serial);
+    assert_eq!(certs[0].cert_pem, cert_pem);
+    assert_eq!(
+        certs[0].public_key,
+        joined.key.verifying_key().to_bytes().to_vec()
+    );
+    assert!(
+        certs[0].not_after <= Utc::now() + chrono::Duration::hours(13),
+        "short-lived"
+    );
+    let checked =
+        bcm_pki::ca::check_against(ca_pem, cert_pem, Utc::now()).expect("chains to the CA");
+    assert_eq!(
+        (checked.node_id.as_str(), checked.purpose.as_str()),
+        (n.as_str(), "discovery")
+    );
+
+    // Reused: refused.
+    let (status, _, body) = join(&env, &t, "ramdisk").await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (401, Some("UNAUTHENTICATED")),
+        "{body}"
+    );
+    // Expired: refused.
+    let old = token(&env, &n, "discovery", -1).await;
+    let (status, _, body) = join(&env, &old, "ramdisk").await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (401, Some("UNAUTHENTICATED")),
+        "{body}"
+    );
+    // Unknown: refused.
+    let (status, _, _) = join(&env, "bcmj_nope", "ramdisk").await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        bcm_db::agents::certs_of_node(&env.db, &n)
+            .await
+            .expect("certs")
+            .len(),
+        1,
+        "refused joins issue nothing"
+    );
+    env.stop();
+}
+
+#[tokio::test]
+async fn only_results_signed_for_the_stored_row_by_a_live_certificate_are_kept() {
+    let env = TestEnv::start().await.expect("env");
+    let n = node(&env).await;
+    let t1 = token(&env, &n, "discovery", 600).await;
+    let (_, first, _) = join(&env, &t1, "ramdisk").await;
+    let first = first.expect("first join");
+
+    // A genuine signature over the row as stored: kept, attested.
+    let c1 = command(
+        &env,
+        &n,
+        "disk.wipe",
+        json!({"mode": "quick", "verify": true}),
+    )
+    .await;
+    let polled = poll(&env, &first.session).await;
+    assert_eq!(polled.len(), 1);
+    let out = json!({"disks": [{"serial": "S1", "method": "quick", "outcome": "verified"}]});
+    let good = signed_result(&first.key, &n, &polled[0], out.clone());
+    let (status, body) = env
+        .post("/api/agent/results", Some(&first.session), &good)
+        .await
+        .expect("post");
+    assert_eq!(status, 204, "{body}");
+    let row = bcm_db::commands::command_fetch(&env.db, &c1)
+        .await
+        .expect("row");
+    assert_eq!(row.status, "succeeded");
+    assert_eq!(
+        row.attested_by.as_deref(),
+        first.body["certSerial"].as_str()
+    );
+    // Posting it again changes nothing.
+    let (status, _) = env
+        .post("/api/agent/results", Some(&first.session), &good)
+        .await
+        .expect("post");
+    assert_eq!(status, 204);
+
+    // A forged signature (another key): refused, the row stays unanswered.
+    let c2 = command(
+        &env,
+        &n,
+        "disk.wipe",
+        json!({"mode": "quick", "verify": true}),
+    )
+    .await;
+    let polled = poll(&env, &first.session).await;
+    let rogue = SigningKey::generate(&mut rand::rngs::OsRng);
+    let forged = signed_result(&rogue, &n, &polled[0], out.clone());
+    let (status, body) = env
+        .post("/api/agent/results", Some(&first.session), &forged)
+        .await
+        .expect("post");
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("FORBIDDEN")),
+        "{body}"
+    );
+    let row = bcm_db::commands::command_fetch(&env.db, &c2)
+        .await
+        .expect("row");
+    assert_eq!(
+        (row.status.as_str(), row.attested_by.as_deref()),
+        ("sent", None)
+    );
+
+    // A genuine signature made for another command row (c1's) posted as c2's.
+    let mut replayed = good.clone();
+    replayed["commandId"] = json!(c2);
+    let (status, _) = env
+        .post("/api/agent/results", Some(&first.session), &replayed)
+        .await
+        .expect("post");
+    assert_eq!(status, 403);
+    // Signed over other parameters than the stored ones.
+    let mut lied = polled[0].clone();
+    lied["params"] = json!({"mode": "secure-erase", "verify": true});
+    let lying = signed_result(&first.key, &n, &lied, out.clone());
+    let (status, _) = env
+        .post("/api/agent/results", Some(&first.session), &lying)
+        .await
+        .expect("post");
+    assert_eq!(status, 403);
+    let row = bcm_db::commands::command_fetch(&env.db, &c2)
+        .await
+        .expect("row");
+    assert_eq!(row.status, "sent", "nothing was kept");
+
+    // A second agent session for the node, then the first certificate is
+    // revoked: a result signed with the first key is refused even through
+    // the live session; one signed with the second key is kept.
+    let t2 = token(&env, &n, "discovery", 600).await;
+    let (_, second, _) = join(&env, &t2, "ramdisk").await;
+    let second = second.expect("second join");
+    let mut tx = env.db.begin().await.expect("tx");
+    assert!(bcm_db::agents::cert_revoke_in_txn(
+        &mut tx,
+        first.body["certSerial"].as_str().expect("serial")
+    )
+    .await
+    .expect("revoke"));
+    tx.commit().await.expect("commit");
+    let by_revoked = signed_result(&first.key, &n, &polled[0], out.clone());
+    let (status, body) = env
+        .post("/api/agent/results", Some(&second.session), &by_revoked)
+        .await
+        .expect("post");
+    assert_eq!(status, 403, "{body}");
+    let by_live = signed_result(&second.key, &n, &polled[0], out.clone());
+    let (status, body) = env
+        .post("/api/agent/results", Some(&second.session), &by_live)
+        .await
+        .expect("post");
+    assert_eq!(status, 204, "{body}");
+    let row = bcm_db::commands::command_fetch(&env.db, &c2)
+        .await
+        .expect("row");
+    assert_eq!(
+        row.attested_by.as_deref(),
+        second.body["certSerial"].as_str()
+    );
+
+    // Another node's session cannot answer this node's command.
+    let other = node(&env).await;
+    let t3 = token(&env, &other, "discovery", 600).await;
+    let (_, intruder, _) = join(&env, &t3, "ramdisk").await;
+    let intruder = intruder.expect("join");
+    let c3 = command(&env, &n, "inventory", json!({})).await;
+    let fake = json!({"commandId": c3, "ok": true, "output": {}, "finishedAt": Utc::now()});
+    let (status, _) = env
+        .post("/api/agent/results", Some(&intruder.session), &fake)
+        .await
+        .expect("post");
+    assert_eq!(status, 404);
+    env.stop();
+}
+
+#[tokio::test]
+async fn without_the_attestation_service_agents_are_told_to_retry() {
+    let env = TestEnv::start_with(bcm_testkit::Options {
+        attestation: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let n = node(&env).await;
+    let t = token(&env, &n, "discovery", 600).await;
+    let (status, _, body) = join(&env, &t, "ramdisk").await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (503, Some("UNAVAILABLE")),
+        "{body}"
+    );
+    env.stop();
+}
