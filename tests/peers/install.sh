@@ -4,7 +4,10 @@
 #   - sushy-tools' Redfish emulator (PyPI, pinned) in a venv under .bcm/;
 #   - OpenIPMI's ipmi_sim and ipmitool (Debian packages);
 #   - the boot service's clients and reference servers (Debian packages):
-#     tftp-hpa's tftp, curl, tftpd-hpa, dnsmasq, the ipxe builds.
+#     tftp-hpa's tftp, curl, tftpd-hpa, dnsmasq, the ipxe builds;
+#   - bcd's disk tests: gdisk (sgdisk), e2fsprogs, util-linux (losetup,
+#     wipefs, blkid), qemu-utils (qemu-img), libfuse2 and fusepy (PyPI,
+#     pinned) for a FUSE disk that drops writes.
 # Idempotent; nothing here needs more than PyPI and Debian's mirrors.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -32,6 +35,17 @@ if ! command -v tftp >/dev/null || ! command -v in.tftpd >/dev/null || ! command
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     tftp-hpa tftpd-hpa dnsmasq-base ipxe curl >&2
   pkill -x in.tftpd 2>/dev/null || true
+fi
+if ! command -v sgdisk >/dev/null || ! command -v mkfs.ext4 >/dev/null || ! command -v qemu-img >/dev/null \
+   || ! command -v wipefs >/dev/null || [ ! -e /usr/lib/x86_64-linux-gnu/libfuse.so.2 ]; then
+  log "installing gdisk, e2fsprogs, fdisk, libfuse2, fuse, qemu-utils"
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    gdisk e2fsprogs util-linux libfuse2 fuse qemu-utils >&2
+fi
+if ! "$venv/bin/python" -c "import fuse" >/dev/null 2>&1; then
+  log "installing fusepy==3.0.1 into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "fusepy==3.0.1" >&2
 fi
 echo "export BCM_SUSHY_EMULATOR=$venv/bin/sushy-emulator"
 echo "export BCM_SUSHY_PYTHON=$venv/bin/python"

@@ -5,6 +5,7 @@
 //! result; join tokens are minted here and stored only as hashes.
 
 pub mod ca;
+pub mod image;
 pub mod signing;
 pub mod tokens;
 

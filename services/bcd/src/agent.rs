@@ -1,0 +1,432 @@
+//! The agent protocol, the same for `bcd ramdisk` and `bcd node`: join with
+//! a one-time token and a CSR for a key generated in memory, heartbeat,
+//! long-poll for commands, run each at most once (by command id), and post
+//! results signed over `bcm_pki::signing_input`, retrying until the control
+//! plane answers.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use bcm_bus::messages::{AgentCommand, AgentResult, Heartbeat, JoinRequest, JoinResponse};
+use ed25519_dalek::{Signer, SigningKey, VerifyingKey};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::disks;
+
+/// What an agent needs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub api: String,
+    pub node: Option<String>,
+    pub join_token: String,
+    /// `ramdisk` or `node`.
+    pub role: String,
+    pub hostname: Option<String>,
+    /// Disks to see (tests); empty: every disk in `/sys/block`.
+    pub disks: Vec<PathBuf>,
+    /// Image keys trusted besides those the control plane hands out.
+    pub image_keys: Vec<VerifyingKey>,
+    /// `site.httpProxy`.
+    pub proxy: Option<String>,
+    pub heartbeat: Duration,
+    /// Random stripes read back after a device erase.
+    pub wipe_stripes: usize,
+}
+
+/// Why the agent stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("join refused: {0}")]
+    JoinRefused(String),
+    #[error("the session ended (revoked or expired)")]
+    SessionEnded,
+}
+
+/// A joined session.
+pub struct Session {
+    pub joined: JoinResponse,
+    pub key: SigningKey,
+    pub image_keys: Vec<VerifyingKey>,
+}
+
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis((250u64 << attempt.min(7)).min(30_000))
+}
+
+/// Joins, retrying while the control plane is unreachable or unavailable;
+/// a refused token is final (it is single use).
+pub async fn join(
+    http: &reqwest::Client,
+    cfg: &AgentConfig,
+    stop: &CancellationToken,
+) -> Result<Session, AgentError> {
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    let csr = bcm_pki::csr_pem(&key, cfg.node.as_deref().unwrap_or(&cfg.role))
+        .map_err(|e| AgentError::JoinRefused(e.to_string()))?;
+    let req = JoinRequest {
+        token: cfg.join_token.clone(),
+        csr,
+        role: cfg.role.clone(),
+        hostname: cfg.hostname.clone(),
+    };
+    let mut attempt = 0;
+    loop {
+        let sent = http
+            .post(format!("{}/api/agent/join", cfg.api))
+            .json(&req)
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_success() => {
+                let joined: JoinResponse = r
+                    .json()
+                    .await
+                    .map_err(|e| AgentError::JoinRefused(format!("malformed answer: {e}")))?;
+                if let Err(e) = bcm_pki::ca::check_against(
+                    &joined.ca_certificate,
+                    &joined.certificate,
+                    chrono::Utc::now(),
+                ) {
+                    return Err(AgentError::JoinRefused(format!(
+                        "the certificate handed back does not check: {e}"
+                    )));
+                }
+                let mut image_keys: Vec<VerifyingKey> = joined
+                    .image_keys
+                    .iter()
+                    .filter_map(|k| bcm_pki::image::parse_public_key(k))
+                    .collect();
+                image_keys.extend(cfg.image_keys.iter().copied());
+                tracing::info!(node = %joined.node_id, serial = %joined.cert_serial, "joined");
+                return Ok(Session {
+                    joined,
+                    key,
+                    image_keys,
+                });
+            }
+            Ok(r) if r.status().is_client_error() => {
+                let text = r.text().await.unwrap_or_default();
+                return Err(AgentError::JoinRefused(text));
+            }
+            Ok(r) => {
+                tracing::warn!(status = %r.status(), "join: control plane unavailable; retrying")
+            }
+            Err(e) => tracing::warn!(error = %e, "join: control plane unreachable; retrying"),
+        }
+        attempt += 1;
+        tokio::select! {
+            _ = stop.cancelled() => return Err(AgentError::SessionEnded),
+            _ = tokio::time::sleep(backoff(attempt)) => {}
+        }
+    }
+}
+
+/// Heartbeats until `stop`.
+pub async fn heartbeat(
+    http: reqwest::Client,
+    api: String,
+    session: String,
+    role: String,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        let sent = http
+            .post(format!("{api}/api/agent/heartbeat"))
+            .bearer_auth(&session)
+            .json(&Heartbeat { role: role.clone() })
+            .send()
+            .await;
+        if let Ok(r) = sent {
+            if r.status().as_u16() == 401 {
+                tracing::warn!("heartbeat: session ended");
+                stop.cancel();
+                return;
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// What a command produced, and what to do after its result is posted.
+pub struct Outcome {
+    pub ok: bool,
+    pub output: Value,
+    pub error: Option<String>,
+    pub then_kexec: bool,
+}
+
+impl Outcome {
+    fn ok(output: Value) -> Self {
+        Self {
+            ok: true,
+            output,
+            error: None,
+            then_kexec: false,
+        }
+    }
+
+    fn failed(output: Value, error: String) -> Self {
+        Self {
+            ok: false,
+            output,
+            error: Some(error),
+            then_kexec: false,
+        }
+    }
+}
+
+/// Runs one ramdisk command (blocking: disk and network I/O).
+pub fn execute(cfg: &AgentConfig, image_keys: &[VerifyingKey], cmd: &AgentCommand) -> Outcome {
+    let p = &cmd.params;
+    match cmd.kind.as_str() {
+        "inventory" => Outcome::ok(crate::inventory::collect(&cfg.disks)),
+        "disk.wipe" => {
+            let method: crate::wipe::Method =
+                match serde_json::from_value(p.get("mode").cloned().unwrap_or(json!("quick"))) {
+                    Ok(m) => m,
+                    Err(e) => return Outcome::failed(json!({}), format!("disk.wipe mode: {e}")),
+                };
+            let found = match disks::discover(&cfg.disks) {
+                Ok(d) if !d.is_empty() => d,
+                Ok(_) => return Outcome::failed(json!({}), "no disks found".into()),
+                Err(e) => return Outcome::failed(json!({}), format!("finding disks: {e}")),
+            };
+            let reports: Vec<Value> = found
+                .iter()
+                .map(|d| {
+                    tracing::info!(disk = %d.name, size = d.size_bytes, ?method, "wiping");
+                    let r = crate::wipe::wipe_disk(d, method, cfg.wipe_stripes);
+                    tracing::info!(disk = %d.name, outcome = %r.outcome, reason = ?r.reason, seconds = r.seconds, "wiped");
+                    serde_json::to_value(r).unwrap_or(Value::Null)
+                })
+                .collect();
+            Outcome::ok(json!({ "disks": reports }))
+        }
+        "deploy.image" => {
+            let manifest: crate::image::Manifest =
+                match serde_json::from_value(p.get("image").cloned().unwrap_or(Value::Null)) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        return Outcome::failed(json!({}), format!("deploy.image image: {e}"))
+                    }
+                };
+            let disk = match disks::discover(&cfg.disks) {
+                Ok(d) => match p.get("disk").and_then(Value::as_str) {
+                    Some(name) => d.into_iter().find(|x| x.name == name),
+                    None => d.into_iter().next(),
+                },
+                Err(e) => return Outcome::failed(json!({}), format!("finding disks: {e}")),
+            };
+            let Some(disk) = disk else {
+                return Outcome::failed(json!({}), "no target disk".into());
+            };
+            let opts = crate::image::DeployOptions {
+                proxy: cfg.proxy.clone(),
+                max_held_bytes: None,
+            };
+            let mut last = 0u64;
+            let mut progress = |done: u64, total: u64| {
+                let pct = done * 100 / total.max(1);
+                if pct >= last + 10 {
+                    last = pct;
+                    tracing::info!(done, total, "deploy.image {pct}%");
+                }
+            };
+            match crate::image::deploy(&manifest, image_keys, &disk, &opts, &mut progress) {
+                Ok(r) => Outcome::ok(serde_json::to_value(r).unwrap_or(Value::Null)),
+                Err(e) => Outcome::failed(json!({ "disk": disk.name }), e.to_string()),
+            }
+        }
+        "diag.dcgm" => {
+            let (ok, output, error) =
+                crate::dcgm::run(p.get("level").and_then(Value::as_u64).unwrap_or(2));
+            Outcome {
+                ok,
+                output,
+                error,
+                then_kexec: false,
+            }
+        }
+        "boot.kexec" => match serde_json::from_value::<crate::kexec::KexecParams>(p.clone()) {
+            Err(e) => Outcome::failed(json!({}), format!("boot.kexec: {e}")),
+            Ok(k) => match crate::kexec::load(&k) {
+                Ok(()) => Outcome {
+                    ok: true,
+                    output: json!({ "loaded": k.kernel }),
+                    error: None,
+                    then_kexec: true,
+                },
+                Err(e) => Outcome::failed(json!({}), e),
+            },
+        },
+        other => Outcome::failed(json!({}), format!("unsupported command {other}")),
+    }
+}
+
+/// Signs and builds the result of `cmd`.
+pub fn signed_result(key: &SigningKey, node: &str, cmd: &AgentCommand, o: &Outcome) -> AgentResult {
+    let finished_at = chrono::Utc::now();
+    let input = bcm_pki::signing_input(&bcm_pki::SignedFacts {
+        command_id: &cmd.command_id,
+        node_id: node,
+        kind: &cmd.kind,
+        params: &cmd.params,
+        issued_at: cmd.issued_at,
+        ok: o.ok,
+        output: &o.output,
+        error: o.error.as_deref(),
+        finished_at,
+    });
+    AgentResult {
+        command_id: cmd.command_id.clone(),
+        ok: o.ok,
+        retryable: false,
+        output: o.output.clone(),
+        error: o.error.clone(),
+        finished_at,
+        signature: Some(
+            base64::engine::general_purpose::STANDARD.encode(key.sign(&input).to_bytes()),
+        ),
+    }
+}
+
+async fn post_result(
+    http: &reqwest::Client,
+    api: &str,
+    session: &str,
+    result: &AgentResult,
+    stop: &CancellationToken,
+) -> Result<(), AgentError> {
+    let mut attempt = 0;
+    loop {
+        let sent = http
+            .post(format!("{api}/api/agent/results"))
+            .bearer_auth(session)
+            .json(result)
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            Ok(r) if r.status().as_u16() == 401 => return Err(AgentError::SessionEnded),
+            Ok(r) if r.status().is_client_error() => {
+                // Refused for good (a signature the control plane rejects,
+                // an unknown command): retrying cannot change that.
+                let status = r.status();
+                let text = r.text().await.unwrap_or_default();
+                tracing::error!(command = %result.command_id, %status, %text, "result refused");
+                return Ok(());
+            }
+            Ok(r) => tracing::warn!(status = %r.status(), "posting a result: retrying"),
+            Err(e) => tracing::warn!(error = %e, "posting a result: retrying"),
+        }
+        attempt += 1;
+        tokio::select! {
+            _ = stop.cancelled() => return Err(AgentError::SessionEnded),
+            _ = tokio::time::sleep(backoff(attempt)) => {}
+        }
+    }
+}
+
+/// Runs the ramdisk agent until `stop` or the session ends.
+pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<(), AgentError> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| AgentError::JoinRefused(e.to_string()))?;
+    let session = join(&http, &cfg, &stop).await?;
+    let node = session.joined.node_id.clone();
+    let token = session.joined.session_token.clone();
+    let hb_stop = stop.child_token();
+    tokio::spawn(heartbeat(
+        http.clone(),
+        cfg.api.clone(),
+        token.clone(),
+        cfg.role.clone(),
+        cfg.heartbeat,
+        hb_stop.clone(),
+    ));
+    let cfg = Arc::new(cfg);
+    let keys = Arc::new(session.image_keys.clone());
+    // Results of commands already run, by id: a command is never run twice.
+    let mut done: HashMap<String, AgentResult> = HashMap::new();
+    let mut attempt = 0;
+    while !stop.is_cancelled() && !hb_stop.is_cancelled() {
+        let polled = tokio::select! {
+            _ = stop.cancelled() => break,
+            r = http.get(format!("{}/api/agent/commands?waitMs=25000", cfg.api)).bearer_auth(&token).send() => r,
+        };
+        let cmds: Vec<AgentCommand> = match polled {
+            Ok(r) if r.status().is_success() => {
+                attempt = 0;
+                r.json().await.unwrap_or_default()
+            }
+            Ok(r) if r.status().as_u16() == 401 => return Err(AgentError::SessionEnded),
+            other => {
+                if let Err(e) = other {
+                    tracing::warn!(error = %e, "polling: retrying");
+                }
+                attempt += 1;
+                tokio::time::sleep(backoff(attempt)).await;
+                continue;
+            }
+        };
+        for cmd in cmds {
+            let result = match done.get(&cmd.command_id) {
+                Some(r) => r.clone(),
+                None => {
+                    tracing::info!(command = %cmd.command_id, kind = %cmd.kind, "running");
+                    let (c, k, command) = (cfg.clone(), keys.clone(), cmd.clone());
+                    let outcome = match tokio::task::spawn_blocking(move || {
+                        execute(&c, &k, &command)
+                    })
+                    .await
+                    {
+                        Ok(o) => o,
+                        Err(e) => Outcome::failed(json!({}), format!("the command panicked: {e}")),
+                    };
+                    let r = signed_result(&session.key, &node, &cmd, &outcome);
+                    done.insert(cmd.command_id.clone(), r.clone());
+                    post_result(&http, &cfg.api, &token, &r, &stop).await?;
+                    if outcome.then_kexec {
+                        tracing::info!("rebooting into the installed kernel");
+                        let why = crate::kexec::exec();
+                        tracing::error!(%why, "kexec failed");
+                    }
+                    continue;
+                }
+            };
+            post_result(&http, &cfg.api, &token, &result, &stop).await?;
+        }
+    }
+    hb_stop.cancel();
+    Ok(())
+}
+
+/// Runs the node agent (installed OS or adopted machine): joins, then
+/// heartbeats with role `node` until `stop`.
+pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), AgentError> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| AgentError::JoinRefused(e.to_string()))?;
+    let session = join(&http, &cfg, &stop).await?;
+    println!("joined as node {}", session.joined.node_id);
+    heartbeat(
+        http,
+        cfg.api.clone(),
+        session.joined.session_token.clone(),
+        "node".into(),
+        cfg.heartbeat,
+        stop,
+    )
+    .await;
+    Ok(())
+}

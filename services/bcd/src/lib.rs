@@ -1,0 +1,17 @@
+//! `bcd`, the on-machine agent. `bcd ramdisk` runs in the inspection
+//! ramdisk: it joins with the token on its kernel command line and runs
+//! `inventory`, `disk.wipe`, `deploy.image`, `boot.kexec` and `diag.dcgm`,
+//! posting node-signed results. `bcd node` is the installed OS's (or an
+//! adopted machine's) agent. One static binary; besides the kernel it needs
+//! nothing a minimal initramfs lacks.
+
+pub mod agent;
+pub mod cmdline;
+pub mod dcgm;
+pub mod disks;
+pub mod image;
+pub mod inventory;
+pub mod kexec;
+pub mod nvme;
+pub mod qcow2;
+pub mod wipe;

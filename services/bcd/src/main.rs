@@ -1,0 +1,146 @@
+//! `bcd`: the on-machine agent's command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bcm_bcd::agent::{self, AgentConfig};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(version, about = "The Better Compute Metal on-machine agent")]
+struct Args {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// The inspection/provisioning ramdisk's agent.
+    Ramdisk {
+        /// The kernel command line (default: read /proc/cmdline).
+        #[arg(long)]
+        cmdline: Option<String>,
+        /// Only these disks (block devices or plain files), for tests.
+        #[arg(long = "disk")]
+        disks: Vec<PathBuf>,
+        /// An extra trusted image-signing key (base64 ed25519).
+        #[arg(long = "image-key")]
+        image_keys: Vec<String>,
+        /// Random stripes read back after a device erase.
+        #[arg(long, default_value_t = 16)]
+        wipe_stripes: usize,
+    },
+    /// The installed OS's or an adopted machine's agent.
+    Node {
+        /// The control plane (default: BCD_API from --env-file).
+        #[arg(long)]
+        api: Option<String>,
+        /// A one-time join token (default: BCD_JOIN_TOKEN from --env-file).
+        #[arg(long)]
+        token: Option<String>,
+        /// The file the rendered user data writes.
+        #[arg(long, default_value = "/etc/bcd/join.env")]
+        env_file: PathBuf,
+        /// What this machine calls itself (adopt).
+        #[arg(long)]
+        hostname: Option<String>,
+    },
+}
+
+fn env_value(text: &str, key: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix(key)
+            .and_then(|v| v.strip_prefix('='))
+            .map(|v| v.trim().trim_matches('"').to_owned())
+    })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        s.cancel();
+    });
+    let args = Args::parse();
+    let ran = match args.mode {
+        Mode::Ramdisk {
+            cmdline,
+            disks,
+            image_keys,
+            wipe_stripes,
+        } => {
+            let line = match cmdline {
+                Some(c) => c,
+                None => std::fs::read_to_string("/proc/cmdline")?,
+            };
+            let Some(boot) = bcm_bcd::cmdline::parse(&line) else {
+                anyhow::bail!("the kernel command line has no bcm.node, bcm.api and bcm.join");
+            };
+            let mut keys = vec![];
+            for k in &image_keys {
+                keys.push(bcm_pki::image::parse_public_key(k).ok_or_else(|| {
+                    anyhow::anyhow!("--image-key {k:?} is not a base64 ed25519 key")
+                })?);
+            }
+            agent::run_ramdisk(
+                AgentConfig {
+                    api: boot.api,
+                    node: Some(boot.node),
+                    join_token: boot.join,
+                    role: "ramdisk".into(),
+                    hostname: None,
+                    disks,
+                    image_keys: keys,
+                    proxy: boot.proxy,
+                    heartbeat: Duration::from_secs(10),
+                    wipe_stripes,
+                },
+                stop,
+            )
+            .await
+        }
+        Mode::Node {
+            api,
+            token,
+            env_file,
+            hostname,
+        } => {
+            let file = std::fs::read_to_string(&env_file).unwrap_or_default();
+            let api = api.or_else(|| env_value(&file, "BCD_API")).ok_or_else(|| {
+                anyhow::anyhow!("no --api and no BCD_API in {}", env_file.display())
+            })?;
+            let token = token
+                .or_else(|| env_value(&file, "BCD_JOIN_TOKEN"))
+                .ok_or_else(|| {
+                    anyhow::anyhow!("no --token and no BCD_JOIN_TOKEN in {}", env_file.display())
+                })?;
+            agent::run_node(
+                AgentConfig {
+                    api,
+                    node: None,
+                    join_token: token,
+                    role: "node".into(),
+                    hostname,
+                    disks: vec![],
+                    image_keys: vec![],
+                    proxy: None,
+                    heartbeat: Duration::from_secs(10),
+                    wipe_stripes: 0,
+                },
+                stop,
+            )
+            .await
+        }
+    };
+    ran.map_err(|e| anyhow::anyhow!("bcd: {e}"))
+}
