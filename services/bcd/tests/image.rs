@@ -1,0 +1,279 @@
+//! `deploy.image` onto a real loop device from a real HTTP server: a qcow2
+//! made by qemu-img lands byte-identical to `qemu-img convert -O raw`, and
+//! so does a raw image; a tampered image is refused and what was written is
+//! zeroed; a manifest with a wrong sha256, one signed by an unknown key and
+//! an unsigned one are refused before the disk is touched.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use bcm_bcd::disks;
+use bcm_bcd::image::{self, DeployOptions, Format, ImageError, Manifest};
+use ed25519_dalek::SigningKey;
+use sha2::{Digest, Sha256};
+use support::*;
+
+type Files = Arc<std::sync::Mutex<HashMap<String, Vec<u8>>>>;
+
+/// A plain HTTP server of in-memory files, on a thread of its own.
+fn serve(files: Files) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(async move {
+            let app = axum::Router::new().route(
+                "/{name}",
+                axum::routing::get(
+                    move |axum::extract::Path(name): axum::extract::Path<String>| {
+                        let files = files.clone();
+                        async move {
+                            let body = files.lock().ok().and_then(|f| f.get(&name).cloned());
+                            match body {
+                                Some(b) => (axum::http::StatusCode::OK, b),
+                                None => (axum::http::StatusCode::NOT_FOUND, vec![]),
+                            }
+                        }
+                    },
+                ),
+            );
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let _ = tx.send(format!("http://{}", l.local_addr().expect("addr")));
+            let _ = axum::serve(l, app).await;
+        });
+    });
+    rx.recv().expect("server")
+}
+
+fn sha(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}
+
+/// A 96 MiB raw image: random data at a few places, zeros elsewhere.
+fn make_raw(path: &Path) {
+    sparse(path, 96 << 20);
+    let p = path.to_str().expect("path");
+    for (seek, count) in [(0, 2), (17, 3), (50, 1), (95, 1)] {
+        ok(
+            "dd",
+            &[
+                "if=/dev/urandom",
+                &format!("of={p}"),
+                "bs=1M",
+                &format!("seek={seek}"),
+                &format!("count={count}"),
+                "conv=notrunc",
+                "status=none",
+            ],
+        );
+    }
+}
+
+fn manifest(key: &SigningKey, url: &str, format: Format, bytes: &[u8]) -> Manifest {
+    let fmt = match format {
+        Format::Raw => "raw",
+        Format::Qcow2 => "qcow2",
+    };
+    let sha = sha(bytes);
+    Manifest {
+        url: url.to_owned(),
+        format,
+        size_bytes: bytes.len() as u64,
+        sha256: sha.clone(),
+        signature: Some(bcm_pki::image::sign_manifest(
+            key,
+            url,
+            fmt,
+            bytes.len() as u64,
+            &sha,
+        )),
+    }
+}
+
+struct Target {
+    _dir: Scratch,
+    file: std::path::PathBuf,
+    disk: LoopDisk,
+}
+
+/// A 128 MiB loop disk full of junk (so unallocated ranges must be zeroed).
+fn target(name: &str) -> Target {
+    let dir = Scratch::new(name);
+    let file = dir.0.join("target.img");
+    let junk: Vec<u8> = (0..(128u32 << 20)).map(|i| (i % 251) as u8 | 1).collect();
+    std::fs::write(&file, junk).expect("junk");
+    let disk = LoopDisk::attach(&file);
+    Target {
+        _dir: dir,
+        file,
+        disk,
+    }
+}
+
+fn deploy(
+    m: &Manifest,
+    keys: &[ed25519_dalek::VerifyingKey],
+    t: &Target,
+) -> Result<image::DeployReport, ImageError> {
+    let d = disks::describe(&t.disk.dev).expect("describe");
+    image::deploy(m, keys, &d, &DeployOptions::default(), &mut |_, _| {})
+}
+
+#[test]
+fn qcow2_and_raw_images_land_byte_identical_to_qemu_img_convert() {
+    let dir = Scratch::new("img");
+    let raw = dir.0.join("image.raw");
+    make_raw(&raw);
+    let qcow = dir.0.join("image.qcow2");
+    ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "qcow2",
+            raw.to_str().unwrap_or_default(),
+            qcow.to_str().unwrap_or_default(),
+        ],
+    );
+    let expected = dir.0.join("expected.raw");
+    ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "qcow2",
+            "-O",
+            "raw",
+            qcow.to_str().unwrap_or_default(),
+            expected.to_str().unwrap_or_default(),
+        ],
+    );
+    let expected = std::fs::read(&expected).expect("expected");
+
+    let files: Files = Default::default();
+    let qbytes = std::fs::read(&qcow).expect("qcow2");
+    let rbytes = std::fs::read(&raw).expect("raw");
+    files
+        .lock()
+        .expect("files")
+        .insert("image.qcow2".into(), qbytes.clone());
+    files
+        .lock()
+        .expect("files")
+        .insert("image.raw".into(), rbytes.clone());
+    let base = serve(files);
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    let keys = [key.verifying_key()];
+
+    for (name, format, bytes) in [
+        ("image.qcow2", Format::Qcow2, &qbytes),
+        ("image.raw", Format::Raw, &rbytes),
+    ] {
+        let t = target(&format!("t-{name}"));
+        let m = manifest(&key, &format!("{base}/{name}"), format, bytes);
+        let report = deploy(&m, &keys, &t).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(report.virtual_size_bytes, expected.len() as u64, "{name}");
+        assert_eq!(report.image_sha256, m.sha256);
+        let on_disk = std::fs::read(&t.file).expect("target");
+        assert!(
+            on_disk[..expected.len()] == expected[..],
+            "{name}: the target differs from qemu-img convert -O raw"
+        );
+        assert_eq!(report.target_sha256, sha(&expected), "{name}");
+        // Past the image, the disk is untouched.
+        assert_eq!(on_disk[expected.len()], (expected.len() % 251) as u8 | 1);
+    }
+}
+
+#[test]
+fn tampered_images_and_bad_manifests_are_refused() {
+    let dir = Scratch::new("bad");
+    let raw = dir.0.join("image.raw");
+    make_raw(&raw);
+    let qcow = dir.0.join("image.qcow2");
+    ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "qcow2",
+            raw.to_str().unwrap_or_default(),
+            qcow.to_str().unwrap_or_default(),
+        ],
+    );
+    let good = std::fs::read(&qcow).expect("qcow2");
+    // Tampered: one byte of the last data cluster flipped after signing.
+    let mut tampered = good.clone();
+    let at = tampered.len() - 4096;
+    tampered[at] ^= 0x55;
+    let files: Files = Default::default();
+    files
+        .lock()
+        .expect("files")
+        .insert("good.qcow2".into(), good.clone());
+    files
+        .lock()
+        .expect("files")
+        .insert("tampered.qcow2".into(), tampered);
+    let base = serve(files);
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    let keys = [key.verifying_key()];
+
+    // Tampered image under the genuine manifest: refused after streaming,
+    // and every byte written is zeroed again.
+    let t = target("tampered");
+    let mut m = manifest(
+        &key,
+        &format!("{base}/tampered.qcow2"),
+        Format::Qcow2,
+        &good,
+    );
+    let err = deploy(&m, &keys, &t).expect_err("tampered");
+    assert!(matches!(err, ImageError::Rejected(..)), "{err}");
+    assert!(err.to_string().contains("sha256"), "{err}");
+    let on_disk = std::fs::read(&t.file).expect("target");
+    assert!(
+        on_disk[..2 << 20].iter().all(|b| *b == 0),
+        "what was written is zeroed"
+    );
+    drop(t);
+
+    // The other refusals happen before the disk is opened.
+    let t = target("manifests");
+    let before = sha(&std::fs::read(&t.file).expect("target"));
+    m.url = format!("{base}/good.qcow2");
+    let mut wrong_sha = manifest(&key, &m.url, Format::Qcow2, &good);
+    wrong_sha.sha256 = "0".repeat(64);
+    let rogue = SigningKey::generate(&mut rand::rngs::OsRng);
+    let unknown = manifest(&rogue, &m.url, Format::Qcow2, &good);
+    let mut unsigned = manifest(&key, &m.url, Format::Qcow2, &good);
+    unsigned.signature = None;
+    for (what, bad) in [
+        ("wrong sha256", wrong_sha),
+        ("unknown key", unknown),
+        ("unsigned", unsigned),
+    ] {
+        let err = deploy(&bad, &keys, &t).expect_err(what);
+        assert!(
+            matches!(err, ImageError::Untrusted | ImageError::Unsigned),
+            "{what}: {err}"
+        );
+        assert!(
+            err.to_string().contains("nothing was written"),
+            "{what}: {err}"
+        );
+    }
+    assert_eq!(
+        sha(&std::fs::read(&t.file).expect("target")),
+        before,
+        "the disk was not touched"
+    );
+}
