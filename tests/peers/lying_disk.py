@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A disk that lies: a FUSE file system with one file, `disk`, backed by a
-real file. Writes are acknowledged and dropped; reads return the backing
+real file. While `BACKING_FILE.lie` exists, writes are acknowledged and
+dropped; otherwise they reach the backing file. Reads return the backing
 file's bytes. Mounted with direct_io so nothing is served from the page
 cache: what a reader sees is what the "medium" holds.
 
@@ -18,7 +19,7 @@ class LyingDisk(Operations):
     def __init__(self, backing):
         self.backing = backing
         self.size = os.path.getsize(backing)
-        self.fd = os.open(backing, os.O_RDONLY)
+        self.fd = os.open(backing, os.O_RDWR)
 
     def getattr(self, path, fh=None):
         if path == "/":
@@ -39,7 +40,9 @@ class LyingDisk(Operations):
         return os.pread(self.fd, size, offset)
 
     def write(self, path, data, offset, fh):
-        return len(data)  # the lie: acknowledged, never stored
+        if os.path.exists(self.backing + ".lie"):
+            return len(data)  # the lie: acknowledged, never stored
+        return os.pwrite(self.fd, data, offset)
 
     def truncate(self, path, length, fh=None):
         return 0
@@ -48,6 +51,7 @@ class LyingDisk(Operations):
         return 0
 
     def fsync(self, path, datasync, fh):
+        os.fsync(self.fd)
         return 0
 
 

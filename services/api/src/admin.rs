@@ -32,6 +32,9 @@ pub struct PoolRequest {
     /// `bcd` (default) or `none` (agentless).
     #[serde(default)]
     pub agent_mode: Option<String>,
+    /// Commissioning accepts `diag.dcgm` answering `unsupported`.
+    #[serde(default)]
+    pub accept_unsupported_diag: bool,
 }
 
 /// A token to mint.
@@ -122,6 +125,7 @@ pub async fn put_pool(
         site_id: req.site_id,
         hardware_profile: req.hardware_profile,
         agent_mode,
+        accept_unsupported_diag: req.accept_unsupported_diag,
     };
     bcm_db::tenancy::pool_upsert(&app.inner.db, &pool)
         .await

@@ -102,6 +102,10 @@ pub struct SeedPool {
     pub hardware_profile: String,
     #[serde(default = "default_agent_mode")]
     pub agent_mode: String,
+    /// Commissioning accepts `diag.dcgm` answering `unsupported` (a pool
+    /// of machines without GPUs).
+    #[serde(default)]
+    pub accept_unsupported_diag: bool,
 }
 
 fn default_listen() -> SocketAddr {
@@ -302,6 +306,7 @@ async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {
             name: p.id.clone(),
             hardware_profile: p.hardware_profile.clone(),
             agent_mode: p.agent_mode.clone(),
+            accept_unsupported_diag: p.accept_unsupported_diag,
         };
         bcm_db::tenancy::pool_upsert(db, &pool).await?;
     }

@@ -204,7 +204,7 @@ pub fn execute(cfg: &AgentConfig, image_keys: &[VerifyingKey], cmd: &AgentComman
                 .map(|d| {
                     tracing::info!(disk = %d.name, size = d.size_bytes, ?method, "wiping");
                     let r = crate::wipe::wipe_disk(d, method, cfg.wipe_stripes);
-                    tracing::info!(disk = %d.name, outcome = %r.outcome, reason = ?r.reason, seconds = r.seconds, "wiped");
+                    tracing::info!(disk = %d.name, outcome = %r.outcome, reason = ?r.reason, millis = r.millis, "wiped");
                     serde_json::to_value(r).unwrap_or(Value::Null)
                 })
                 .collect();

@@ -77,8 +77,9 @@ pub struct DeployReport {
     pub bytes_written: u64,
     /// sha256 of the target's first `virtualSizeBytes` as read back.
     pub target_sha256: String,
-    pub seconds: f64,
-    pub mb_per_sec: f64,
+    pub millis: u64,
+    /// Downloaded bytes per second.
+    pub bytes_per_sec: u64,
     pub signed_by_key: usize,
 }
 
@@ -319,7 +320,7 @@ pub fn deploy(
         Ok(s) => s,
         Err(why) => return Err(fail(&written, why)),
     };
-    let secs = started.elapsed().as_secs_f64();
+    let millis = started.elapsed().as_millis() as u64;
     Ok(DeployReport {
         disk: disk.name.clone(),
         serial: disk.serial.clone(),
@@ -329,8 +330,8 @@ pub fn deploy(
         virtual_size_bytes: virtual_size,
         bytes_written: written.bytes,
         target_sha256: target_sha,
-        seconds: secs,
-        mb_per_sec: downloaded as f64 / 1e6 / secs.max(1e-9),
+        millis,
+        bytes_per_sec: downloaded * 1000 / millis.max(1),
         signed_by_key,
     })
 }

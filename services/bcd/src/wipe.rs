@@ -67,7 +67,7 @@ pub struct DiskReport {
     pub outcome: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    pub seconds: f64,
+    pub millis: u64,
 }
 
 fn align_down(v: u64) -> u64 {
@@ -185,7 +185,7 @@ pub fn wipe_disk(disk: &Disk, method: Method, stripes: usize) -> DiskReport {
         verified_regions: vec![],
         outcome: "failed".into(),
         reason: None,
-        seconds: 0.0,
+        millis: 0,
     };
     let erased = (|| -> Result<Vec<Region>, String> {
         let file = disks::open_write(disk).map_err(|e| format!("open: {e}"))?;
@@ -232,7 +232,7 @@ pub fn wipe_disk(disk: &Disk, method: Method, stripes: usize) -> DiskReport {
             report.wiped_regions = regions;
         }
     }
-    report.seconds = started.elapsed().as_secs_f64();
+    report.millis = started.elapsed().as_millis() as u64;
     report
 }
 

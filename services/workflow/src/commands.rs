@@ -76,7 +76,10 @@ pub async fn params(
         StepKind::EnsureRamdisk => {
             json!({ "bmc": bmc(tx, node).await?, "bootEntry": boot_entry(tx, cfg, node).await? })
         }
-        StepKind::DiagDcgm { level } => json!({ "level": level }),
+        StepKind::DiagDcgm { level } => json!({
+            "level": level,
+            "acceptUnsupported": bcm_db::tenancy::pool_accepts_unsupported_diag_in_txn(tx, node.pool_id.as_str()).await?,
+        }),
         StepKind::DiskWipe { mode } => json!({ "mode": mode, "verify": true }),
         StepKind::Inventory => json!({}),
         StepKind::DeployImage => {
@@ -181,7 +184,10 @@ pub fn judge(kind: &StepKind, cmd: &bcm_db::commands::CommandRow) -> Verdict {
                     output,
                     wipe_verified: false,
                 }
-            } else if status == "pass" {
+            } else if status == "pass"
+                || (status == "unsupported"
+                    && cmd.params.get("acceptUnsupported") == Some(&Value::Bool(true)))
+            {
                 Verdict {
                     outcome: StepOutcome::Succeeded,
                     output,
@@ -189,6 +195,14 @@ pub fn judge(kind: &StepKind, cmd: &bcm_db::commands::CommandRow) -> Verdict {
                 }
             } else {
                 let message = format!("diag.dcgm reported {status:?}; the pool does not accept it");
+                let message = match output
+                    .as_ref()
+                    .and_then(|o| o.get("reason"))
+                    .and_then(Value::as_str)
+                {
+                    Some(reason) => format!("{message} ({reason})"),
+                    None => message,
+                };
                 Verdict {
                     outcome: StepOutcome::Failed {
                         retryable: false,

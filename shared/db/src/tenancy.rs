@@ -14,6 +14,8 @@ pub struct Pool {
     pub hardware_profile: String,
     /// `bcd` (the ramdisk agent runs) or `none` (agentless).
     pub agent_mode: String,
+    /// Commissioning accepts `diag.dcgm` answering `unsupported` (no GPU).
+    pub accept_unsupported_diag: bool,
 }
 
 /// Creates or renames a tenant.
@@ -43,8 +45,8 @@ pub async fn site_upsert(db: &Db, id: &SiteId, name: &str) -> Result<(), DbError
 /// Creates a pool or updates its policy. A pool never changes tenant.
 pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
     let n = sqlx::query(
-        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode) VALUES ($1, $2, $3, $4, $5, $6) \
-         ON CONFLICT (id) DO UPDATE SET site_id = $3, name = $4, hardware_profile = $5, agent_mode = $6 \
+        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT (id) DO UPDATE SET site_id = $3, name = $4, hardware_profile = $5, agent_mode = $6, accept_unsupported_diag = $7 \
          WHERE pools.tenant_id = $2",
     )
     .bind(p.id.as_str())
@@ -53,6 +55,7 @@ pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
     .bind(&p.name)
     .bind(&p.hardware_profile)
     .bind(&p.agent_mode)
+    .bind(p.accept_unsupported_diag)
     .execute(db.pool())
     .await?
     .rows_affected();
@@ -72,12 +75,13 @@ struct PoolRow {
     name: String,
     hardware_profile: String,
     agent_mode: String,
+    accept_unsupported_diag: bool,
 }
 
 /// Reads a pool.
 pub async fn pool_fetch(db: &Db, id: &PoolId) -> Result<Pool, DbError> {
     let r: PoolRow = sqlx::query_as(
-        "SELECT id, tenant_id, site_id, name, hardware_profile, agent_mode FROM pools WHERE id = $1",
+        "SELECT id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag FROM pools WHERE id = $1",
     )
     .bind(id.as_str())
     .fetch_one(db.pool())
@@ -90,5 +94,20 @@ pub async fn pool_fetch(db: &Db, id: &PoolId) -> Result<Pool, DbError> {
         name: r.name,
         hardware_profile: r.hardware_profile,
         agent_mode: r.agent_mode,
+        accept_unsupported_diag: r.accept_unsupported_diag,
     })
+}
+
+/// Whether a pool accepts `diag.dcgm` answering `unsupported`.
+pub async fn pool_accepts_unsupported_diag_in_txn(
+    tx: &mut crate::Tx<'_>,
+    id: &str,
+) -> Result<bool, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT accept_unsupported_diag FROM pools WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?
+            .unwrap_or(false),
+    )
 }

@@ -162,6 +162,24 @@ mod tests {
     }
 
     #[test]
+    fn floats_survive_a_trip_through_text() {
+        // Stored results come back from Postgres as text and are parsed
+        // again; without serde_json's float_roundtrip some floats parse to
+        // a neighbour and the rebuilt input no longer matches (seen).
+        for x in [
+            1.203_208_91_f64,
+            0.1 + 0.2,
+            1e-7,
+            123_456.789_012_345_6,
+            f64::MAX,
+        ] {
+            let v = serde_json::json!({ "x": x });
+            let back: Value = serde_json::from_str(&v.to_string()).expect("parse");
+            assert_eq!(canonical_json(&v), canonical_json(&back), "{x}");
+        }
+    }
+
+    #[test]
     fn timestamps_keep_microseconds_only() {
         let t: DateTime<Utc> = "2026-11-30T10:00:00.123456789Z".parse().expect("ts");
         assert_eq!(format_ts(t), "2026-11-30T10:00:00.123456Z");

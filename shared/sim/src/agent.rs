@@ -79,6 +79,9 @@ pub async fn ramdisk(
         tracing::info!(%address, "sim ramdisk: never joins (fault)");
         return;
     }
+    if let Some(command) = cfg.ramdisk_command.clone() {
+        return external_ramdisk(&command, &address, &boot, stop).await;
+    }
     let key = SigningKey::generate(&mut rand::rngs::OsRng);
     let session = match join(&http, &boot.api, &boot.join, &key, "ramdisk").await {
         Ok(s) => s,
@@ -139,6 +142,45 @@ pub async fn ramdisk(
             if let Err(e) = posted {
                 tracing::warn!(%address, error = %e, "sim ramdisk: posting a result failed");
             }
+        }
+    }
+}
+
+/// Runs a real ramdisk agent process for the boot; killed at power-off.
+async fn external_ramdisk(
+    command: &[String],
+    address: &str,
+    boot: &BootParams,
+    stop: CancellationToken,
+) {
+    let Some((program, args)) = command.split_first() else {
+        tracing::warn!(%address, "sim: ramdisk_command is empty");
+        return;
+    };
+    let cmdline = format!(
+        "console=ttyS0 bcm.node={} bcm.api={} bcm.join={}",
+        boot.node, boot.api, boot.join
+    );
+    let child = tokio::process::Command::new(program)
+        .args(args)
+        .arg("--cmdline")
+        .arg(&cmdline)
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(%address, %program, error = %e, "sim: the ramdisk agent did not start");
+            return;
+        }
+    };
+    tracing::info!(%address, %program, pid = ?child.id(), "sim machine: booted a real ramdisk agent");
+    tokio::select! {
+        _ = stop.cancelled() => {
+            let _ = child.kill().await;
+        }
+        status = child.wait() => {
+            tracing::info!(%address, ?status, "sim machine: the ramdisk agent exited");
         }
     }
 }

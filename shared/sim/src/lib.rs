@@ -66,6 +66,13 @@ pub struct SimConfig {
     /// booting the kernel command line it names, as real ones do.
     #[serde(default)]
     pub boot_url: Option<String>,
+    /// Boot a real agent as the ramdisk: the program and arguments, to
+    /// which `--cmdline "<kernel command line>"` is appended (e.g. `bcd
+    /// ramdisk --disk /dev/loop3`). The process lives while the simulated
+    /// machine stays powered on in that boot. Without it the simulated
+    /// ramdisk agent runs in-process.
+    #[serde(default)]
+    pub ramdisk_command: Option<Vec<String>>,
 }
 
 fn default_concurrency() -> usize {
@@ -82,6 +89,7 @@ impl SimConfig {
             concurrency: default_concurrency(),
             bmc_service: false,
             boot_service: false,
+            ramdisk_command: None,
             boot_url: None,
         }
     }

@@ -136,15 +136,35 @@ pub fn blkid_finds(dev: &Path, offset: u64) -> bool {
     out.status.success()
 }
 
-/// The FUSE disk that drops writes, mounted until drop.
+/// The FUSE disk that drops writes (while `<backing>.lie` exists),
+/// mounted until drop.
 pub struct LyingDisk {
     pub file: PathBuf,
+    pub backing: PathBuf,
     mnt: PathBuf,
     child: Child,
 }
 
 impl LyingDisk {
+    /// Mounts a disk that lies from the start.
     pub fn mount(backing: &Path, mnt: &Path) -> Self {
+        let d = Self::mount_honest(backing, mnt);
+        d.lie(true);
+        d
+    }
+
+    /// Starts or stops lying.
+    pub fn lie(&self, on: bool) {
+        let flag = PathBuf::from(format!("{}.lie", self.backing.display()));
+        if on {
+            std::fs::write(&flag, b"").expect("flag");
+        } else {
+            let _ = std::fs::remove_file(&flag);
+        }
+    }
+
+    /// Mounts a disk that keeps its writes until told to lie.
+    pub fn mount_honest(backing: &Path, mnt: &Path) -> Self {
         std::fs::create_dir_all(mnt).expect("mnt");
         let python = std::env::var("BCM_SUSHY_PYTHON").unwrap_or_else(|_| {
             root()
@@ -169,6 +189,7 @@ impl LyingDisk {
         assert!(file.exists(), "the FUSE disk did not appear");
         Self {
             file,
+            backing: backing.to_owned(),
             mnt: mnt.to_owned(),
             child,
         }

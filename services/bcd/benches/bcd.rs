@@ -1,0 +1,228 @@
+//! bcd's figures, printed in one run (a benchmark, not a test):
+//!   - `deploy.image` MB/s for a 2 GiB image (half data, half holes), raw
+//!     and qcow2, streamed over loopback HTTP onto a plain-file target,
+//!     against `qemu-img convert` of the same image onto the same kind of
+//!     target;
+//!   - the time of a `quick` wipe (with read-back) of a 100 GiB sparse disk
+//!     on a loop device.
+//! Run: `cargo bench -p bcm-bcd --bench bcd` (root, for losetup).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use bcm_bcd::image::{DeployOptions, Format, Manifest};
+use ed25519_dalek::SigningKey;
+use sha2::{Digest, Sha256};
+
+const GIB: u64 = 1 << 30;
+
+fn sh(cmd: &str, args: &[&str]) {
+    let st = Command::new(cmd).args(args).status().expect(cmd);
+    assert!(st.success(), "{cmd} {args:?}");
+}
+
+fn serve(dir: PathBuf) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().expect("rt");
+        rt.block_on(async move {
+            let app = axum::Router::new().route(
+                "/{name}",
+                axum::routing::get(
+                    move |axum::extract::Path(name): axum::extract::Path<String>| {
+                        let path = dir.join(name);
+                        async move {
+                            match tokio::fs::File::open(path).await {
+                                Ok(f) => {
+                                    axum::response::Response::new(axum::body::Body::from_stream(
+                                        tokio_util::io::ReaderStream::with_capacity(f, 1 << 20),
+                                    ))
+                                }
+                                Err(_) => axum::response::Response::builder()
+                                    .status(404)
+                                    .body(axum::body::Body::empty())
+                                    .unwrap_or_default(),
+                            }
+                        }
+                    },
+                ),
+            );
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let _ = tx.send(format!("http://{}", l.local_addr().expect("addr")));
+            let _ = axum::serve(l, app).await;
+        });
+    });
+    rx.recv().expect("server")
+}
+
+fn sha_file(p: &Path) -> String {
+    let mut f = std::fs::File::open(p).expect("open");
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).expect("hash");
+    hex::encode(h.finalize())
+}
+
+fn main() {
+    let dir = std::env::temp_dir().join(format!("bcd-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let raw = dir.join("image.raw");
+    let qcow = dir.join("image.qcow2");
+    // 2 GiB virtual: 1 GiB of random data in 64 MiB runs, holes between.
+    std::fs::File::create(&raw)
+        .expect("raw")
+        .set_len(2 * GIB)
+        .expect("len");
+    for i in 0..16u64 {
+        sh(
+            "dd",
+            &[
+                "if=/dev/urandom",
+                &format!("of={}", raw.display()),
+                "bs=4M",
+                &format!("seek={}", i * 32),
+                "count=16",
+                "conv=notrunc",
+                "status=none",
+            ],
+        );
+    }
+    sh(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "qcow2",
+            &raw.display().to_string(),
+            &qcow.display().to_string(),
+        ],
+    );
+    let base = serve(dir.clone());
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    println!("bcd benchmark (2 cores; loopback HTTP; plain-file targets on the same disk)");
+    println!(
+        "{:<28} {:>10} {:>10} {:>12}",
+        "case", "bytes", "seconds", "MB/s"
+    );
+    for (name, format, path) in [("raw", Format::Raw, &raw), ("qcow2", Format::Qcow2, &qcow)] {
+        let bytes = std::fs::metadata(path).expect("meta").len();
+        let sha = sha_file(path);
+        let url = format!(
+            "{base}/{}",
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+        );
+        let fmt = if format == Format::Raw {
+            "raw"
+        } else {
+            "qcow2"
+        };
+        let m = Manifest {
+            signature: Some(bcm_pki::image::sign_manifest(&key, &url, fmt, bytes, &sha)),
+            url,
+            format,
+            size_bytes: bytes,
+            sha256: sha,
+        };
+        let target = dir.join(format!("target-{name}.img"));
+        std::fs::File::create(&target)
+            .expect("t")
+            .set_len(2 * GIB)
+            .expect("len");
+        let disk = bcm_bcd::disks::describe(&target).expect("describe");
+        let t0 = Instant::now();
+        let r = bcm_bcd::image::deploy(
+            &m,
+            &[key.verifying_key()],
+            &disk,
+            &DeployOptions::default(),
+            &mut |_, _| {},
+        )
+        .expect("deploy");
+        let s = t0.elapsed().as_secs_f64();
+        println!(
+            "{:<28} {:>10} {:>10.2} {:>12.1}",
+            format!("bcd deploy.image {name}"),
+            bytes,
+            s,
+            bytes as f64 / 1e6 / s
+        );
+        println!(
+            "{:<28} {:>10} {:>10} {:>12.1}",
+            format!("  (virtual {name})"),
+            r.virtual_size_bytes,
+            "",
+            r.virtual_size_bytes as f64 / 1e6 / s
+        );
+        let qt = dir.join(format!("qemu-{name}.img"));
+        std::fs::File::create(&qt)
+            .expect("t")
+            .set_len(2 * GIB)
+            .expect("len");
+        let t0 = Instant::now();
+        sh(
+            "qemu-img",
+            &[
+                "convert",
+                "-n",
+                "-f",
+                fmt,
+                "-O",
+                "raw",
+                &path.display().to_string(),
+                &qt.display().to_string(),
+            ],
+        );
+        sh("sync", &[]);
+        let s = t0.elapsed().as_secs_f64();
+        println!(
+            "{:<28} {:>10} {:>10.2} {:>12.1}",
+            format!("qemu-img convert {name}"),
+            bytes,
+            s,
+            bytes as f64 / 1e6 / s
+        );
+        let _ = std::fs::remove_file(&target);
+        let _ = std::fs::remove_file(&qt);
+    }
+    // Quick wipe of a 100 GiB sparse disk on a loop device.
+    let big = dir.join("big.img");
+    std::fs::File::create(&big)
+        .expect("big")
+        .set_len(100 * GIB)
+        .expect("len");
+    let out = Command::new("losetup")
+        .args(["--show", "-f", &big.display().to_string()])
+        .output()
+        .expect("losetup");
+    let (dev, attached) = if out.status.success() {
+        (
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()),
+            true,
+        )
+    } else {
+        (big.clone(), false)
+    };
+    let disk = bcm_bcd::disks::describe(&dev).expect("describe");
+    let t0 = Instant::now();
+    let r = bcm_bcd::wipe::wipe_disk(&disk, bcm_bcd::wipe::Method::Quick, 16);
+    let s = t0.elapsed().as_secs_f64();
+    println!(
+        "quick wipe of a 100 GiB sparse {} ({}): {:.2} s, outcome {}, {} regions read back",
+        if attached { "loop device" } else { "file" },
+        dev.display(),
+        s,
+        r.outcome,
+        r.verified_regions.len()
+    );
+    if attached {
+        sh("losetup", &["-d", &dev.display().to_string()]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
