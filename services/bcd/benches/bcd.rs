@@ -5,6 +5,7 @@
 //!     target;
 //!   - the time of a `quick` wipe (with read-back) of a 100 GiB sparse disk
 //!     on a loop device.
+//!
 //! Run: `cargo bench -p bcm-bcd --bench bcd` (root, for losetup).
 
 use std::path::{Path, PathBuf};
