@@ -115,7 +115,7 @@ pub async fn heartbeat(
     Body(hb): Body<Heartbeat>,
 ) -> Result<axum::http::StatusCode, ApiError> {
     let mut tx = app.inner.db.begin().await?;
-    bcm_db::agents::node_fact_upsert_in_txn(
+    bcm_db::agents::node_fact_merge_in_txn(
         &mut tx,
         &agent.node_id,
         &format!("agent:{}", agent.purpose),

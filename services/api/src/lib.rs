@@ -10,6 +10,7 @@ pub mod agent;
 pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod join_tokens;
 pub mod openapi;
 pub mod reads;
 pub mod relay;
@@ -184,6 +185,7 @@ pub struct Inner {
 pub fn router(state: AppState) -> Router {
     let metal = axum::Router::<AppState>::new()
         .route("/enroll", post(verbs::enroll))
+        .route("/joinTokens", post(join_tokens::create))
         .route("/manage", post(verbs::manage))
         .route("/inspect", post(verbs::inspect))
         .route("/provide", post(verbs::provide))

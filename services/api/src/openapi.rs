@@ -4,7 +4,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::{admin, reads, verbs};
+use crate::{admin, join_tokens, reads, verbs};
 
 struct Bearer;
 
@@ -25,6 +25,7 @@ impl Modify for Bearer {
     paths(
         verbs::enroll, verbs::manage, verbs::inspect, verbs::provide, verbs::deploy, verbs::undeploy,
         verbs::rescue, verbs::unrescue, verbs::abort, verbs::recover, verbs::retire, verbs::power, verbs::rotate_credentials,
+        join_tokens::create,
         reads::get_node, reads::list_nodes,
         admin::put_tenant, admin::put_site, admin::put_pool, admin::create_token,
     ),

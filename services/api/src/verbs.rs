@@ -175,6 +175,11 @@ pub async fn enroll(
         },
         || format!("pool {}", pool.id),
     )?;
+    if req.bmc.driver == BmcDriver::None {
+        return Err(ApiError::invalid(
+            "bmc.driver none: enroll needs a BMC; adopt a machine with a join token (joinTokens) instead",
+        ));
+    }
     check_text("bmc.address", &req.bmc.address, 255)?;
     check_text("bmc.username", req.bmc.username.expose_secret(), 255)?;
     if req.bmc.password.expose_secret().is_empty() || req.bmc.password.expose_secret().len() > 1024
@@ -336,6 +341,14 @@ async fn run_verb(
         rotation_pending: node.bmc_pending_secret_id.is_some(),
     };
     let t = apply(facts, Move::Verb(verb))?;
+    if node.bmc_driver == BmcDriver::None
+        && matches!(extra, Extra::Power { .. } | Extra::Rotate { .. })
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidConfig,
+            format!("node {} was adopted and has no BMC", node.id),
+        ));
+    }
     let s = a.bus.subjects();
     let mut rows: Vec<NewOutboxMessage> = vec![];
     let result = if let Extra::Rotate { password } = extra {

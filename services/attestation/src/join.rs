@@ -21,6 +21,7 @@ pub fn role_of(purpose: &str) -> Option<&'static str> {
 /// Joins an agent.
 pub async fn join(
     db: &Db,
+    subjects: &bcm_bus::Subjects,
     ca: &Ca,
     cfg: &AttestationConfig,
     req: &JoinRequest,
@@ -45,9 +46,7 @@ pub async fn join(
     let node_id = match scope {
         TokenScope::Node(n) => n,
         TokenScope::Pool(pool) => {
-            return Err(AttestError::Invalid(format!(
-                "pool {pool}: adopt tokens are not accepted yet"
-            )))
+            crate::adopt::create_node_in_txn(db, &mut tx, subjects, &pool).await?
         }
     };
     let now = Utc::now();
@@ -92,7 +91,7 @@ pub async fn join(
         &mut tx,
         &node_id,
         &format!("agent:{purpose}"),
-        &serde_json::json!({ "role": req.role, "event": "join", "certSerial": issued.serial }),
+        &serde_json::json!({ "role": req.role, "event": "join", "certSerial": issued.serial, "hostname": req.hostname }),
     )
     .await?;
     bcm_db::workflows::steps_wake_for_node_in_txn(&mut tx, &node_id).await?;

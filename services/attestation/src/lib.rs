@@ -8,6 +8,7 @@
 //! does not verify). Join tokens are minted by [`tokens`] inside the
 //! caller's transaction; [`revoke`] ends a node's identity.
 
+pub mod adopt;
 pub mod ca_store;
 pub mod error;
 pub mod join;

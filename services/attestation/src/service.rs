@@ -17,6 +17,7 @@ use crate::{AttestError, AttestationConfig};
 
 struct Ctx {
     db: Db,
+    subjects: bcm_bus::Subjects,
     ca: Ca,
     cfg: AttestationConfig,
     client: async_nats::Client,
@@ -45,7 +46,9 @@ async fn answer(ctx: Arc<Ctx>, msg: async_nats::Message, join: bool) {
     };
     let payload = if join {
         match serde_json::from_slice::<AttestJoin>(&msg.payload) {
-            Ok(req) => reply(crate::join::join(&ctx.db, &ctx.ca, &ctx.cfg, &req.join).await),
+            Ok(req) => {
+                reply(crate::join::join(&ctx.db, &ctx.subjects, &ctx.ca, &ctx.cfg, &req.join).await)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "malformed attest.join dropped");
                 reply::<()>(Err(AttestError::Invalid(format!("malformed request: {e}"))))
@@ -88,6 +91,7 @@ pub async fn run(
         .map_err(|e| AttestError::Config(format!("subscribing: {e}")))?;
     let ctx = Arc::new(Ctx {
         db,
+        subjects: bus.subjects().clone(),
         ca,
         cfg,
         client,

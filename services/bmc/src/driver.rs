@@ -105,6 +105,9 @@ impl Driver {
             BmcDriver::Sim => Err(BmcError::Unsupported(
                 "unsupported-driver: sim (the simulated site serves it)".into(),
             )),
+            BmcDriver::None => Err(BmcError::Unsupported(
+                "unsupported-driver: none (an adopted machine has no BMC)".into(),
+            )),
         }
     }
 

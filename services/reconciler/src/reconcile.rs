@@ -53,7 +53,17 @@ pub async fn node(
             rescue_booting: false,
             rotation_pending: node.bmc_pending_secret_id.is_some(),
         };
-        match decide(facts, summary.as_ref()) {
+        let action = if node.provision_state == ProvisionState::Adopting {
+            let id = node.id.to_string();
+            let certs = bcm_db::agents::certs_live_count_in_txn(&mut tx, &id).await?;
+            let role_node = bcm_db::agents::node_fact_fetch_in_txn(&mut tx, &id, "agent:node")
+                .await?
+                .is_some_and(|f| f.get("role").and_then(|r| r.as_str()) == Some("node"));
+            bcm_core::reconcile::decide_adoption(certs, role_node)
+        } else {
+            decide(facts, summary.as_ref())
+        };
+        match action {
             ReconcileAction::Idle | ReconcileAction::Wait => break,
             ReconcileAction::StartWorkflow => {
                 let profile = match node.provision_state {

@@ -91,6 +91,7 @@ pub const fn max_password(driver: BmcDriver) -> usize {
     match driver {
         BmcDriver::Ipmi => 20,
         BmcDriver::Redfish | BmcDriver::Sim => 64,
+        BmcDriver::None => 0,
     }
 }
 

@@ -72,10 +72,12 @@ wire_enum!(
 );
 
 wire_enum!(
-    /// The BMC driver a node is managed with. `sim` is the simulated BMC.
+    /// The BMC driver a node is managed with. `sim` is the simulated BMC;
+    /// `none` is an adopted machine, which has no BMC on record.
     BmcDriver {
         Redfish = "redfish",
         Ipmi = "ipmi",
         Sim = "sim",
+        None = "none",
     }
 );

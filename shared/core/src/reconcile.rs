@@ -38,6 +38,22 @@ pub enum ReconcileAction {
 /// The profile id of `metal-unrescue`.
 pub const UNRESCUE_PROFILE: &str = "metal-unrescue";
 
+/// The pool's acceptance checks of an adopting node (server-side, no
+/// workflow): its own OS's agent joined with role `node` and holds a live
+/// certificate. Passed: complete (→ `adopted`); not yet: wait.
+pub fn decide_adoption(live_node_certs: i64, agent_role_node: bool) -> ReconcileAction {
+    if live_node_certs > 0 && agent_role_node {
+        ReconcileAction::Apply {
+            mv: Move::Complete {
+                wipe_verified: false,
+            },
+            last_error: None,
+        }
+    } else {
+        ReconcileAction::Idle
+    }
+}
+
 /// Decides what to do for a node with `facts` whose current workflow is `wf`.
 pub fn decide(facts: NodeFacts, wf: Option<&WorkflowSummary>) -> ReconcileAction {
     if !facts.state.is_workflow_driven() {
@@ -86,6 +102,17 @@ mod tests {
             wipe_verified: verified,
             error: None,
         }
+    }
+
+    #[test]
+    fn adoption_completes_only_with_a_joined_node_agent() {
+        assert_eq!(decide_adoption(0, true), ReconcileAction::Idle);
+        assert_eq!(decide_adoption(1, false), ReconcileAction::Idle);
+        let ReconcileAction::Apply { mv, .. } = decide_adoption(1, true) else {
+            panic!("expected a move");
+        };
+        let t = apply(NodeFacts::at(Adopting), mv).expect("legal");
+        assert_eq!(t.to, Adopted);
     }
 
     #[test]

@@ -132,6 +132,31 @@ pub async fn certs_live_count(db: &Db, node_id: &str) -> Result<i64, DbError> {
     .await?)
 }
 
+/// How many live certificates a node has, in a transaction.
+pub async fn certs_live_count_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<i64, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL AND not_after > now()",
+    )
+    .bind(node_id)
+    .fetch_one(&mut **tx)
+    .await?)
+}
+
+/// Reads what an agent reported, in a transaction.
+pub async fn node_fact_fetch_in_txn(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+    kind: &str,
+) -> Result<Option<serde_json::Value>, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT data FROM node_facts WHERE node_id = $1 AND kind = $2")
+            .bind(node_id)
+            .bind(kind)
+            .fetch_optional(&mut **tx)
+            .await?,
+    )
+}
+
 /// A live certificate by serial.
 pub async fn cert_fetch_live_in_txn(
     tx: &mut Tx<'_>,
@@ -230,6 +255,26 @@ pub async fn node_fact_upsert_in_txn(
     sqlx::query(
         "INSERT INTO node_facts (node_id, kind, data) VALUES ($1, $2, $3) \
          ON CONFLICT (node_id, kind) DO UPDATE SET data = $3, updated_at = now()",
+    )
+    .bind(node_id)
+    .bind(kind)
+    .bind(data)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Merges keys into what an agent reported of `kind` (a heartbeat keeps
+/// what the join recorded).
+pub async fn node_fact_merge_in_txn(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+    kind: &str,
+    data: &serde_json::Value,
+) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO node_facts (node_id, kind, data) VALUES ($1, $2, $3) \
+         ON CONFLICT (node_id, kind) DO UPDATE SET data = node_facts.data || $3, updated_at = now()",
     )
     .bind(node_id)
     .bind(kind)

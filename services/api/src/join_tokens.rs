@@ -1,0 +1,91 @@
+//! `POST /api/compute/metal/joinTokens`: a one-time `node` token for
+//! adopting a machine into a pool (install `bcd node` on it with the
+//! token; it joins, becomes a node in `adopting`, and the pool's acceptance
+//! checks move it to `adopted`). Needs `compute:pools:enroll` on the pool.
+//! Only the token's hash is stored; the token is shown once.
+
+use axum::extract::State;
+use axum::Json;
+use bcm_core::authz::{Action, Placement};
+use bcm_core::{ErrorCode, PoolId, TenantId};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::auth::Principal;
+use crate::error::{ApiError, ApiErrorBody};
+use crate::extract::Body;
+use crate::AppState;
+
+/// A join token to mint.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinTokenRequest {
+    #[schema(value_type = String)]
+    pub tenant_id: TenantId,
+    #[schema(value_type = String)]
+    pub pool_id: PoolId,
+    /// Lifetime, 60 s to 7 days; 1 hour by default.
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+}
+
+/// A minted join token: shown once.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinTokenView {
+    pub token: String,
+    pub purpose: String,
+    pub pool_id: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// `POST /api/compute/metal/joinTokens`.
+#[utoipa::path(post, path = "/api/compute/metal/joinTokens", request_body = JoinTokenRequest, tag = "metal",
+    responses((status = 200, body = JoinTokenView), (status = "4XX", body = ApiErrorBody)),
+    security(("bearer" = [])))]
+pub async fn create(
+    State(app): State<AppState>,
+    who: Principal,
+    Body(req): Body<JoinTokenRequest>,
+) -> Result<Json<JoinTokenView>, ApiError> {
+    let a = &app.inner;
+    let pool = match bcm_db::tenancy::pool_fetch(&a.db, &req.pool_id).await {
+        Ok(p) if p.tenant_id == req.tenant_id => p,
+        Ok(_) | Err(bcm_db::DbError::NotFound) => {
+            return Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!("pool {} not found in tenant {}", req.pool_id, req.tenant_id),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    who.require(
+        Action::PoolsEnroll,
+        &Placement {
+            tenant: pool.tenant_id.clone(),
+            pool: pool.id.clone(),
+        },
+        || format!("pool {}", pool.id),
+    )?;
+    let ttl = req.ttl_secs.unwrap_or(3600);
+    if !(60..=7 * 24 * 3600).contains(&ttl) {
+        return Err(ApiError::invalid("ttlSecs must be 60 to 604800"));
+    }
+    let expires_at = Utc::now() + chrono::Duration::seconds(ttl as i64);
+    let mut tx = a.db.begin().await?;
+    let token = bcm_attestation::tokens::mint_in_txn(
+        &mut tx,
+        "node",
+        &bcm_db::agents::TokenScope::Pool(pool.id.to_string()),
+        expires_at,
+    )
+    .await?;
+    tx.commit().await.map_err(bcm_db::DbError::from)?;
+    tracing::info!(pool = %pool.id, "minted an adopt join token");
+    Ok(Json(JoinTokenView {
+        token,
+        purpose: "node".into(),
+        pool_id: pool.id.to_string(),
+        expires_at,
+    }))
+}

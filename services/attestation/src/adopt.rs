@@ -1,0 +1,81 @@
+//! The adopt path's first half: a machine with its own OS joins with a
+//! pool's `node` token and becomes a node in `adopting` (no BMC on record),
+//! created in the join's transaction with its `node.enrolled` and
+//! `node.provision.adopting` events and a reconcile request; the reconciler
+//! runs the pool's acceptance checks and moves it to `adopted`.
+
+use bcm_bus::messages;
+use bcm_bus::Subjects;
+use bcm_core::{BmcDriver, NodeId, PowerState, ProvisionState};
+use bcm_db::nodes::Node;
+use bcm_db::{Db, Tx};
+
+use crate::AttestError;
+
+/// Creates the node an adopt join is for; its id.
+pub async fn create_node_in_txn(
+    db: &Db,
+    tx: &mut Tx<'_>,
+    subjects: &Subjects,
+    pool_id: &str,
+) -> Result<String, AttestError> {
+    let pool = bcm_db::tenancy::pool_fetch(
+        db,
+        &pool_id
+            .parse()
+            .map_err(|_| AttestError::Invalid(format!("pool {pool_id} is malformed")))?,
+    )
+    .await?;
+    let now = chrono::Utc::now();
+    let node = Node {
+        id: NodeId::generate(),
+        tenant_id: pool.tenant_id.clone(),
+        pool_id: pool.id.clone(),
+        site_id: pool.site_id.clone(),
+        provision_state: ProvisionState::Adopting,
+        failed_from: None,
+        last_error: None,
+        maintenance: false,
+        power: PowerState::Unknown,
+        role: None,
+        bmc_driver: BmcDriver::None,
+        bmc_address: String::new(),
+        bmc_secret_id: None,
+        bmc_tls: None,
+        bmc_pending_secret_id: None,
+        bmc_rotation_command_id: None,
+        macs: vec![],
+        hardware_profile: pool.hardware_profile.clone(),
+        workflow_id: None,
+        deploy_profile: None,
+        release_wipe: None,
+        unrescue_pending: false,
+        version: 1,
+        created_at: now,
+        updated_at: now,
+    };
+    let enrolled = bcm_metal::outbox::event(
+        subjects,
+        &node,
+        messages::types::NODE_ENROLLED,
+        messages::NodeEnrolled {
+            node_id: node.id,
+            tenant_id: node.tenant_id.clone(),
+            pool_id: node.pool_id.clone(),
+            site_id: node.site_id.clone(),
+            bmc_driver: node.bmc_driver,
+            bmc_address: node.bmc_address.clone(),
+            hardware_profile: node.hardware_profile.clone(),
+            version: node.version,
+        },
+    );
+    let rows = vec![
+        enrolled,
+        bcm_metal::outbox::provision_event(subjects, &node, None, "adopt"),
+        bcm_metal::outbox::reconcile(subjects, &node, "adopt"),
+    ];
+    bcm_db::nodes::node_insert_in_txn(tx, &node).await?;
+    bcm_db::outbox::outbox_insert_in_txn(tx, &rows).await?;
+    tracing::info!(node = %node.id, pool = %node.pool_id, "adopting a machine that joined with a pool token");
+    Ok(node.id.to_string())
+}

@@ -1,0 +1,116 @@
+//! The adopt path with the real `bcd node`: a pool's one-time `node` token
+//! (minted through the API) lets a machine with its own OS join; it becomes
+//! a node in `adopting`, the reconciler's acceptance checks move it to
+//! `adopted`, the token cannot be used twice, and BMC verbs on a node
+//! without a BMC are INVALID_CONFIG.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use bcm_core::ProvisionState;
+use bcm_testkit::{Options, TestEnv};
+use serde_json::json;
+use tokio::io::AsyncBufReadExt;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bcd_node_with_a_pool_token_is_adopted() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let (status, body) = env
+        .post(
+            "/api/compute/metal/joinTokens",
+            Some(&env.admin_token),
+            &json!({"tenantId": "a", "poolId": "a-pool", "ttlSecs": 600}),
+        )
+        .await
+        .expect("post");
+    assert_eq!(status, 200, "{body}");
+    let token = body["token"].as_str().expect("token").to_owned();
+    // Another tenant's pool is not found.
+    let (status, _) = env
+        .post(
+            "/api/compute/metal/joinTokens",
+            Some(&env.admin_token),
+            &json!({"tenantId": "a", "poolId": "b-pool"}),
+        )
+        .await
+        .expect("post");
+    assert_eq!(status, 404);
+
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bcd"))
+        .args([
+            "node",
+            "--api",
+            &env.base,
+            "--token",
+            &token,
+            "--hostname",
+            "db-7",
+        ])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("bcd node");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("joined in time")
+        .expect("read")
+        .expect("a line");
+    let node: bcm_core::NodeId = line
+        .strip_prefix("joined as node ")
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    let adopted = env
+        .wait_state(&node, ProvisionState::Adopted, Duration::from_secs(30))
+        .await
+        .expect("adopted");
+    assert_eq!(adopted.pool_id.as_str(), "a-pool");
+    assert_eq!(adopted.bmc_driver, bcm_core::BmcDriver::None);
+    assert_eq!(
+        bcm_db::agents::certs_live_count(&env.db, &node.to_string())
+            .await
+            .expect("certs"),
+        1
+    );
+    let fact = bcm_db::agents::node_fact_fetch(&env.db, &node.to_string(), "agent:node")
+        .await
+        .expect("fact")
+        .expect("agent fact");
+    assert_eq!(fact["hostname"], json!("db-7"));
+
+    // The token was spent.
+    let again = tokio::process::Command::new(env!("CARGO_BIN_EXE_bcd"))
+        .args(["node", "--api", &env.base, "--token", &token])
+        .output()
+        .await
+        .expect("bcd node again");
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("unknown, used or expired join token"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    // No BMC: power is INVALID_CONFIG and changes nothing.
+    let (status, body) = env.verb("power", &node, json!({"action": "on"})).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("INVALID_CONFIG")),
+        "{body}"
+    );
+    // Enrolling without a BMC is refused.
+    let (status, _) = env
+        .post(
+            "/api/compute/metal/enroll",
+            Some(&env.admin_token),
+            &json!({"tenantId": "a", "poolId": "a-pool",
+                "bmc": {"driver": "none", "address": "x", "username": "u", "password": "p"}}),
+        )
+        .await
+        .expect("post");
+    assert_eq!(status, 400);
+    let _ = child.kill().await;
+    env.stop();
+}
