@@ -115,6 +115,10 @@ struct Written {
 
 impl Written {
     fn record(&mut self, file: &std::fs::File, guest: u64, data: &[u8]) -> std::io::Result<()> {
+        if data.iter().all(|b| *b == 0) {
+            // A run of zeros is a hole: zeroed (fast) with the others.
+            return Ok(());
+        }
         file.write_all_at(data, guest)?;
         // Writes are chunk-aligned and at most one chunk long.
         self.digests.insert(guest / self.chunk, digest(data));

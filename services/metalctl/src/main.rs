@@ -70,6 +70,14 @@ enum Cmd {
         #[arg(long, env = "BCM_BMC_NEW_PASSWORD", hide_env_values = true)]
         password: Option<String>,
     },
+    /// Mint a one-time token that adopts a machine with its own OS into a
+    /// pool: run `bcd node --api <url> --token <token>` on it.
+    JoinToken {
+        #[arg(long)]
+        pool: String,
+        #[arg(long, default_value_t = 3600)]
+        ttl_secs: u64,
+    },
     /// List nodes.
     List {
         #[arg(long)]
@@ -314,6 +322,26 @@ async fn run() -> anyhow::Result<()> {
         }
         Cmd::RotateCredentials { node, password } => {
             verb("rotateCredentials", node, json!({"password": password}))
+        }
+        Cmd::JoinToken { pool, ttl_secs } => {
+            let body = json!({"tenantId": tenant, "poolId": pool, "ttlSecs": ttl_secs});
+            let v = api
+                .call(
+                    reqwest::Method::POST,
+                    "/api/compute/metal/joinTokens",
+                    Some(body),
+                )
+                .await?;
+            match cli.output {
+                Output::Json => emit(serde_json::to_string_pretty(&v).unwrap_or_default()),
+                Output::Table => emit(format!(
+                    "token {}\npool {}\nexpires {}\n(shown once; run `bcd node --api <control plane> --token <token>` on the machine)",
+                    v["token"].as_str().unwrap_or_default(),
+                    v["poolId"].as_str().unwrap_or_default(),
+                    v["expiresAt"].as_str().unwrap_or_default()
+                )),
+            }
+            return Ok(());
         }
         Cmd::List { pool, state } => {
             let mut items = vec![];

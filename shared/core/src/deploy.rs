@@ -45,6 +45,11 @@ pub struct ImageRef {
     /// Lower-case hex SHA-256 of the image as served.
     pub sha256: String,
     pub size_bytes: u64,
+    /// The publisher's ed25519 signature (base64) over the manifest (url,
+    /// format, size, sha256); `bcd` refuses an unsigned or untrusted
+    /// manifest before it touches the disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
 }
 
 /// A versioned tenant deploy profile.
@@ -225,6 +230,7 @@ mod tests {
                 format: ImageFormat::Raw,
                 sha256: "a".repeat(64),
                 size_bytes: 1 << 20,
+                signature: None,
             },
             user_data: DEFAULT_USER_DATA.into(),
         }
