@@ -10,10 +10,10 @@ cd "$root"
 RUSTFLAGS="-C target-feature=+crt-static" \
   cargo build --release -p bcm-bcd --bin bcd --target "$target" --target-dir "$root/target/static" >&2
 bin="$root/target/static/$target/release/bcd"
-if ldd "$bin" >/dev/null 2>&1; then
+if ! ldd "$bin" 2>&1 | grep -qE "statically linked|not a dynamic executable"; then
   echo "build-static: $bin is dynamically linked" >&2
   exit 1
 fi
 mkdir -p "$out"
-install -m 0755 "$bin" "$out/bcd"
+install -m 0755 -s "$bin" "$out/bcd"
 sha256sum "$out/bcd"

@@ -240,10 +240,25 @@ pub fn execute(cfg: &AgentConfig, image_keys: &[VerifyingKey], cmd: &AgentComman
                     tracing::info!(done, total, "deploy.image {pct}%");
                 }
             };
-            match crate::image::deploy(&manifest, image_keys, &disk, &opts, &mut progress) {
-                Ok(r) => Outcome::ok(serde_json::to_value(r).unwrap_or(Value::Null)),
-                Err(e) => Outcome::failed(json!({ "disk": disk.name }), e.to_string()),
+            let report =
+                match crate::image::deploy(&manifest, image_keys, &disk, &opts, &mut progress) {
+                    Ok(r) => r,
+                    Err(e) => return Outcome::failed(json!({ "disk": disk.name }), e.to_string()),
+                };
+            let mut out = serde_json::to_value(&report).unwrap_or(Value::Null);
+            if let Some(user_data) = p.get("userData").and_then(Value::as_str) {
+                let node = cfg.node.as_deref().unwrap_or_default();
+                match crate::seed::write_nocloud(&disk, user_data, node) {
+                    Ok(seed) => out["userData"] = serde_json::to_value(seed).unwrap_or(Value::Null),
+                    Err(e) => return Outcome::failed(
+                        out,
+                        format!(
+                            "the image was written and verified, but its user data was not: {e}"
+                        ),
+                    ),
+                }
             }
+            Outcome::ok(out)
         }
         "diag.dcgm" => {
             let (ok, output, error) =

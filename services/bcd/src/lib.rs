@@ -1,6 +1,7 @@
 //! `bcd`, the on-machine agent. `bcd ramdisk` runs in the inspection
 //! ramdisk: it joins with the token on its kernel command line and runs
-//! `inventory`, `disk.wipe`, `deploy.image`, `boot.kexec` and `diag.dcgm`,
+//! `inventory`, `disk.wipe`, `deploy.image` (with the profile's user data
+//! as a NoCloud seed on the installed root), `boot.kexec` and `diag.dcgm`,
 //! posting node-signed results. `bcd node` is the installed OS's (or an
 //! adopted machine's) agent. One static binary; besides the kernel it needs
 //! nothing a minimal initramfs lacks.
@@ -14,4 +15,5 @@ pub mod inventory;
 pub mod kexec;
 pub mod nvme;
 pub mod qcow2;
+pub mod seed;
 pub mod wipe;

@@ -87,7 +87,20 @@ pub struct LoopDisk {
 
 impl LoopDisk {
     pub fn attach(file: &Path) -> Self {
-        let out = run("losetup", &["--show", "-f", file.to_str().expect("path")]);
+        Self::attach_with(file, &[])
+    }
+
+    /// Attached with partition scanning (`losetup -P`): the kernel makes
+    /// `<dev>p1`… when the partition table is re-read.
+    pub fn attach_partscan(file: &Path) -> Self {
+        Self::attach_with(file, &["-P"])
+    }
+
+    fn attach_with(file: &Path, extra: &[&str]) -> Self {
+        let mut args = vec!["--show", "-f"];
+        args.extend_from_slice(extra);
+        args.push(file.to_str().expect("path"));
+        let out = run("losetup", &args);
         if out.status.success() {
             let dev = String::from_utf8_lossy(&out.stdout).trim().to_owned();
             Self {
