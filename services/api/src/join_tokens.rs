@@ -6,8 +6,7 @@
 
 use axum::extract::State;
 use axum::Json;
-use bcm_core::authz::{Action, Placement};
-use bcm_core::{ErrorCode, PoolId, TenantId};
+use bcm_core::{PoolId, TenantId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -49,24 +48,7 @@ pub async fn create(
     Body(req): Body<JoinTokenRequest>,
 ) -> Result<Json<JoinTokenView>, ApiError> {
     let a = &app.inner;
-    let pool = match bcm_db::tenancy::pool_fetch(&a.db, &req.pool_id).await {
-        Ok(p) if p.tenant_id == req.tenant_id => p,
-        Ok(_) | Err(bcm_db::DbError::NotFound) => {
-            return Err(ApiError::new(
-                ErrorCode::NotFound,
-                format!("pool {} not found in tenant {}", req.pool_id, req.tenant_id),
-            ))
-        }
-        Err(e) => return Err(e.into()),
-    };
-    who.require(
-        Action::PoolsEnroll,
-        &Placement {
-            tenant: pool.tenant_id.clone(),
-            pool: pool.id.clone(),
-        },
-        || format!("pool {}", pool.id),
-    )?;
+    let pool = crate::verbs::pool_to_enroll_into(a, &who, &req.tenant_id, &req.pool_id).await?;
     let ttl = req.ttl_secs.unwrap_or(3600);
     if !(60..=7 * 24 * 3600).contains(&ttl) {
         return Err(ApiError::invalid("ttlSecs must be 60 to 604800"));

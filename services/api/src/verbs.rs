@@ -138,6 +138,35 @@ fn check_mac(mac: &str) -> Result<String, ApiError> {
     }
 }
 
+/// The pool `pool_id` of `tenant`, if the caller may enroll (or adopt)
+/// machines into it; another tenant's pool is NOT_FOUND.
+pub(crate) async fn pool_to_enroll_into(
+    a: &crate::Inner,
+    who: &Principal,
+    tenant: &TenantId,
+    pool_id: &PoolId,
+) -> Result<bcm_db::tenancy::Pool, ApiError> {
+    let pool = match bcm_db::tenancy::pool_fetch(&a.db, pool_id).await {
+        Ok(p) if p.tenant_id == *tenant => p,
+        Ok(_) | Err(bcm_db::DbError::NotFound) => {
+            return Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!("pool {pool_id} not found in tenant {tenant}"),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    who.require(
+        Action::PoolsEnroll,
+        &Placement {
+            tenant: pool.tenant_id.clone(),
+            pool: pool.id.clone(),
+        },
+        || format!("pool {}", pool.id),
+    )?;
+    Ok(pool)
+}
+
 fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
     if v.trim().is_empty() || v.chars().count() > max || v.chars().any(char::is_control) {
         return Err(ApiError::invalid(format!(
@@ -157,24 +186,7 @@ pub async fn enroll(
     Body(req): Body<EnrollRequest>,
 ) -> Result<Json<NodeView>, ApiError> {
     let a = &app.inner;
-    let pool = match bcm_db::tenancy::pool_fetch(&a.db, &req.pool_id).await {
-        Ok(p) if p.tenant_id == req.tenant_id => p,
-        Ok(_) | Err(bcm_db::DbError::NotFound) => {
-            return Err(ApiError::new(
-                ErrorCode::NotFound,
-                format!("pool {} not found in tenant {}", req.pool_id, req.tenant_id),
-            ))
-        }
-        Err(e) => return Err(e.into()),
-    };
-    who.require(
-        Action::PoolsEnroll,
-        &Placement {
-            tenant: pool.tenant_id.clone(),
-            pool: pool.id.clone(),
-        },
-        || format!("pool {}", pool.id),
-    )?;
+    let pool = pool_to_enroll_into(a, &who, &req.tenant_id, &req.pool_id).await?;
     if req.bmc.driver == BmcDriver::None {
         return Err(ApiError::invalid(
             "bmc.driver none: enroll needs a BMC; adopt a machine with a join token (joinTokens) instead",
@@ -245,27 +257,7 @@ pub async fn enroll(
         created_at: now,
         updated_at: now,
     };
-    let s = a.bus.subjects();
-    let enrolled = outbox::event(
-        s,
-        &node,
-        messages::types::NODE_ENROLLED,
-        messages::NodeEnrolled {
-            node_id: node.id,
-            tenant_id: node.tenant_id.clone(),
-            pool_id: node.pool_id.clone(),
-            site_id: node.site_id.clone(),
-            bmc_driver: node.bmc_driver,
-            bmc_address: node.bmc_address.clone(),
-            hardware_profile: node.hardware_profile.clone(),
-            version: node.version,
-        },
-    );
-    let rows = vec![
-        enrolled,
-        outbox::provision_event(s, &node, None, "enroll"),
-        outbox::reconcile(s, &node, "enroll"),
-    ];
+    let rows = outbox::created(a.bus.subjects(), &node, "enroll");
     let mut tx = a.db.begin().await?;
     bcm_db::secrets::secret_insert_in_txn(&mut tx, &secret).await?;
     nodes::node_insert_in_txn(&mut tx, &node).await?;

@@ -4,7 +4,6 @@
 //! `node.provision.adopting` events and a reconcile request; the reconciler
 //! runs the pool's acceptance checks and moves it to `adopted`.
 
-use bcm_bus::messages;
 use bcm_bus::Subjects;
 use bcm_core::{BmcDriver, NodeId, PowerState, ProvisionState};
 use bcm_db::nodes::Node;
@@ -54,26 +53,7 @@ pub async fn create_node_in_txn(
         created_at: now,
         updated_at: now,
     };
-    let enrolled = bcm_metal::outbox::event(
-        subjects,
-        &node,
-        messages::types::NODE_ENROLLED,
-        messages::NodeEnrolled {
-            node_id: node.id,
-            tenant_id: node.tenant_id.clone(),
-            pool_id: node.pool_id.clone(),
-            site_id: node.site_id.clone(),
-            bmc_driver: node.bmc_driver,
-            bmc_address: node.bmc_address.clone(),
-            hardware_profile: node.hardware_profile.clone(),
-            version: node.version,
-        },
-    );
-    let rows = vec![
-        enrolled,
-        bcm_metal::outbox::provision_event(subjects, &node, None, "adopt"),
-        bcm_metal::outbox::reconcile(subjects, &node, "adopt"),
-    ];
+    let rows = bcm_metal::outbox::created(subjects, &node, "adopt");
     bcm_db::nodes::node_insert_in_txn(tx, &node).await?;
     bcm_db::outbox::outbox_insert_in_txn(tx, &rows).await?;
     tracing::info!(node = %node.id, pool = %node.pool_id, "adopting a machine that joined with a pool token");

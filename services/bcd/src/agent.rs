@@ -250,12 +250,14 @@ pub fn execute(cfg: &AgentConfig, image_keys: &[VerifyingKey], cmd: &AgentComman
                 let node = cfg.node.as_deref().unwrap_or_default();
                 match crate::seed::write_nocloud(&disk, user_data, node) {
                     Ok(seed) => out["userData"] = serde_json::to_value(seed).unwrap_or(Value::Null),
-                    Err(e) => return Outcome::failed(
-                        out,
-                        format!(
+                    Err(e) => {
+                        return Outcome::failed(
+                            out,
+                            format!(
                             "the image was written and verified, but its user data was not: {e}"
                         ),
-                    ),
+                        )
+                    }
                 }
             }
             Outcome::ok(out)

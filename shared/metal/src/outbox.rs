@@ -36,6 +36,31 @@ pub fn event<T: Serialize>(
     row(outgoing::event(subjects, about(node), ty, data))
 }
 
+/// The rows a new node is created with: `node.enrolled`,
+/// `node.provision.<state>` (moved by `move_name`) and a reconcile request.
+pub fn created(subjects: &Subjects, node: &Node, move_name: &str) -> Vec<NewOutboxMessage> {
+    let enrolled = event(
+        subjects,
+        node,
+        messages::types::NODE_ENROLLED,
+        messages::NodeEnrolled {
+            node_id: node.id,
+            tenant_id: node.tenant_id.clone(),
+            pool_id: node.pool_id.clone(),
+            site_id: node.site_id.clone(),
+            bmc_driver: node.bmc_driver,
+            bmc_address: node.bmc_address.clone(),
+            hardware_profile: node.hardware_profile.clone(),
+            version: node.version,
+        },
+    );
+    vec![
+        enrolled,
+        provision_event(subjects, node, None, move_name),
+        reconcile(subjects, node, move_name),
+    ]
+}
+
 /// `node.provision.<state>` for the node as it is now.
 pub fn provision_event(
     subjects: &Subjects,
