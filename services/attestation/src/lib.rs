@@ -21,7 +21,7 @@ use serde::Deserialize;
 use std::path::PathBuf;
 
 pub use error::AttestError;
-pub use service::run;
+pub use service::{run, start};
 
 /// Configuration of the attestation service.
 #[derive(Debug, Clone, Deserialize)]

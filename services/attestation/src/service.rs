@@ -75,6 +75,20 @@ pub async fn run(
     cfg: AttestationConfig,
     shutdown: CancellationToken,
 ) -> Result<(), AttestError> {
+    let running = start(db, bus, cfg, shutdown).await?;
+    let _ = running.await;
+    Ok(())
+}
+
+/// Loads the CA and subscribes (flushed: the server knows the
+/// subscriptions when this returns), then answers requests in a task until
+/// `shutdown`.
+pub async fn start(
+    db: Db,
+    bus: Bus,
+    cfg: AttestationConfig,
+    shutdown: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, AttestError> {
     let ca = crate::ca_store::load(&cfg)?;
     let client = bus.client().clone();
     let s = bus.subjects();
@@ -89,6 +103,10 @@ pub async fn run(
     let mut results = sub("result")
         .await
         .map_err(|e| AttestError::Config(format!("subscribing: {e}")))?;
+    client
+        .flush()
+        .await
+        .map_err(|e| AttestError::Config(format!("subscribing: {e}")))?;
     let ctx = Arc::new(Ctx {
         db,
         subjects: bus.subjects().clone(),
@@ -97,15 +115,16 @@ pub async fn run(
         client,
     });
     tracing::info!("attestation service ready");
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            Some(m) = joins.next() => { tokio::spawn(answer(ctx.clone(), m, true)); }
-            Some(m) = results.next() => { tokio::spawn(answer(ctx.clone(), m, false)); }
-            else => break,
+    Ok(tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                Some(m) = joins.next() => { tokio::spawn(answer(ctx.clone(), m, true)); }
+                Some(m) = results.next() => { tokio::spawn(answer(ctx.clone(), m, false)); }
+                else => break,
+            }
         }
-    }
-    let _ = joins.unsubscribe().await;
-    let _ = results.unsubscribe().await;
-    Ok(())
+        let _ = joins.unsubscribe().await;
+        let _ = results.unsubscribe().await;
+    }))
 }

@@ -199,33 +199,15 @@ impl TestEnv {
         self.shutdown.child_token()
     }
 
-    /// Starts an attestation service and waits until it answers; returns
-    /// its stop token.
+    /// Starts an attestation service (subscribed when this returns);
+    /// returns its stop token.
     pub async fn spawn_attestation(
         &self,
         cfg: bcm_attestation::AttestationConfig,
     ) -> anyhow::Result<CancellationToken> {
         let stop = self.shutdown.child_token();
         let (db, bus) = (self.db.clone(), self.state.inner.bus.clone());
-        let s = stop.clone();
-        tokio::spawn(async move {
-            if let Err(e) = bcm_attestation::run(db, bus, cfg, s).await {
-                tracing::error!(error = %e, "attestation service stopped");
-            }
-        });
-        // Answered (even with an error) once it subscribed.
-        let subject = self.state.inner.bus.subjects().attest("join");
-        eventually(Duration::from_secs(10), || async {
-            let r = self
-                .state
-                .inner
-                .bus
-                .client()
-                .request(subject.clone(), "{}".into())
-                .await;
-            Ok(r.ok().map(|_| ()))
-        })
-        .await?;
+        bcm_attestation::start(db, bus, cfg, stop.clone()).await?;
         Ok(stop)
     }
 
