@@ -1,5 +1,6 @@
-//! Recording an agent's result: written to the command row, re-read, and
-//! (when signed) verified against the stored row in the same transaction;
+//! Recording an agent's result: written to the command row (the UPDATE
+//! returns the row as stored), and (when signed) verified against that
+//! stored row in the same transaction;
 //! a signature that does not verify rolls everything back and is refused.
 //! A repeated post of an answered command changes nothing.
 
@@ -28,19 +29,6 @@ pub async fn record(
                 .map_err(|_| AttestError::Invalid("signature is not base64".into()))
         })
         .transpose()?;
-    let mut tx = db.begin().await?;
-    let cmd = match bcm_db::commands::command_fetch_for_update_in_txn(&mut tx, &r.command_id).await
-    {
-        Ok(c) if c.node_id.as_deref() == Some(req.node_id.as_str()) => c,
-        Ok(_) | Err(bcm_db::DbError::NotFound) => return Err(AttestError::NoSuchCommand),
-        Err(e) => return Err(e.into()),
-    };
-    if cmd.status != "pending" && cmd.status != "sent" {
-        return Ok(ResultRecorded {
-            recorded: false,
-            attested_by: cmd.attested_by,
-        });
-    }
     let body = serde_json::json!({
         "ok": r.ok,
         "retryable": r.retryable,
@@ -48,12 +36,33 @@ pub async fn record(
         "error": r.error,
         "finishedAt": bcm_pki::format_ts(r.finished_at),
     });
-    bcm_db::commands::command_complete_in_txn(&mut tx, &cmd.id, r.ok, &body, signature.as_deref())
-        .await?;
+    let mut tx = db.begin().await?;
+    // One statement writes the result and hands back the row as stored.
+    let stored = bcm_db::commands::command_complete_returning_in_txn(
+        &mut tx,
+        &r.command_id,
+        &req.node_id,
+        r.ok,
+        &body,
+        signature.as_deref(),
+    )
+    .await?;
+    let Some(cmd) = stored else {
+        // Not this node's, unknown, or answered already (a repeat post).
+        return match bcm_db::commands::command_fetch_in_txn(&mut tx, &r.command_id).await {
+            Ok(c) if c.node_id.as_deref() == Some(req.node_id.as_str()) => Ok(ResultRecorded {
+                recorded: false,
+                attested_by: c.attested_by,
+            }),
+            Ok(_) | Err(bcm_db::DbError::NotFound) => Err(AttestError::NoSuchCommand),
+            Err(e) => Err(e.into()),
+        };
+    };
     let attested_by = if signature.is_some() {
-        let stored = bcm_db::commands::command_fetch_in_txn(&mut tx, &cmd.id).await?;
-        let certs = bcm_db::agents::certs_live_of_node_in_txn(&mut tx, &req.node_id).await?;
-        let serial = match crate::verify::verify_stored(ca, &stored, &certs, Utc::now()) {
+        let mut certs = bcm_db::agents::certs_live_of_node_in_txn(&mut tx, &req.node_id).await?;
+        // The session's own certificate first: it is the one that signed.
+        certs.sort_by_key(|c| c.serial != req.cert_serial);
+        let serial = match crate::verify::verify_stored(ca, &cmd, &certs, Utc::now()) {
             Ok(serial) => serial,
             #[cfg(feature = "accept-ingested-attestation")]
             Err(why) if cfg.accept_ingested => {

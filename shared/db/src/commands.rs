@@ -122,6 +122,30 @@ pub async fn command_fetch_for_update_in_txn(
     .await?)
 }
 
+/// Records the result of one of `node_id`'s unanswered commands and returns
+/// the row as stored (JSONB normalised), or `None` when the command is not
+/// the node's, unknown, or already answered.
+pub async fn command_complete_returning_in_txn(
+    tx: &mut Tx<'_>,
+    id: &str,
+    node_id: &str,
+    succeeded: bool,
+    result: &serde_json::Value,
+    signature: Option<&[u8]>,
+) -> Result<Option<CommandRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "UPDATE commands SET status = $3, result = $4, signature = $5, completed_at = now() \
+         WHERE id = $1 AND node_id = $2 AND status IN ('pending', 'sent') RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(node_id)
+    .bind(if succeeded { "succeeded" } else { "failed" })
+    .bind(result)
+    .bind(signature)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
 /// Records that a command's signature verified against certificate `serial`.
 pub async fn command_attest_in_txn(tx: &mut Tx<'_>, id: &str, serial: &str) -> Result<(), DbError> {
     sqlx::query("UPDATE commands SET attested_by = $2, attested_at = now() WHERE id = $1")
