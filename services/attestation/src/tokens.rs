@@ -6,9 +6,6 @@ use bcm_db::agents::TokenScope;
 use bcm_db::{DbError, Tx};
 use chrono::{DateTime, Utc};
 
-/// The purposes of a join token.
-pub const PURPOSES: [&str; 3] = ["discovery", "provisioned", "node"];
-
 /// Mints a token of `purpose` for `scope`, live until `expires_at`.
 pub async fn mint_in_txn(
     tx: &mut Tx<'_>,

@@ -289,9 +289,4 @@ impl DirectReader {
         }
         Ok(())
     }
-
-    /// Whether reads bypass the page cache with O_DIRECT.
-    pub fn is_direct(&self) -> bool {
-        self.direct
-    }
 }

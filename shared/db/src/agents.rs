@@ -157,20 +157,6 @@ pub async fn node_fact_fetch_in_txn(
     )
 }
 
-/// A live certificate by serial.
-pub async fn cert_fetch_live_in_txn(
-    tx: &mut Tx<'_>,
-    serial: &str,
-) -> Result<Option<CertRow>, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {CERT_COLUMNS} FROM node_certs \
-         WHERE serial = $1 AND revoked_at IS NULL AND not_after > now()"
-    ))
-    .bind(serial)
-    .fetch_optional(&mut **tx)
-    .await?)
-}
-
 /// Every live (unrevoked, unexpired) certificate of a node.
 pub async fn certs_live_of_node_in_txn(
     tx: &mut Tx<'_>,
