@@ -73,9 +73,6 @@ pub async fn params(
         }
         StepKind::BootEntrySet => json!({ "bootEntry": boot_entry(tx, cfg, node).await? }),
         StepKind::BootEntryClear => json!({ "macs": node.macs }),
-        StepKind::EnsureRamdisk => {
-            json!({ "bmc": bmc(tx, node).await?, "bootEntry": boot_entry(tx, cfg, node).await? })
-        }
         StepKind::DiagDcgm { level } => json!({
             "level": level,
             "acceptUnsupported": bcm_db::tenancy::pool_accepts_unsupported_diag_in_txn(tx, node.pool_id.as_str()).await?,

@@ -470,23 +470,6 @@ async fn advance(
                 return Ok(None);
             }
             let verdict = commands::judge(kind, &cmd);
-            if *kind == StepKind::EnsureRamdisk && verdict.outcome == StepOutcome::Succeeded {
-                // The site booted it; the step ends when the ramdisk joined.
-                let joined = bcm_db::agents::node_fact_since_in_txn(
-                    tx,
-                    &node.id.to_string(),
-                    "agent:discovery",
-                    started,
-                )
-                .await?;
-                if joined.is_none() {
-                    if deadline_passed {
-                        return Ok(Some((StepOutcome::TimedOut, None, false)));
-                    }
-                    steps[pos].due_at = Some(now + join_poll);
-                    return Ok(None);
-                }
-            }
             Ok(Some((
                 verdict.outcome,
                 verdict.output,

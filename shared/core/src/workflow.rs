@@ -60,8 +60,6 @@ pub enum StepKind {
     WaitRamdiskJoin,
     /// The ramdisk reports its inventory.
     Inventory,
-    /// The rescue/maintenance ramdisk is booted and joined (boot entry, PXE, power cycle, join).
-    EnsureRamdisk,
     /// GPU diagnostics at a level (`dcgmi diag -r <level>`).
     DiagDcgm { level: u8 },
     /// Wipe every disk with `mode` and verify by read-back.
@@ -96,8 +94,7 @@ impl StepKind {
             | StepKind::BmcBootPxe { .. }
             | StepKind::BmcBootDisk { .. }
             | StepKind::BmcPower { .. }
-            | StepKind::BmcPowerOff
-            | StepKind::EnsureRamdisk => StepTarget::Site,
+            | StepKind::BmcPowerOff => StepTarget::Site,
             StepKind::WaitOsJoin { .. } => StepTarget::Node,
             StepKind::Inventory
             | StepKind::DiagDcgm { .. }
@@ -119,7 +116,6 @@ impl StepKind {
             StepKind::BmcPower { .. } | StepKind::BmcPowerOff => "bmc.power",
             StepKind::WaitRamdiskJoin => "metal.waitRamdiskJoin",
             StepKind::Inventory => "inventory",
-            StepKind::EnsureRamdisk => "metal.ensureRamdisk",
             StepKind::DiagDcgm { .. } => "diag.dcgm",
             StepKind::DiskWipe { .. } => "disk.wipe",
             StepKind::DeployImage => "deploy.image",
@@ -140,7 +136,6 @@ impl StepKind {
                 | StepKind::BmcPowerOff
                 | StepKind::BmcBootPxe { .. }
                 | StepKind::BmcBootDisk { .. }
-                | StepKind::EnsureRamdisk
         )
     }
 }
@@ -238,6 +233,26 @@ fn boot_cleanup() -> Vec<StepDef> {
     ]
 }
 
+/// `metal.ensureRamdisk`: the steps that boot the ramdisk and wait for it
+/// to join — a boot entry with a fresh join token, PXE once, a power cycle
+/// (on when off), the join. Each is its own step so a real site's `boot`
+/// and `bmc` services each do their part, and a retry repeats only the
+/// part that failed.
+pub fn ensure_ramdisk() -> Vec<StepDef> {
+    vec![
+        step("prepare-boot-entry", StepKind::BootEntrySet, 60),
+        step("pxe-once", StepKind::BmcBootPxe { persistent: false }, 120),
+        step(
+            "power-cycle",
+            StepKind::BmcPower {
+                action: PowerAction::Cycle,
+            },
+            300,
+        ),
+        step("wait-ramdisk-join", StepKind::WaitRamdiskJoin, 1_200),
+    ]
+}
+
 /// `metal-enroll` v1: verify the BMC, inspect out of band, store PXE MACs.
 pub fn metal_enroll() -> Profile {
     Profile {
@@ -252,55 +267,48 @@ pub fn metal_enroll() -> Profile {
     }
 }
 
-/// `metal-inspect` v1: PXE-boot the ramdisk and collect inventory in band.
+/// `metal-inspect` v2: PXE-boot the ramdisk and collect inventory in band.
 pub fn metal_inspect() -> Profile {
+    let mut steps = ensure_ramdisk();
+    steps.extend([
+        step("collect-inventory", StepKind::Inventory, 600),
+        power_off(),
+        step("clear-boot-entry", StepKind::BootEntryClear, 60),
+    ]);
     Profile {
         id: "metal-inspect".into(),
-        version: 1,
-        steps: vec![
-            step("prepare-boot-entry", StepKind::BootEntrySet, 60),
-            step("pxe-once", StepKind::BmcBootPxe { persistent: false }, 120),
-            step(
-                "power-on",
-                StepKind::BmcPower {
-                    action: PowerAction::Cycle,
-                },
-                300,
-            ),
-            step("wait-ramdisk-join", StepKind::WaitRamdiskJoin, 1_200),
-            step("collect-inventory", StepKind::Inventory, 600),
-            power_off(),
-            step("clear-boot-entry", StepKind::BootEntryClear, 60),
-        ],
+        version: 2,
+        steps,
         cleanup: boot_cleanup(),
     }
 }
 
-/// `metal-commission` v1: ramdisk, DCGM level 2, quick wipe, power off.
+/// `metal-commission` v2: ramdisk, DCGM level 2, quick wipe, power off.
 pub fn metal_commission() -> Profile {
+    let mut steps = ensure_ramdisk();
+    steps.extend([
+        once("dcgm-diag", StepKind::DiagDcgm { level: 2 }, 3_600),
+        once(
+            "quick-wipe",
+            StepKind::DiskWipe {
+                mode: WipeMode::Quick,
+            },
+            7_200,
+        ),
+        power_off(),
+        step("clear-boot-entry", StepKind::BootEntryClear, 60),
+    ]);
     Profile {
         id: "metal-commission".into(),
-        version: 1,
-        steps: vec![
-            step("ensure-ramdisk", StepKind::EnsureRamdisk, 1_800),
-            once("dcgm-diag", StepKind::DiagDcgm { level: 2 }, 3_600),
-            once(
-                "quick-wipe",
-                StepKind::DiskWipe {
-                    mode: WipeMode::Quick,
-                },
-                7_200,
-            ),
-            power_off(),
-            step("clear-boot-entry", StepKind::BootEntryClear, 60),
-        ],
+        version: 2,
+        steps,
         cleanup: boot_cleanup(),
     }
 }
 
-/// `metal-release` v1: ramdisk, wipe with `mode` verified, power off.
+/// `metal-release` v2: ramdisk, wipe with `mode` verified, power off.
 pub fn metal_release(mode: WipeMode) -> Profile {
-    let mut steps = vec![step("ensure-ramdisk", StepKind::EnsureRamdisk, 1_800)];
+    let mut steps = ensure_ramdisk();
     if mode != WipeMode::None {
         steps.push(once("wipe", StepKind::DiskWipe { mode }, 86_400));
     }
@@ -308,18 +316,18 @@ pub fn metal_release(mode: WipeMode) -> Profile {
     steps.push(step("clear-boot-entry", StepKind::BootEntryClear, 60));
     Profile {
         id: "metal-release".into(),
-        version: 1,
+        version: 2,
         steps,
         cleanup: boot_cleanup(),
     }
 }
 
-/// `metal-rescue` v1: one `metal.ensureRamdisk` step.
+/// `metal-rescue` v2: `metal.ensureRamdisk` (its four steps).
 pub fn metal_rescue() -> Profile {
     Profile {
         id: "metal-rescue".into(),
-        version: 1,
-        steps: vec![step("ensure-ramdisk", StepKind::EnsureRamdisk, 1_800)],
+        version: 2,
+        steps: ensure_ramdisk(),
         cleanup: vec![],
     }
 }
@@ -353,26 +361,27 @@ pub fn metal_unrescue() -> Profile {
     }
 }
 
-/// `metal-retire` v1: crypto-erase, power off, revoke identity, forget
+/// `metal-retire` v2: crypto-erase, power off, revoke identity, forget
 /// BMC credentials.
 pub fn metal_retire() -> Profile {
+    let mut steps = ensure_ramdisk();
+    steps.extend([
+        once(
+            "crypto-erase",
+            StepKind::DiskWipe {
+                mode: WipeMode::CryptoErase,
+            },
+            86_400,
+        ),
+        power_off(),
+        step("clear-boot-entry", StepKind::BootEntryClear, 60),
+        step("revoke-identity", StepKind::RevokeIdentity, 60),
+        step("forget-bmc-credentials", StepKind::ForgetBmcCredentials, 60),
+    ]);
     Profile {
         id: "metal-retire".into(),
-        version: 1,
-        steps: vec![
-            step("ensure-ramdisk", StepKind::EnsureRamdisk, 1_800),
-            once(
-                "crypto-erase",
-                StepKind::DiskWipe {
-                    mode: WipeMode::CryptoErase,
-                },
-                86_400,
-            ),
-            power_off(),
-            step("clear-boot-entry", StepKind::BootEntryClear, 60),
-            step("revoke-identity", StepKind::RevokeIdentity, 60),
-            step("forget-bmc-credentials", StepKind::ForgetBmcCredentials, 60),
-        ],
+        version: 2,
+        steps,
         cleanup: boot_cleanup(),
     }
 }
@@ -382,30 +391,31 @@ pub fn metal_retire() -> Profile {
 /// sets the node's role (`host` unless the profile says `dedicated`) when
 /// it applies `complete`.
 pub fn tenant_deploy(id: &str, version: u32) -> Profile {
+    let mut steps = ensure_ramdisk();
+    steps.extend([
+        once("deploy-image", StepKind::DeployImage, 7_200),
+        step("boot-disk", StepKind::BmcBootDisk { persistent: true }, 120),
+        step(
+            "reboot",
+            StepKind::BmcPower {
+                action: PowerAction::Cycle,
+            },
+            300,
+        ),
+        once(
+            "wait-os",
+            StepKind::WaitOsJoin {
+                role: "node".to_owned(),
+                timeout_secs: 1_800,
+            },
+            1_800,
+        ),
+        step("clear-boot-entry", StepKind::BootEntryClear, 60),
+    ]);
     Profile {
         id: id.to_owned(),
         version,
-        steps: vec![
-            step("ensure-ramdisk", StepKind::EnsureRamdisk, 1_800),
-            once("deploy-image", StepKind::DeployImage, 7_200),
-            step("boot-disk", StepKind::BmcBootDisk { persistent: true }, 120),
-            step(
-                "reboot",
-                StepKind::BmcPower {
-                    action: PowerAction::Cycle,
-                },
-                300,
-            ),
-            once(
-                "wait-os",
-                StepKind::WaitOsJoin {
-                    role: "node".to_owned(),
-                    timeout_secs: 1_800,
-                },
-                1_800,
-            ),
-            step("clear-boot-entry", StepKind::BootEntryClear, 60),
-        ],
+        steps,
         cleanup: boot_cleanup(),
     }
 }

@@ -333,7 +333,7 @@ pub async fn steps_wake_for_node_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Resul
     sqlx::query(
         "WITH woken AS (UPDATE workflow_steps s SET due_at = now() FROM workflows w \
          WHERE s.workflow_id = w.id AND w.node_id = $1 AND w.status = 'running' AND s.status = 'running' \
-         AND s.definition->>'kind' IN ('waitRamdiskJoin', 'waitOsJoin', 'ensureRamdisk') RETURNING 1) \
+         AND s.definition->>'kind' IN ('waitRamdiskJoin', 'waitOsJoin') RETURNING 1) \
          SELECT pg_notify($2, '') WHERE EXISTS (SELECT 1 FROM woken)",
     )
     .bind(node_id)

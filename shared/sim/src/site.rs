@@ -150,12 +150,17 @@ async fn consume(bus: &Bus, site: &Arc<Site>, shutdown: &CancellationToken) -> a
     let families: Vec<&str> = [
         (!site.cfg.bmc_service).then_some("bmc"),
         (!site.cfg.boot_service).then_some("site"),
-        Some("metal"),
     ]
     .into_iter()
     .flatten()
     .collect();
-    let (name, filter_subject, filter_subjects) = if families.len() == 3 {
+    if families.is_empty() {
+        // Real bmc and boot services take every command: the sim only
+        // plays the machines.
+        shutdown.cancelled().await;
+        return Ok(());
+    }
+    let (name, filter_subject, filter_subjects) = if families.len() == 2 {
         (
             format!("site-{site_id}"),
             subjects.commands_of_site(&site_id),
@@ -164,7 +169,7 @@ async fn consume(bus: &Bus, site: &Arc<Site>, shutdown: &CancellationToken) -> a
     } else {
         (
             // (`-no-bmc` is the name the bmc-service mode always had.)
-            if families == ["site", "metal"] {
+            if families == ["site"] {
                 format!("site-{site_id}-no-bmc")
             } else {
                 format!("site-{site_id}-{}", families.join("-"))
@@ -278,7 +283,7 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
         return err(cmd, false, "sim: no machine is known for this node");
     };
     site.machines.remember(&node, &address);
-    let uses_bmc = cmd.kind.starts_with("bmc.") || cmd.kind == "metal.ensureRamdisk";
+    let uses_bmc = cmd.kind.starts_with("bmc.");
     if uses_bmc && site.faults.has(&address, Fault::BmcRejects) {
         return err(
             cmd,
@@ -361,20 +366,6 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
             m.with(&address, |mm| mm.cmdline = None);
             ok(cmd, json!({ "sim": true }))
         }
-        "metal.ensureRamdisk" => {
-            let cmdline = cmd
-                .params
-                .pointer("/bootEntry/cmdline")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            m.with(&address, |mm| {
-                mm.cmdline = cmdline;
-                mm.pxe = true;
-                mm.pxe_persistent = false;
-            });
-            power_on(site, &address, shutdown);
-            ok(cmd, json!({ "sim": true, "booted": "ramdisk" }))
-        }
         other => err(
             cmd,
             false,
@@ -408,10 +399,10 @@ fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
         if !pxe {
             return m.disk.is_some().then_some(Boot::Os);
         }
-        // With a real boot service only `metal.ensureRamdisk` hands the sim
-        // a command line, once; every other PXE boot asks the boot service.
+        // With a real boot service every PXE boot asks it, as a real
+        // machine's firmware does.
         let cmdline = if site.cfg.boot_service {
-            m.cmdline.take()
+            None
         } else {
             m.cmdline.clone()
         };

@@ -60,7 +60,24 @@ fn profiles_do_what_the_spec_says() {
     }));
     assert!(kinds(metal_retire()).contains(&StepKind::RevokeIdentity));
     assert!(kinds(metal_retire()).contains(&StepKind::ForgetBmcCredentials));
-    assert_eq!(kinds(metal_rescue()), vec![StepKind::EnsureRamdisk]);
+    assert_eq!(
+        kinds(metal_rescue()),
+        ensure_ramdisk()
+            .into_iter()
+            .map(|s| s.kind)
+            .collect::<Vec<_>>()
+    );
+    // Every profile that needs the ramdisk boots it the same way, then
+    // works in it.
+    for p in [
+        metal_inspect(),
+        metal_commission(),
+        metal_release(WipeMode::Quick),
+        metal_retire(),
+        tenant_deploy("t", 1),
+    ] {
+        assert_eq!(p.steps[..4], ensure_ramdisk()[..], "{}", p.id);
+    }
     let unrescue = metal_unrescue();
     assert!(unrescue.steps.iter().any(|s| s.kind
         == StepKind::WaitOsJoin {
