@@ -37,7 +37,10 @@ pub async fn get_node(
         format!("node {id}")
     })?;
     let node = nodes::node_fetch(&app.inner.db, &id).await?;
-    Ok(Json(NodeView::from(&node)))
+    let mut view = NodeView::from(&node);
+    view.inventory =
+        bcm_db::agents::node_fact_fetch(&app.inner.db, &id.to_string(), "inventory").await?;
+    Ok(Json(view))
 }
 
 /// Filters of the node list.

@@ -42,6 +42,11 @@ pub struct NodeView {
     pub failed_from: Option<ProvisionState>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// What the ramdisk reported in band (CPUs, memory, disks, NICs), as
+    /// the attestation service stored it; only on a single node's read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub inventory: Option<serde_json::Value>,
 }
 
 impl From<&Node> for NodeView {
@@ -65,6 +70,7 @@ impl From<&Node> for NodeView {
             workflow_id: n.workflow_id.map(|w| w.to_string()),
             failed_from: n.failed_from,
             last_error: n.last_error.clone(),
+            inventory: None,
         }
     }
 }

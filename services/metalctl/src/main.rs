@@ -8,6 +8,8 @@ use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use futures::StreamExt as _;
 use serde_json::{json, Value};
 
+mod image;
+
 #[derive(Parser)]
 #[command(version, about = "Drive Better Compute Metal from the command line")]
 struct Cli {
@@ -30,6 +32,25 @@ struct Cli {
     output: Output,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum ImageCmd {
+    /// Create an ed25519 signing key in KEY_FILE (never overwritten) and
+    /// print its public half for the attestation service's `image_keys`.
+    Keygen { key_file: std::path::PathBuf },
+    /// Hash IMAGE and print the signed image reference for a deploy profile.
+    Sign {
+        #[arg(long)]
+        key_file: std::path::PathBuf,
+        /// Where machines will download it from.
+        #[arg(long)]
+        url: String,
+        /// `raw` or `qcow2`.
+        #[arg(long, default_value = "raw")]
+        format: String,
+        image: std::path::PathBuf,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -69,6 +90,11 @@ enum Cmd {
         node: String,
         #[arg(long, env = "BCM_BMC_NEW_PASSWORD", hide_env_values = true)]
         password: Option<String>,
+    },
+    /// Sign images for deploy profiles (publisher side, no API call).
+    Image {
+        #[command(subcommand)]
+        cmd: ImageCmd,
     },
     /// Mint a one-time token that adopts a machine with its own OS into a
     /// pool: run `bcd node --api <url> --token <token>` on it.
@@ -249,6 +275,36 @@ fn print(out: Output, v: &Value) {
     }
 }
 
+/// One paragraph of what the ramdisk found: CPUs, memory, disks, NICs.
+fn inventory_summary(inv: &Value) -> String {
+    let list = |key: &str, f: &dyn Fn(&Value) -> String| {
+        inv.get(key)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(f).collect::<Vec<_>>().join(", "))
+            .unwrap_or_default()
+    };
+    let disks = list("disks", &|d| {
+        format!(
+            "{} {} B",
+            d.get("name").and_then(Value::as_str).unwrap_or("?"),
+            d.get("sizeBytes").and_then(Value::as_u64).unwrap_or(0)
+        )
+    });
+    let nics = list("nics", &|n| {
+        format!(
+            "{} {}",
+            n.get("name").and_then(Value::as_str).unwrap_or("?"),
+            n.get("mac").and_then(Value::as_str).unwrap_or("?")
+        )
+    });
+    format!(
+        "inventory: {} CPUs ({}), {} MiB memory\n  disks: {disks}\n  nics: {nics}",
+        inv.get("cpus").and_then(Value::as_u64).unwrap_or(0),
+        inv.get("cpuModel").and_then(Value::as_str).unwrap_or("?"),
+        inv.get("memoryMiB").and_then(Value::as_u64).unwrap_or(0),
+    )
+}
+
 /// Prints a line; a closed pipe (`metalctl watch | head`) ends quietly.
 fn emit(line: impl std::fmt::Display) {
     use std::io::Write as _;
@@ -323,6 +379,32 @@ async fn run() -> anyhow::Result<()> {
         Cmd::RotateCredentials { node, password } => {
             verb("rotateCredentials", node, json!({"password": password}))
         }
+        Cmd::Image { cmd } => {
+            match cmd {
+                ImageCmd::Keygen { key_file } => {
+                    let public = image::keygen(key_file)?;
+                    match cli.output {
+                        Output::Json => emit(json!({ "publicKey": public })),
+                        Output::Table => emit(format!(
+                            "public key {public}\n(private key in {}; add the public key to the attestation service's image_keys)",
+                            key_file.display()
+                        )),
+                    }
+                }
+                ImageCmd::Sign {
+                    key_file,
+                    url,
+                    format,
+                    image: file,
+                } => {
+                    let r = image::sign(key_file, file, url, format)?;
+                    // Both outputs are the reference itself: it is meant
+                    // to be pasted into a profile.
+                    emit(serde_json::to_string_pretty(&r).unwrap_or_default());
+                }
+            }
+            return Ok(());
+        }
         Cmd::JoinToken { pool, ttl_secs } => {
             let body = json!({"tenantId": tenant, "poolId": pool, "ttlSecs": ttl_secs});
             let v = api
@@ -376,6 +458,11 @@ async fn run() -> anyhow::Result<()> {
                 )
                 .await?;
             print(cli.output, &v);
+            if cli.output == Output::Table {
+                if let Some(inv) = v.get("inventory") {
+                    emit(inventory_summary(inv));
+                }
+            }
             return Ok(());
         }
         Cmd::Manage { node } => verb("manage", node, json!({})),

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Builds the ramdisk the boot service hands to machines: Debian's kernel and
+# a minimal initramfs (busybox-static, the virtio/e1000 and FAT modules in
+# load order, udhcpc) whose /init starts the real, statically linked `bcd`.
+#
+#   deploy/ramdisk/build.sh [out-dir]            (default .bcm/ramdisk)
+#
+# The same initramfs serves two modes, chosen by /init:
+#   - a kernel command line with `bcm.join=` (the boot service's entry):
+#     `bcd ramdisk` (inspect, diag, wipe, deploy);
+#   - otherwise (booted from an installed disk): the first partition with a
+#     NoCloud seed (`/var/lib/cloud/seed/nocloud/user-data`, written by
+#     `bcd` at deploy time) is mounted and `bcd node --env-file` joins with
+#     the token in it.
+#
+# Reproducible: files sorted, times clamped to SOURCE_DATE_EPOCH (default:
+# the kernel package's date), `cpio --reproducible`, `gzip -n`. Prints the
+# sha256 of each artifact and writes `catalog.toml` (the boot service's
+# `[[images]]` entries, file:// URLs) and SHA256SUMS next to them.
+# Environment: BCD_BIN (a static bcd; default: deploy/bcd/build-static.sh),
+# KERNEL_PACKAGE (default: what linux-image-amd64 depends on today).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+out="$(mkdir -p "${1:-$root/.bcm/ramdisk}" && cd "${1:-$root/.bcm/ramdisk}" && pwd)"
+log() { echo "ramdisk: $*" >&2; }
+
+need=()
+[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx udhcpc || need+=(busybox-static)
+command -v cpio >/dev/null || need+=(cpio)
+if [ "${#need[@]}" -gt 0 ]; then
+  log "installing ${need[*]}"
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
+
+# The agent: one static binary (the ramdisk has no libc).
+bcd="${BCD_BIN:-}"
+if [ -z "$bcd" ]; then
+  "$root/deploy/bcd/build-static.sh" "$out/bin" >&2
+  bcd="$out/bin/bcd"
+fi
+if ! ldd "$bcd" 2>&1 | grep -qE "statically linked|not a dynamic executable"; then
+  log "$bcd is not statically linked"; exit 1
+fi
+
+# The kernel: vmlinuz and the few modules the ramdisk loads, from the .deb
+# (unpacking the whole package is 391 MB).
+dl="$root/.bcm/dl"
+mkdir -p "$dl"
+kpkg="${KERNEL_PACKAGE:-$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')}"
+kver="${kpkg#linux-image-}"
+deb="$(ls "$dl"/"${kpkg}"_*.deb 2>/dev/null | head -n1 || true)"
+if [ -z "$deb" ]; then
+  log "fetching $kpkg"
+  (cd "$dl" && apt-get download "$kpkg" >&2)
+  deb="$(ls "$dl"/"${kpkg}"_*.deb | head -n1)"
+fi
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(stat -c %Y "$deb")}"
+# Load order matters: a module's dependencies first.
+modules=(
+  net/core/failover drivers/net/net_failover
+  drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_legacy_dev
+  drivers/virtio/virtio_pci_modern_dev drivers/virtio/virtio_pci
+  drivers/net/virtio_net drivers/block/virtio_blk drivers/net/ethernet/intel/e1000/e1000
+  fs/fat/fat fs/fat/vfat fs/nls/nls_cp437 fs/nls/nls_ascii fs/nls/nls_utf8 fs/nls/nls_iso8859-1
+)
+k="$out/.kernel"
+rm -rf "$k" && mkdir -p "$k"
+paths=("./boot/vmlinuz-$kver")
+for m in "${modules[@]}"; do paths+=("./lib/modules/$kver/kernel/$m.ko"); done
+dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$k" "${paths[@]}"
+cp "$k/boot/vmlinuz-$kver" "$out/vmlinuz"
+
+rd="$out/.initrd"
+rm -rf "$rd"
+mkdir -p "$rd"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,run,tmp,mnt,etc/bcd,lib/modules,usr/share/udhcpc}
+cp /bin/busybox "$rd/bin/busybox"
+install -m 0755 "$bcd" "$rd/bin/bcd"
+: > "$rd/lib/modules/load-order"
+for m in "${modules[@]}"; do
+  cp "$k/lib/modules/$kver/kernel/$m.ko" "$rd/lib/modules/"
+  echo "$(basename "$m").ko" >> "$rd/lib/modules/load-order"
+done
+cat > "$rd/usr/share/udhcpc/default.script" <<'DHCP'
+#!/bin/busybox sh
+# udhcpc's hook: configure the interface and the default route.
+case "$1" in
+  deconfig) ip -4 addr flush dev "$interface"; ip link set "$interface" up ;;
+  bound|renew)
+    ip -4 addr flush dev "$interface"
+    ip addr add "$ip/${mask:-24}" dev "$interface"
+    for r in $router; do ip route replace default via "$r" dev "$interface"; break; done
+    echo "bcm-ramdisk: $interface $ip/${mask:-24}" ;;
+esac
+DHCP
+cat > "$rd/init" <<'INIT'
+#!/bin/busybox sh
+# The ramdisk's /init: mounts, modules, DHCP on every NIC, then bcd.
+/bin/busybox --install -s
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+mkdir -p /dev/pts && mount -t devpts devpts /dev/pts
+echo "bcm-ramdisk: up after $(cut -d' ' -f1 /proc/uptime) s; kernel $(uname -r)"
+for m in $(cat /lib/modules/load-order); do insmod "/lib/modules/$m" 2>/dev/null; done
+ip link set lo up
+sleep 1
+for n in /sys/class/net/*; do
+  i=${n##*/}; [ "$i" = lo ] && continue
+  ip link set "$i" up
+  udhcpc -i "$i" -n -q -t 10 -T 2 -s /usr/share/udhcpc/default.script || echo "bcm-ramdisk: no DHCP on $i"
+done
+run() {
+  # bcd runs until the machine is powered off; a crash restarts it.
+  while :; do
+    "$@" 2>&1 | sed -u 's/^/bcd: /'
+    echo "bcm-ramdisk: bcd exited; restarting in 5 s"; sleep 5
+  done
+}
+if grep -q "bcm.join=" /proc/cmdline; then
+  echo "bcm-ramdisk: mode ramdisk"
+  run /bin/bcd ramdisk
+fi
+# Booted from disk: the installed system's seed carries the join token.
+for p in $(ls /sys/class/block | grep -E '^(vd|sd|nvme)'); do
+  [ -e "/sys/class/block/$p/partition" ] || continue
+  mount -o ro "/dev/$p" /mnt 2>/dev/null || continue
+  seed=/mnt/var/lib/cloud/seed/nocloud/user-data
+  if [ -f "$seed" ]; then
+    cp "$seed" /etc/bcd/join.env; umount /mnt
+    echo "bcm-ramdisk: mode node (seed on $p)"
+    run /bin/bcd node --env-file /etc/bcd/join.env
+  fi
+  umount /mnt
+done
+echo "bcm-ramdisk: no bcm.join= on the command line and no seed on any disk; nothing to do"
+exec sh
+INIT
+chmod 0755 "$rd/init" "$rd/usr/share/udhcpc/default.script"
+find "$rd" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+(cd "$rd" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet --reproducible --owner=0:0 | gzip -9 -n) > "$out/initrd.img.tmp"
+mv "$out/initrd.img.tmp" "$out/initrd.img"
+rm -rf "$k"
+
+(cd "$out" && sha256sum vmlinuz initrd.img > SHA256SUMS)
+{
+  echo "# The ramdisk, built by deploy/ramdisk/build.sh ($kpkg, bcd $(sha256sum "$bcd" | cut -c1-16))."
+  for f in vmlinuz initrd.img; do
+    printf '[[images]]\nname = "ramdisk/%s"\nurl = "file://%s/%s"\nsha256 = "%s"\n\n' \
+      "$f" "$out" "$f" "$(sha256sum "$out/$f" | cut -d' ' -f1)"
+  done
+} > "$out/catalog.toml"
+log "kernel $kver, initrd $(stat -c %s "$out/initrd.img") bytes"
+cat "$out/SHA256SUMS"
