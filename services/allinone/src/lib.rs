@@ -34,9 +34,13 @@ impl Config {
         if let Some(p) = path {
             fig = fig.merge(Toml::file_exact(p));
         }
-        fig.merge(Env::prefixed("BCM_ALL_").split("__"))
-            .extract()
-            .map_err(Box::new)
+        fig.merge(
+            Env::prefixed("BCM_ALL_")
+                .ignore(&["config"]) // the config file's own variable
+                .split("__"),
+        )
+        .extract()
+        .map_err(Box::new)
     }
 }
 

@@ -131,9 +131,13 @@ impl ApiConfig {
         if let Some(p) = path {
             fig = fig.merge(Toml::file_exact(p));
         }
-        fig.merge(Env::prefixed("BCM_API_").split("__"))
-            .extract()
-            .map_err(Box::new)
+        fig.merge(
+            Env::prefixed("BCM_API_")
+                .ignore(&["config"]) // the config file's own variable
+                .split("__"),
+        )
+        .extract()
+        .map_err(Box::new)
     }
 }
 

@@ -32,7 +32,11 @@ async fn main() -> anyhow::Result<()> {
         fig = fig.merge(Toml::file_exact(p));
     }
     let cfg: Config = fig
-        .merge(Env::prefixed("BCM_ATTEST_").split("__"))
+        .merge(
+            Env::prefixed("BCM_ATTEST_")
+                .ignore(&["config"]) // the config file's own variable
+                .split("__"),
+        )
         .extract()?;
     bcm_telemetry::init("bcm-attestation", &cfg.telemetry)?;
     let db = bcm_db::Db::connect(&cfg.database_url, 8).await?;

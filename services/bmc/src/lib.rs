@@ -70,9 +70,13 @@ impl BmcConfig {
         if let Some(p) = path {
             fig = fig.merge(Toml::file_exact(p));
         }
-        fig.merge(Env::prefixed("BCM_BMC_").split("__"))
-            .extract()
-            .map_err(Box::new)
+        fig.merge(
+            Env::prefixed("BCM_BMC_")
+                .ignore(&["config"]) // the config file's own variable
+                .split("__"),
+        )
+        .extract()
+        .map_err(Box::new)
     }
 
     /// The drivers' settings.

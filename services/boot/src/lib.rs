@@ -169,9 +169,13 @@ impl BootConfig {
         if let Some(p) = path {
             fig = fig.merge(Toml::file_exact(p));
         }
-        fig.merge(Env::prefixed("BCM_BOOT_").split("__"))
-            .extract()
-            .map_err(Box::new)
+        fig.merge(
+            Env::prefixed("BCM_BOOT_")
+                .ignore(&["config"]) // the config file's own variable
+                .split("__"),
+        )
+        .extract()
+        .map_err(Box::new)
     }
 
     /// The proxy DHCP decisions' settings.

@@ -33,7 +33,11 @@ async fn main() -> anyhow::Result<()> {
         fig = fig.merge(Toml::file_exact(p));
     }
     let cfg: Config = fig
-        .merge(Env::prefixed("BCM_RECONCILER_").split("__"))
+        .merge(
+            Env::prefixed("BCM_RECONCILER_")
+                .ignore(&["config"]) // the config file's own variable
+                .split("__"),
+        )
         .extract()?;
     bcm_telemetry::init("bcm-reconciler", &cfg.telemetry)?;
     let db = bcm_db::Db::connect(&cfg.database_url, 16).await?;
