@@ -38,7 +38,14 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = tokio_util::sync::CancellationToken::new();
     let stop = shutdown.clone();
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
+        // Ctrl-C, or SIGTERM from a supervisor (docker stop, systemd).
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| tracing::warn!(error = %e, "no SIGTERM handler"))
+            .ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            Some(_) = async { match term.as_mut() { Some(t) => t.recv().await, None => None } } => {}
+        }
         stop.cancel();
     });
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
@@ -47,12 +54,15 @@ async fn main() -> anyhow::Result<()> {
     } else {
         args.services.clone()
     };
-    let with_api = services.contains(&bcm_allinone::Service::Api);
+    // The demo drives the simulated site through the API: without both
+    // (a real site's control plane) there is nothing to show.
+    let with_demo = services.contains(&bcm_allinone::Service::Api)
+        && services.contains(&bcm_allinone::Service::Sim);
     let server = tokio::spawn(async move {
         bcm_allinone::run(cfg, &services, listener, ready_tx, shutdown.clone()).await
     });
     let base = ready_rx.await?;
-    if args.sim_machines > 0 && with_api {
+    if args.sim_machines > 0 && with_demo {
         let client = bcm_allinone::demo::Client::new(&base, &token);
         if let Err(e) =
             bcm_allinone::demo::run(&client, &args.tenant, &args.pool, args.sim_machines).await

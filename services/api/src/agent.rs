@@ -148,9 +148,13 @@ pub async fn commands(
     loop {
         if bcm_db::commands::commands_pending_for_agent(&app.inner.db, &agent.node_id).await? {
             let mut tx = app.inner.db.begin().await?;
-            let taken =
-                bcm_db::commands::commands_take_for_agent_in_txn(&mut tx, &agent.node_id, 16)
-                    .await?;
+            let taken = bcm_db::commands::commands_take_for_agent_in_txn(
+                &mut tx,
+                &agent.node_id,
+                &agent.cert_serial,
+                16,
+            )
+            .await?;
             tx.commit().await.map_err(bcm_db::DbError::from)?;
             if !taken.is_empty() {
                 return Ok(Json(

@@ -360,3 +360,30 @@ async fn without_the_attestation_service_agents_are_told_to_retry() {
     );
     env.stop();
 }
+
+/// A machine runs one agent at a time: after it re-joins (a reboot), a poll
+/// still open from the earlier agent (a half-open connection nobody reads)
+/// must not take the command the new agent waits for. Found by the QEMU
+/// end-to-end run, where such a poll swallowed a `deploy.image`.
+#[tokio::test]
+async fn only_the_newest_session_of_a_node_takes_its_commands() {
+    let env = TestEnv::start().await.expect("env");
+    let n = node(&env).await;
+    let (_, first, _) = join(&env, &token(&env, &n, "discovery", 600).await, "ramdisk").await;
+    let first = first.expect("first join");
+    // The earlier agent's poll is waiting when the machine reboots.
+    let stale = env.get("/api/agent/commands?waitMs=6000", Some(&first.session));
+    let reboot = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let (_, second, _) = join(&env, &token(&env, &n, "discovery", 600).await, "ramdisk").await;
+        let id = command(&env, &n, "deploy.image", json!({})).await;
+        (second.expect("second join"), id)
+    };
+    let (stale, (second, id)) = tokio::join!(stale, reboot);
+    let (status, taken_by_stale) = stale.expect("stale poll");
+    assert_eq!(status, 200);
+    assert_eq!(taken_by_stale, json!([]), "the stale poll took nothing");
+    let got = poll(&env, &second.session).await;
+    assert_eq!(got.len(), 1, "the new agent gets the command");
+    assert_eq!(got[0]["commandId"], json!(id));
+}
