@@ -111,7 +111,7 @@ done
 run() {
   # bcd runs until the machine is powered off; a crash restarts it.
   while :; do
-    "$@" 2>&1 | sed -u 's/^/bcd: /'
+    "$@"
     echo "bcm-ramdisk: bcd exited; restarting in 5 s"; sleep 5
   done
 }
