@@ -61,3 +61,6 @@ eval "$e2e_env"
 
 step "cargo test (Postgres $DATABASE_URL, NATS $NATS_URL)"
 cargo test --workspace --no-fail-fast
+
+step "end to end: QEMU machines behind Redfish, PXE through bcm-boot into bcd, the whole control plane"
+"$repo/tests/e2e/run.sh" "$(mktemp -d /tmp/bcm-e2e.XXXXXX)"
