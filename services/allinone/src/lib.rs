@@ -29,18 +29,7 @@ pub struct Config {
 impl Config {
     /// Loads a TOML file, then `BCM_*` environment variables (`BCM_API__DATABASE_URL`, …).
     pub fn load(path: Option<&std::path::Path>) -> Result<Self, Box<figment::Error>> {
-        use figment::providers::{Env, Format, Toml};
-        let mut fig = figment::Figment::new();
-        if let Some(p) = path {
-            fig = fig.merge(Toml::file_exact(p));
-        }
-        fig.merge(
-            Env::prefixed("BCM_ALL_")
-                .ignore(&["config"]) // the config file's own variable
-                .split("__"),
-        )
-        .extract()
-        .map_err(Box::new)
+        bcm_config::load(path, "BCM_ALL_")
     }
 }
 

@@ -126,18 +126,7 @@ impl ApiConfig {
     /// Loads from an optional TOML file, then `BCM_API_*` environment variables
     /// (`BCM_API_DATABASE_URL`, `BCM_API_BUS__URL`, …).
     pub fn load(path: Option<&std::path::Path>) -> Result<Self, Box<figment::Error>> {
-        use figment::providers::{Env, Format, Toml};
-        let mut fig = figment::Figment::new();
-        if let Some(p) = path {
-            fig = fig.merge(Toml::file_exact(p));
-        }
-        fig.merge(
-            Env::prefixed("BCM_API_")
-                .ignore(&["config"]) // the config file's own variable
-                .split("__"),
-        )
-        .extract()
-        .map_err(Box::new)
+        bcm_config::load(path, "BCM_API_")
     }
 }
 

@@ -65,18 +65,7 @@ fn default_ipmitool() -> String {
 impl BmcConfig {
     /// Loads a TOML file, then `BCM_BMC_*` environment variables.
     pub fn load(path: Option<&std::path::Path>) -> Result<Self, Box<figment::Error>> {
-        use figment::providers::{Env, Format, Toml};
-        let mut fig = figment::Figment::new();
-        if let Some(p) = path {
-            fig = fig.merge(Toml::file_exact(p));
-        }
-        fig.merge(
-            Env::prefixed("BCM_BMC_")
-                .ignore(&["config"]) // the config file's own variable
-                .split("__"),
-        )
-        .extract()
-        .map_err(Box::new)
+        bcm_config::load(path, "BCM_BMC_")
     }
 
     /// The drivers' settings.

@@ -25,19 +25,8 @@ struct Config {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    use figment::providers::{Env, Format, Toml};
     let args = Args::parse();
-    let mut fig = figment::Figment::new();
-    if let Some(p) = &args.config {
-        fig = fig.merge(Toml::file_exact(p));
-    }
-    let cfg: Config = fig
-        .merge(
-            Env::prefixed("BCM_WORKFLOW_")
-                .ignore(&["config"]) // the config file's own variable
-                .split("__"),
-        )
-        .extract()?;
+    let cfg: Config = bcm_config::load(args.config.as_deref(), "BCM_WORKFLOW_")?;
     bcm_telemetry::init("bcm-workflow", &cfg.telemetry)?;
     let db = bcm_db::Db::connect(&cfg.database_url, 16).await?;
     db.migrate().await?;
