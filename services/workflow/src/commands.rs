@@ -106,7 +106,8 @@ pub async fn params(
         | StepKind::RevokeIdentity
         | StepKind::ForgetBmcCredentials
         | StepKind::WaitRamdiskJoin
-        | StepKind::WaitOsJoin { .. } => json!({}),
+        | StepKind::WaitOsJoin { .. }
+        | StepKind::RetiredEnsureRamdisk => json!({}),
     })
 }
 

@@ -426,6 +426,16 @@ async fn advance(
                 false,
             )))
         }
+        StepKind::RetiredEnsureRamdisk => Ok(Some((
+            StepOutcome::Failed {
+                retryable: false,
+                message: "metal.ensureRamdisk is a step of profile v1, which no site service \
+                          executes any more; recover the node to run this state with v2"
+                    .into(),
+            },
+            None,
+            false,
+        ))),
         StepKind::ForgetBmcCredentials => {
             bcm_db::nodes::node_forget_bmc_secret_in_txn(tx, &node.id.to_string()).await?;
             Ok(Some((StepOutcome::Succeeded, None, false)))

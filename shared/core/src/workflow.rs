@@ -72,6 +72,12 @@ pub enum StepKind {
     RevokeIdentity,
     /// Forget the sealed BMC credentials.
     ForgetBmcCredentials,
+    /// Profile v1's one-step `metal.ensureRamdisk`, which no site service
+    /// executes; kept only so workflows stored before v2 still load. The
+    /// engine fails it for good (the node goes to `failed`; `recover` runs
+    /// the state again with the v2 profiles).
+    #[serde(rename = "ensureRamdisk")]
+    RetiredEnsureRamdisk,
 }
 
 impl StepKind {
@@ -86,7 +92,8 @@ impl StepKind {
             StepKind::StoreMacs
             | StepKind::RevokeIdentity
             | StepKind::ForgetBmcCredentials
-            | StepKind::WaitRamdiskJoin => StepTarget::ControlPlane,
+            | StepKind::WaitRamdiskJoin
+            | StepKind::RetiredEnsureRamdisk => StepTarget::ControlPlane,
             StepKind::BmcVerify
             | StepKind::BmcInspect
             | StepKind::BootEntrySet
@@ -122,6 +129,7 @@ impl StepKind {
             StepKind::WaitOsJoin { .. } => "metal.waitOsJoin",
             StepKind::RevokeIdentity => "pki.revoke",
             StepKind::ForgetBmcCredentials => "bmc.forgetCredentials",
+            StepKind::RetiredEnsureRamdisk => "metal.ensureRamdisk",
         }
     }
 
@@ -249,7 +257,9 @@ pub fn ensure_ramdisk() -> Vec<StepDef> {
             },
             300,
         ),
-        step("wait-ramdisk-join", StepKind::WaitRamdiskJoin, 1_200),
+        // Waiting again would not boot the machine again: a join that does
+        // not come fails the workflow (cleanup powers off; `recover` retries).
+        once("wait-ramdisk-join", StepKind::WaitRamdiskJoin, 1_200),
     ]
 }
 

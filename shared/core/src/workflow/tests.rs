@@ -278,3 +278,19 @@ fn only_a_signed_wipe_with_every_disk_verified_counts() {
         Err(UnverifiedWipe::ReadBackFailed)
     );
 }
+
+#[test]
+fn a_stored_v1_ensure_ramdisk_step_still_loads_and_runs_in_the_engine() {
+    let stored = serde_json::json!({
+        "name": "ensure-ramdisk", "kind": "ensureRamdisk", "timeoutSecs": 1800,
+        "retry": {"maxAttempts": 5, "initialBackoffMs": 1000, "maxBackoffMs": 60000}
+    });
+    let def: StepDef = serde_json::from_value(stored).expect("a v1 step loads");
+    assert_eq!(def.kind, StepKind::RetiredEnsureRamdisk);
+    // No site service is asked: the engine itself ends it.
+    assert_eq!(def.kind.target(), StepTarget::ControlPlane);
+    assert!(!def.kind.destructive());
+    assert!(ensure_ramdisk()
+        .iter()
+        .all(|s| s.kind != StepKind::RetiredEnsureRamdisk));
+}
