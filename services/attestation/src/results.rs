@@ -82,7 +82,8 @@ pub async fn record(
     // Only the test-only bypass reads the configuration.
     #[cfg(not(feature = "accept-ingested-attestation"))]
     let _ = cfg;
-    if cmd.kind == "inventory" && r.ok {
+    // The node record shows only an inventory whose signature verified.
+    if cmd.kind == "inventory" && r.ok && attested_by.is_some() {
         bcm_db::agents::node_fact_upsert_in_txn(&mut tx, &req.node_id, "inventory", &r.output)
             .await?;
     }

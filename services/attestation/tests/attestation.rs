@@ -386,4 +386,5 @@ async fn only_the_newest_session_of_a_node_takes_its_commands() {
     let got = poll(&env, &second.session).await;
     assert_eq!(got.len(), 1, "the new agent gets the command");
     assert_eq!(got[0]["commandId"], json!(id));
+    env.stop();
 }

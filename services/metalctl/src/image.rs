@@ -25,7 +25,11 @@ pub fn keygen(key_file: &Path) -> anyhow::Result<String> {
         .mode(0o600)
         .open(key_file)
         .with_context(|| format!("creating {}", key_file.display()))?;
-    writeln!(f, "{}", B64.encode(key.to_bytes()))?;
+    if let Err(e) = writeln!(f, "{}", B64.encode(key.to_bytes())).and_then(|()| f.sync_all()) {
+        // No half-written key left behind to block the next try.
+        let _ = std::fs::remove_file(key_file);
+        return Err(e).with_context(|| format!("writing {}", key_file.display()));
+    }
     Ok(B64.encode(key.verifying_key().to_bytes()))
 }
 

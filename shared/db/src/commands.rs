@@ -210,7 +210,8 @@ pub async fn command_complete_in_txn(
 
 /// Hands the pending ramdisk commands of a node to its agent, marking them
 /// sent — only to the agent of the node's newest live session (`cert_serial`
-/// is the session's certificate). A machine runs one agent at a time: a
+/// is the session's certificate), and only when that is a ramdisk's
+/// (`discovery`): an installed OS never gets a ramdisk command. A machine runs one agent at a time: a
 /// poll still open from before a reboot (its connection half-open, nobody
 /// reading) must never take a command the new agent is waiting for.
 pub async fn commands_take_for_agent_in_txn(
@@ -223,7 +224,7 @@ pub async fn commands_take_for_agent_in_txn(
         "UPDATE commands SET status = 'sent', sent_at = now() WHERE id IN ( \
            SELECT id FROM commands WHERE node_id = $1 AND target = 'ramdisk' AND status = 'pending' \
            AND EXISTS (SELECT 1 FROM agent_sessions s WHERE s.node_id = $1 AND s.cert_serial = $3 \
-             AND s.expires_at > now() \
+             AND s.purpose = 'discovery' AND s.expires_at > now() \
              AND NOT EXISTS (SELECT 1 FROM agent_sessions n WHERE n.node_id = $1 AND n.created_at > s.created_at)) \
            ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING {COLUMNS}"
     ))
