@@ -138,7 +138,7 @@ impl Subjects {
         self.p(format!("cmd.{site}.>"))
     }
 
-    /// Every command of one family (`bmc`, `site`, `metal`) to `site`:
+    /// Every command of one family (`bmc`, `site`) to `site`:
     /// `cmd.<site>.<family>.>`; each site service consumes its family.
     pub fn commands_of_site_family(&self, site: &SiteId, family: &str) -> String {
         self.p(format!("cmd.{site}.{family}.>"))

@@ -168,11 +168,13 @@ async fn consume(bus: &Bus, site: &Arc<Site>, shutdown: &CancellationToken) -> a
         )
     } else {
         (
-            // (`-no-bmc` is the name the bmc-service mode always had.)
+            // The names these modes always had (they once also took the
+            // `metal` family): a durable consumer in the stream keeps its
+            // name, and a second one with an overlapping filter is refused.
             if families == ["site"] {
                 format!("site-{site_id}-no-bmc")
             } else {
-                format!("site-{site_id}-{}", families.join("-"))
+                format!("site-{site_id}-{}-metal", families.join("-"))
             },
             String::new(),
             families
