@@ -63,4 +63,6 @@ step "cargo test (Postgres $DATABASE_URL, NATS $NATS_URL)"
 cargo test --workspace --no-fail-fast
 
 step "end to end: QEMU machines behind Redfish, PXE through bcm-boot into bcd, the whole control plane"
-"$repo/tests/e2e/run.sh" "$(mktemp -d /tmp/bcm-e2e.XXXXXX)"
+e2e_dir="$(mktemp -d /tmp/bcm-e2e.XXXXXX)"
+"$repo/tests/e2e/run.sh" "$e2e_dir"
+rm -rf "$e2e_dir"   # kept (and printed) only when the run failed

@@ -25,7 +25,10 @@ out="$(mkdir -p "${1:-$root/.bcm/ramdisk}" && cd "${1:-$root/.bcm/ramdisk}" && p
 log() { echo "ramdisk: $*" >&2; }
 
 need=()
-[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx udhcpc || need+=(busybox-static)
+# The initramfs has no libc: only a static busybox runs there (Debian's
+# `busybox` package is dynamic; `busybox-static` replaces it).
+{ [ -x /bin/busybox ] && ldd /bin/busybox 2>&1 | grep -q "not a dynamic" \
+  && /bin/busybox --list 2>/dev/null | grep -qx udhcpc; } || need+=(busybox-static)
 command -v cpio >/dev/null || need+=(cpio)
 if [ "${#need[@]}" -gt 0 ]; then
   log "installing ${need[*]}"
@@ -47,7 +50,8 @@ fi
 # (unpacking the whole package is 391 MB).
 dl="$root/.bcm/dl"
 mkdir -p "$dl"
-kpkg="${KERNEL_PACKAGE:-$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')}"
+kpkg="${KERNEL_PACKAGE:-$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')}"
+[ -n "$kpkg" ] || { log "no kernel package found (apt-get update? or set KERNEL_PACKAGE)"; exit 1; }
 kver="${kpkg#linux-image-}"
 deb="$(ls "$dl"/"${kpkg}"_*.deb 2>/dev/null | head -n1 || true)"
 if [ -z "$deb" ]; then
@@ -109,11 +113,12 @@ for n in /sys/class/net/*; do
   udhcpc -i "$i" -n -q -t 10 -T 2 -s /usr/share/udhcpc/default.script || echo "bcm-ramdisk: no DHCP on $i"
 done
 run() {
-  # bcd runs until the machine is powered off; a crash restarts it.
-  while :; do
-    "$@"
-    echo "bcm-ramdisk: bcd exited; restarting in 5 s"; sleep 5
-  done
+  # bcd runs until the machine is powered off. Its join token was one-time:
+  # a bcd that exits cannot join again, so the machine reboots (the
+  # workflow's step times out and its retry or cleanup takes over).
+  "$@"
+  echo "bcm-ramdisk: bcd exited ($?); rebooting in 10 s"
+  sleep 10; reboot -f
 }
 if grep -q "bcm.join=" /proc/cmdline; then
   echo "bcm-ramdisk: mode ramdisk"

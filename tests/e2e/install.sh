@@ -38,6 +38,11 @@ command -v mkfs.vfat >/dev/null || need+=(dosfstools)
 command -v syslinux >/dev/null || need+=(syslinux)
 [ -e /usr/lib/syslinux/mbr/gptmbr.bin ] || need+=(syslinux-common)
 [ -e /usr/lib/SYSLINUX.EFI/efi64/syslinux.efi ] || need+=(syslinux-efi)
+command -v jq >/dev/null || need+=(jq)                # run.sh reads the API's JSON
+command -v ip >/dev/null || need+=(iproute2)
+command -v pgrep >/dev/null || need+=(procps)
+command -v flock >/dev/null || need+=(util-linux)
+command -v psql >/dev/null || need+=(postgresql-client)
 command -v ethtool >/dev/null || need+=(ethtool)   # tx checksum offload off on the veths
 command -v gcc >/dev/null || need+=(gcc)          # libvirt-python builds from source
 python3 -c 'import sysconfig,os,sys; sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' \
