@@ -146,15 +146,28 @@ pub enum StartError {
 /// The router type of the API.
 pub type Router = axum::Router;
 
-/// Serves `app` on `listener` until `stop`.
+/// How long in-flight requests may take to finish after `stop`: an agent's
+/// long-poll (up to 30 s), or a connection to a machine that was powered
+/// off and will never read its answer, must not hold the process.
+pub const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serves `app` on `listener` until `stop`, then drains for at most
+/// [`DRAIN`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
+    let s = stop.clone();
+    let server =
+        axum::serve(listener, app).with_graceful_shutdown(async move { s.cancelled().await });
+    tokio::select! {
+        r = server => r,
+        _ = async { stop.cancelled().await; tokio::time::sleep(DRAIN).await } => {
+            tracing::info!(drain_secs = DRAIN.as_secs(), "requests still open after the drain are dropped");
+            Ok(())
+        }
+    }
 }
 
 /// Shared state of the handlers.
@@ -358,10 +371,7 @@ pub async fn run(
     });
     tracing::info!(addr = %listener.local_addr()?, "metal API listening");
     let app = router(state.clone());
-    let stop = shutdown.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await?;
+    serve(listener, app, shutdown.clone()).await?;
     shutdown.cancel();
     if let Some(r) = relay {
         let _ = r.await;
