@@ -146,7 +146,7 @@ async fn lead(
         if shutdown.is_cancelled() {
             return Ok(());
         }
-        let rows = bcm_db::outbox::outbox_fetch_unpublished(db, cfg.batch.max(1)).await?;
+        let rows = lease.fetch_unpublished(cfg.batch.max(1)).await?;
         if rows.is_empty() {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
@@ -183,7 +183,7 @@ async fn lead(
             return Err(RoundError::Halted);
         }
         let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-        bcm_db::outbox::outbox_mark_published(db, &seqs).await?;
+        lease.mark_published(&seqs).await?;
         metrics::counter!("bcm_outbox_published_total").increment(rows.len() as u64);
     }
 }

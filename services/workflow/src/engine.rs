@@ -1,5 +1,5 @@
-//! The step workers: claim a due step, advance it, schedule the next one,
-//! all in one transaction.
+//! The step workers: claim due steps of several workflows, advance each,
+//! schedule the next ones, all in one transaction.
 
 use bcm_bus::messages::{self, CommandEnvelope, WorkflowEvent};
 use bcm_bus::Bus;
@@ -13,6 +13,7 @@ use bcm_db::{Db, DbError, Tx};
 use bcm_metal::outbox;
 use chrono::{DateTime, Utc};
 use rand::Rng as _;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -94,91 +95,239 @@ fn status_of(s: &StepRow) -> StepStatus {
     }
 }
 
-/// At most this many steps advance in one transaction: a workflow's
-/// control-plane steps and the start of the step after a finished one share
-/// the commit that finished it.
+/// At most this many steps of one workflow advance in one transaction: a
+/// workflow's control-plane steps and the start of the step after a
+/// finished one share the commit that finished it.
 const MAX_STEPS_PER_TXN: usize = 16;
 
 /// What a worker's turn found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tick {
-    /// A step advanced.
+    /// Steps advanced.
     Advanced,
     /// Nothing is due.
     Idle,
-    /// The due step's workflow is being advanced by another transaction.
+    /// The due steps' workflows are being advanced by other transactions.
     Busy,
 }
 
-/// Advances one due step (and the steps it makes due at once).
+/// What an engine transaction writes at its end, in one round trip per
+/// table: the steps and workflows it changed, the commands it recorded and
+/// its outbox messages (in the order they were made).
+#[derive(Debug, Default)]
+pub struct Writes {
+    steps: Vec<StepRow>,
+    workflows: Vec<(WorkflowRow, bool)>,
+    commands: Vec<bcm_db::commands::NewCommand>,
+    /// Outbox messages to insert with the commit.
+    pub events: Vec<bcm_db::outbox::NewOutboxMessage>,
+}
+
+impl Writes {
+    /// Writes the changed steps and workflows now, so that a later read in
+    /// the same transaction sees them.
+    async fn flush_rows(&mut self, tx: &mut Tx<'_>) -> Result<(), DbError> {
+        bcm_db::workflows::steps_update_many_in_txn(tx, &std::mem::take(&mut self.steps)).await?;
+        bcm_db::workflows::workflows_update_many_in_txn(tx, &std::mem::take(&mut self.workflows))
+            .await
+    }
+
+    /// Writes everything; call once, just before the commit.
+    pub async fn flush(mut self, tx: &mut Tx<'_>) -> Result<(), DbError> {
+        self.flush_rows(tx).await?;
+        bcm_db::commands::commands_insert_many_in_txn(tx, &self.commands).await?;
+        bcm_db::outbox::outbox_insert_in_txn(tx, &self.events).await
+    }
+}
+
+/// Advances up to `batch` due steps of distinct workflows (and the steps
+/// they make due at once) in one transaction.
 ///
-/// Lock order: a worker holds the claimed step row and only *tries* the
-/// workflow lock (`SKIP LOCKED`); whoever holds the workflow lock then locks
+/// Lock order: a worker holds the claimed step rows and only *tries* the
+/// workflow locks (`SKIP LOCKED`); whoever holds a workflow lock then locks
 /// its steps. So a worker never waits while holding a step another needs,
-/// and the results consumer (workflow first, waiting) cannot deadlock with it.
+/// and the results consumer (workflow first, waiting) cannot deadlock with
+/// it. A batch that fails is retried one workflow per transaction, so one
+/// workflow's fault never holds up the others.
 pub async fn tick(ctx: &Ctx) -> Result<Tick, DbError> {
     let mut tx = ctx.db.begin().await?;
-    let Some((wf_id, idx)) = bcm_db::workflows::step_claim_due_in_txn(&mut tx).await? else {
+    let batch = ctx.cfg.batch.max(1) as i64;
+    let claimed = bcm_db::workflows::steps_claim_due_many_in_txn(&mut tx, batch).await?;
+    if claimed.is_empty() {
         tx.commit().await?;
         return Ok(Tick::Idle);
-    };
-    let Some(wf) = bcm_db::workflows::workflow_try_lock_in_txn(&mut tx, &wf_id).await? else {
-        tx.rollback().await?;
-        return Ok(Tick::Busy);
-    };
-    let events = drive_locked(&mut tx, ctx, wf, idx).await?;
-    finish_txn(tx, events).await?;
-    Ok(Tick::Advanced)
+    }
+    match advance_claimed(&mut tx, ctx, &claimed).await {
+        Ok(0) => {
+            tx.rollback().await?;
+            Ok(Tick::Busy)
+        }
+        Ok(_) => {
+            tx.commit().await?;
+            Ok(Tick::Advanced)
+        }
+        Err(e) if claimed.len() > 1 && !matches!(e, DbError::Stale) => {
+            tx.rollback().await?;
+            tracing::warn!(error = %e, steps = claimed.len(), "a batch of steps failed to advance; advancing its workflows one by one");
+            for one in &claimed {
+                let mut tx = ctx.db.begin().await?;
+                match advance_claimed(&mut tx, ctx, std::slice::from_ref(one)).await {
+                    Ok(_) => tx.commit().await?,
+                    Err(e) => {
+                        tracing::warn!(workflow = %one.0, step = one.1, error = %e, "step failed to advance; retrying");
+                        tx.rollback().await?;
+                    }
+                }
+            }
+            Ok(Tick::Advanced)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Locks what it can of the claimed steps' workflows, advances them and
+/// writes the result; returns how many workflows it advanced.
+async fn advance_claimed(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    claimed: &[(String, i32)],
+) -> Result<usize, DbError> {
+    let ids: Vec<String> = claimed.iter().map(|(w, _)| w.clone()).collect();
+    let workflows = bcm_db::workflows::workflows_try_lock_many_in_txn(tx, &ids).await?;
+    if workflows.is_empty() {
+        return Ok(0);
+    }
+    let advanced = workflows.len();
+    let mut writes = Writes::default();
+    advance_locked(tx, ctx, workflows, claimed, &mut writes).await?;
+    writes.flush(tx).await?;
+    Ok(advanced)
+}
+
+/// Advances each locked workflow from its step in `from`: reads all their
+/// steps and nodes in two round trips.
+async fn advance_locked(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    workflows: Vec<WorkflowRow>,
+    from: &[(String, i32)],
+    writes: &mut Writes,
+) -> Result<(), DbError> {
+    if workflows.is_empty() {
+        return Ok(());
+    }
+    let locked: Vec<String> = workflows.iter().map(|w| w.id.clone()).collect();
+    let mut steps_of: HashMap<String, Vec<StepRow>> = HashMap::new();
+    for s in bcm_db::workflows::steps_fetch_for_update_many_in_txn(tx, &locked).await? {
+        steps_of.entry(s.workflow_id.clone()).or_default().push(s);
+    }
+    let mut node_ids: Vec<String> = workflows.iter().map(|w| w.node_id.clone()).collect();
+    node_ids.sort();
+    node_ids.dedup();
+    let nodes: HashMap<String, Node> = bcm_db::nodes::nodes_fetch_many_in_txn(tx, &node_ids)
+        .await?
+        .into_iter()
+        .map(|n| (n.id.to_string(), n))
+        .collect();
+    for wf in workflows {
+        let Some(idx) = from.iter().find(|(w, _)| *w == wf.id).map(|(_, i)| *i) else {
+            continue;
+        };
+        let steps = steps_of.remove(&wf.id).unwrap_or_default();
+        let node = nodes
+            .get(&wf.node_id)
+            .cloned()
+            .ok_or_else(|| DbError::Corrupt(format!("workflow {} has no node", wf.id)))?;
+        drive_locked(tx, ctx, wf, steps, node, idx, writes).await?;
+    }
+    Ok(())
+}
+
+/// Advances each workflow of `targets` from its step inside `tx`, waiting
+/// for their locks (taken in id order); what it writes goes into `writes`,
+/// for the caller to flush before its commit.
+pub async fn drive_many(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    targets: &[(String, i32)],
+    writes: &mut Writes,
+) -> Result<(), DbError> {
+    // A workflow driven earlier in this transaction is read back as written.
+    writes.flush_rows(tx).await?;
+    let mut first: Vec<(String, i32)> = vec![];
+    let mut again: Vec<(String, i32)> = vec![];
+    for t in targets {
+        if first.iter().any(|(w, _)| *w == t.0) {
+            again.push(t.clone());
+        } else {
+            first.push(t.clone());
+        }
+    }
+    let ids: Vec<String> = first.iter().map(|(w, _)| w.clone()).collect();
+    let workflows = bcm_db::workflows::workflows_lock_many_in_txn(tx, &ids).await?;
+    advance_locked(tx, ctx, workflows, &first, writes).await?;
+    for (wf, idx) in again {
+        drive(tx, ctx, &wf, idx, writes).await?;
+    }
+    Ok(())
 }
 
 /// Advances workflow `wf_id` from its step `idx` inside `tx` (waiting for
-/// its lock), then on through every step that becomes due at once, and
-/// returns the events to publish with the commit.
+/// its lock), then on through every step that becomes due at once; what it
+/// writes goes into `writes`, for the caller to flush before its commit.
 pub async fn drive(
     tx: &mut Tx<'_>,
     ctx: &Ctx,
     wf_id: &str,
     idx: i32,
-) -> Result<Vec<bcm_db::outbox::NewOutboxMessage>, DbError> {
+    writes: &mut Writes,
+) -> Result<(), DbError> {
+    // A workflow driven earlier in this transaction is read back as written.
+    writes.flush_rows(tx).await?;
     let wf = bcm_db::workflows::workflow_fetch_for_update_in_txn(tx, wf_id).await?;
-    drive_locked(tx, ctx, wf, idx).await
+    let steps = bcm_db::workflows::steps_fetch_for_update_in_txn(tx, &wf.id).await?;
+    let node_id: bcm_core::NodeId = wf
+        .node_id
+        .parse()
+        .map_err(|_| DbError::Corrupt(format!("node id {}", wf.node_id)))?;
+    let node = bcm_db::nodes::node_fetch_in_txn(tx, &node_id).await?;
+    drive_locked(tx, ctx, wf, steps, node, idx, writes).await
 }
 
 async fn drive_locked(
     tx: &mut Tx<'_>,
     ctx: &Ctx,
     mut wf: WorkflowRow,
+    mut steps: Vec<StepRow>,
+    mut node: Node,
     idx: i32,
-) -> Result<Vec<bcm_db::outbox::NewOutboxMessage>, DbError> {
+    writes: &mut Writes,
+) -> Result<(), DbError> {
     let stored = wf.clone();
-    let mut steps = bcm_db::workflows::steps_fetch_for_update_in_txn(tx, &wf.id).await?;
-    let node_id: bcm_core::NodeId = wf
-        .node_id
-        .parse()
-        .map_err(|_| DbError::Corrupt(format!("node id {}", wf.node_id)))?;
-    let mut events = vec![];
+    let stored_steps = steps.clone();
     let mut next = Some(idx);
-    let mut node = bcm_db::nodes::node_fetch_in_txn(tx, &node_id).await?;
     for _ in 0..MAX_STEPS_PER_TXN {
         let Some(idx) = next else { break };
         let (after, wrote_node) =
-            step_once(tx, ctx, &mut wf, &mut steps, &node, idx, &mut events).await?;
+            step_once(tx, ctx, &mut wf, &mut steps, &node, idx, writes).await?;
         next = after;
         if wrote_node && next.is_some() {
-            node = bcm_db::nodes::node_fetch_in_txn(tx, &node_id).await?;
+            node = bcm_db::nodes::node_fetch_in_txn(tx, &node.id).await?;
         }
     }
-    if let Some(idx) = next {
-        // Out of budget: leave the due step for the next transaction.
-        if let Some(s) = steps.iter().find(|s| s.idx == idx) {
-            bcm_db::workflows::step_update_in_txn(tx, s).await?;
-        }
-    }
+    // Out of budget, a due step stays due for the next transaction.
+    writes.steps.extend(
+        steps
+            .into_iter()
+            .zip(stored_steps.iter())
+            .filter(|(now, before)| now != *before)
+            .map(|(now, _)| now),
+    );
     if wf != stored {
         let finished = WorkflowPhase::parse(&wf.status).is_final();
-        bcm_db::workflows::workflow_update_in_txn(tx, &wf, finished).await?;
+        writes.workflows.push((wf, finished));
     }
-    Ok(events)
+    Ok(())
 }
 
 /// Advances one step of a locked workflow. Returns the step that became due
@@ -191,7 +340,7 @@ async fn step_once(
     steps: &mut [StepRow],
     node: &Node,
     idx: i32,
-    events: &mut Vec<bcm_db::outbox::NewOutboxMessage>,
+    writes: &mut Writes,
 ) -> Result<(Option<i32>, bool), DbError> {
     let Some(pos) = steps.iter().position(|s| s.idx == idx) else {
         return Ok((None, false));
@@ -201,7 +350,6 @@ async fn step_once(
 
     if phase.is_final() {
         steps[pos].due_at = None;
-        bcm_db::workflows::step_update_in_txn(tx, &steps[pos]).await?;
         return Ok((None, false));
     }
 
@@ -214,18 +362,19 @@ async fn step_once(
             s.status = "skipped".into();
             s.due_at = None;
             s.finished_at = Some(now);
-            bcm_db::workflows::step_update_in_txn(tx, s).await?;
         }
         wf.status = WorkflowPhase::CancellingCleanup.as_str().into();
-        return Ok((schedule_next(ctx, wf, steps, node, events), false));
+        return Ok((
+            schedule_next(ctx, wf, steps, node, &mut writes.events),
+            false,
+        ));
     }
 
     let def: StepDef = serde_json::from_value(steps[pos].definition.clone())
         .map_err(|e| DbError::Corrupt(format!("step definition of {}/{idx}: {e}", wf.id)))?;
-    let outcome = advance(tx, ctx, wf, steps, pos, &def, node, now).await?;
+    let outcome = advance(tx, ctx, wf, steps, pos, &def, node, now, writes).await?;
     let wrote_node = def.kind.writes_node();
     let Some((outcome, output, wipe_verified)) = outcome else {
-        bcm_db::workflows::step_update_in_txn(tx, &steps[pos]).await?;
         return Ok((None, wrote_node));
     };
     let attempt = steps[pos].attempt.max(1) as u32;
@@ -241,7 +390,9 @@ async fn step_once(
             if wipe_verified {
                 wf.wipe_verified = true;
             }
-            events.push(step_event(ctx.bus.subjects(), wf, node, step, "succeeded"));
+            writes
+                .events
+                .push(step_event(ctx.bus.subjects(), wf, node, step, "succeeded"));
         }
         AfterOutcome::Retry { attempt, after_ms } => {
             tracing::info!(workflow = %wf.id, step = %step.name, attempt, after_ms, "retrying step");
@@ -260,26 +411,18 @@ async fn step_once(
             if !step.cleanup && wf.error.is_none() {
                 wf.error = Some(format!("{}: {message}", step.name));
             }
-            events.push(step_event(ctx.bus.subjects(), wf, node, step, "failed"));
+            writes
+                .events
+                .push(step_event(ctx.bus.subjects(), wf, node, step, "failed"));
         }
     }
     let finished = matches!(steps[pos].status.as_str(), "succeeded" | "failed");
-    bcm_db::workflows::step_update_in_txn(tx, &steps[pos]).await?;
     let next = if finished {
-        schedule_next(ctx, wf, steps, node, events)
+        schedule_next(ctx, wf, steps, node, &mut writes.events)
     } else {
         None
     };
     Ok((next, wrote_node))
-}
-
-async fn finish_txn(
-    mut tx: Tx<'static>,
-    events: Vec<bcm_db::outbox::NewOutboxMessage>,
-) -> Result<(), DbError> {
-    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &events).await?;
-    tx.commit().await?;
-    Ok(())
 }
 
 fn step_event(
@@ -317,6 +460,7 @@ async fn advance(
     def: &StepDef,
     node: &Node,
     now: DateTime<Utc>,
+    writes: &mut Writes,
 ) -> Result<Option<(StepOutcome, Option<serde_json::Value>, bool)>, DbError> {
     let join_poll = chrono::Duration::milliseconds(ctx.cfg.join_poll_ms as i64);
     let deadline_passed = steps[pos].deadline_at.is_some_and(|d| now >= d);
@@ -345,22 +489,18 @@ async fn advance(
                     }
                 };
                 let target = def.kind.target().as_str().to_owned();
-                bcm_db::commands::command_insert_in_txn(
-                    tx,
-                    &bcm_db::commands::NewCommand {
-                        id: cmd_id.clone(),
-                        idempotency_key: format!("{}/{}/{}", wf.id, step.idx, step.attempt),
-                        workflow_id: Some(wf.id.clone()),
-                        step_idx: Some(step.idx),
-                        attempt: step.attempt,
-                        node_id: Some(node.id.to_string()),
-                        site_id: Some(node.site_id.to_string()),
-                        kind: def.kind.command_kind().to_owned(),
-                        target: target.clone(),
-                        params: params.clone(),
-                    },
-                )
-                .await?;
+                writes.commands.push(bcm_db::commands::NewCommand {
+                    id: cmd_id.clone(),
+                    idempotency_key: format!("{}/{}/{}", wf.id, step.idx, step.attempt),
+                    workflow_id: Some(wf.id.clone()),
+                    step_idx: Some(step.idx),
+                    attempt: step.attempt,
+                    node_id: Some(node.id.to_string()),
+                    site_id: Some(node.site_id.to_string()),
+                    kind: def.kind.command_kind().to_owned(),
+                    target: target.clone(),
+                    params: params.clone(),
+                });
                 if def.kind.target() == StepTarget::Site {
                     let envelope = CommandEnvelope {
                         command_id: cmd_id.clone(),
@@ -370,8 +510,9 @@ async fn advance(
                         params,
                         issued_at: now,
                     };
-                    let row = outbox::command(ctx.bus.subjects(), node, &envelope);
-                    bcm_db::outbox::outbox_insert_in_txn(tx, &[row]).await?;
+                    writes
+                        .events
+                        .push(outbox::command(ctx.bus.subjects(), node, &envelope));
                 }
                 step.command_id = Some(cmd_id);
                 step.due_at = step.deadline_at;

@@ -27,6 +27,9 @@ pub struct EngineConfig {
     /// Concurrent step workers in this process.
     #[serde(default = "default_workers")]
     pub workers: usize,
+    /// At most this many workflows a worker advances in one transaction.
+    #[serde(default = "default_batch")]
+    pub batch: usize,
     /// How often an idle worker looks for due steps without a notification.
     #[serde(default = "default_poll_ms")]
     pub poll_ms: u64,
@@ -43,6 +46,11 @@ pub struct EngineConfig {
 
 fn default_workers() -> usize {
     4
+}
+fn default_batch() -> usize {
+    // Statements and commits per step fall with the batch; past a few dozen
+    // a transaction holds more locks for longer and gains little.
+    32
 }
 fn default_poll_ms() -> u64 {
     250
@@ -62,6 +70,7 @@ impl EngineConfig {
     pub fn new(control_plane_url: impl Into<String>) -> Self {
         Self {
             workers: default_workers(),
+            batch: default_batch(),
             poll_ms: default_poll_ms(),
             control_plane_url: control_plane_url.into(),
             join_token_ttl_secs: default_token_ttl(),

@@ -1,6 +1,6 @@
 //! Consumes site command results from JetStream: records each once on its
-//! command row and advances the waiting step in the same transaction; acks
-//! only after the commit. Undecodable messages are terminated and logged,
+//! command row and advances the waiting step in the same transaction (the
+//! results that arrived together share one); acks only after the commit. Undecodable messages are terminated and logged,
 //! never retried forever.
 
 use async_nats::jetstream::consumer::{pull, AckPolicy};
@@ -15,20 +15,39 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::Ctx;
 
-/// Results handled at once.
-const CONCURRENT_RESULTS: usize = 16;
+/// Results recorded in one transaction, at most.
+const RESULTS_PER_TXN: usize = 64;
+
+/// Transactions of results in flight at once.
+const CONCURRENT_TXNS: usize = 4;
 
 /// Records one site result and advances the step waiting on it, in one
 /// transaction; true when the result was new (a redelivery changes nothing).
 pub async fn record(ctx: &Ctx, r: &CommandResult) -> Result<bool, bcm_db::DbError> {
+    Ok(record_many(ctx, std::slice::from_ref(r)).await? == 1)
+}
+
+/// Records site results, each once, and advances the steps waiting on them,
+/// all in one transaction; returns how many were new. Locks are taken as
+/// verbs take them, node before workflow: first the nodes whose power a
+/// result reports (in id order), then every workflow (in id order).
+pub async fn record_many(ctx: &Ctx, results: &[CommandResult]) -> Result<usize, bcm_db::DbError> {
     let mut tx = ctx.db.begin().await?;
-    let body = serde_json::json!({ "ok": r.ok, "retryable": r.retryable, "output": r.output, "error": r.error });
-    let completed =
-        bcm_db::commands::command_complete_in_txn(&mut tx, &r.command_id, r.ok, &body, None)
-            .await?;
-    let mut events = vec![];
-    if let Some(done) = &completed {
-        // The power axis first (node lock before workflow lock, as verbs).
+    let rows: Vec<bcm_db::commands::NewResult<'_>> = results
+        .iter()
+        .map(|r| bcm_db::commands::NewResult {
+            command_id: &r.command_id,
+            succeeded: r.ok,
+            result: serde_json::json!({ "ok": r.ok, "retryable": r.retryable, "output": r.output, "error": r.error }),
+        })
+        .collect();
+    let mut completed = bcm_db::commands::commands_complete_many_in_txn(&mut tx, &rows).await?;
+    completed.sort_by(|a, b| a.1.node_id.cmp(&b.1.node_id).then(a.0.cmp(&b.0)));
+    let mut writes = crate::engine::Writes::default();
+    for (command_id, done) in &completed {
+        let Some(r) = results.iter().find(|r| r.command_id == *command_id) else {
+            continue;
+        };
         if let (true, Some(node)) = (r.ok, &done.node_id) {
             if let Some(power) = r
                 .output
@@ -36,19 +55,21 @@ pub async fn record(ctx: &Ctx, r: &CommandResult) -> Result<bool, bcm_db::DbErro
                 .and_then(|p| p.as_str())
                 .and_then(PowerState::parse)
             {
-                record_power(&mut tx, ctx, node, power, &r.command_id, &mut events).await?;
+                record_power(&mut tx, ctx, node, power, command_id, &mut writes.events).await?;
             }
         }
         if let (Some(node), "bmc.rotateCredentials") = (&done.node_id, done.kind.as_str()) {
-            crate::rotation::finish(&mut tx, ctx, node, r, &mut events).await?;
-        }
-        if let Some((wf, idx)) = &done.step {
-            events.extend(crate::engine::drive(&mut tx, ctx, wf, *idx).await?);
+            crate::rotation::finish(&mut tx, ctx, node, r, &mut writes.events).await?;
         }
     }
-    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &events).await?;
+    let steps: Vec<(String, i32)> = completed
+        .iter()
+        .filter_map(|(_, d)| d.step.clone())
+        .collect();
+    crate::engine::drive_many(&mut tx, ctx, &steps, &mut writes).await?;
+    writes.flush(&mut tx).await?;
     tx.commit().await?;
-    Ok(completed.is_some())
+    Ok(completed.len())
 }
 
 /// Records the power state a BMC reported; a change bumps the node's
@@ -123,37 +144,72 @@ async fn consume_once(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> anyhow::R
         )
         .await?;
     let messages = consumer.messages().await?;
+    // What has arrived is recorded together: one transaction per batch.
     let handled = messages
         .take_until(shutdown.cancelled())
-        .map(|m| m.map_err(|e| anyhow::anyhow!("{e}")))
-        .try_for_each_concurrent(CONCURRENT_RESULTS, |msg| async move {
-            handle(ctx, msg).await;
-            Ok(())
+        .ready_chunks(RESULTS_PER_TXN)
+        .map(Ok::<_, anyhow::Error>)
+        .try_for_each_concurrent(CONCURRENT_TXNS, |chunk| async move {
+            let mut batch = Vec::with_capacity(chunk.len());
+            let mut broken = None;
+            for m in chunk {
+                match m {
+                    Ok(m) => batch.push(m),
+                    Err(e) => broken = Some(anyhow::anyhow!("{e}")),
+                }
+            }
+            handle_batch(ctx, batch).await;
+            broken.map_or(Ok(()), Err)
         });
     handled.await
 }
 
-/// Records one delivered result, then acks it; a failure naks it for a
-/// redelivery, an undecodable one is terminated.
-async fn handle(ctx: &Ctx, msg: async_nats::jetstream::Message) {
-    let parsed: Result<CloudEvent<CommandResult>, _> = serde_json::from_slice(&msg.payload);
-    match parsed {
-        Ok(ev) => match record(ctx, &ev.data).await {
+/// Records a batch of delivered results in one transaction, then acks
+/// them; when the batch fails each result is recorded on its own (a
+/// failure naks it for a redelivery). Undecodable ones are terminated.
+async fn handle_batch(ctx: &Ctx, batch: Vec<async_nats::jetstream::Message>) {
+    let mut decoded = Vec::with_capacity(batch.len());
+    for msg in batch {
+        match serde_json::from_slice::<CloudEvent<CommandResult>>(&msg.payload) {
+            Ok(ev) => decoded.push((msg, ev.data)),
+            Err(e) => {
+                tracing::warn!(error = %e, subject = %msg.subject, "dropping an undecodable result");
+                let _ = msg.ack_with(AckKind::Term).await;
+            }
+        }
+    }
+    if decoded.is_empty() {
+        return;
+    }
+    if decoded.len() > 1 {
+        let results: Vec<CommandResult> = decoded.iter().map(|(_, r)| r.clone()).collect();
+        match record_many(ctx, &results).await {
             Ok(_) => {
-                if let Err(e) = msg.ack().await {
-                    tracing::warn!(error = %e, command = %ev.data.command_id, "acking a result failed; it will be redelivered and deduplicated");
+                for (msg, r) in &decoded {
+                    ack(msg, r).await;
                 }
+                return;
             }
             Err(e) => {
-                tracing::warn!(error = %e, command = %ev.data.command_id, "recording a result failed; will retry");
+                tracing::warn!(error = %e, results = decoded.len(), "recording a batch of results failed; recording them one by one");
+            }
+        }
+    }
+    for (msg, r) in &decoded {
+        match record(ctx, r).await {
+            Ok(_) => ack(msg, r).await,
+            Err(e) => {
+                tracing::warn!(error = %e, command = %r.command_id, "recording a result failed; will retry");
                 let _ = msg
                     .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                     .await;
             }
-        },
-        Err(e) => {
-            tracing::warn!(error = %e, subject = %msg.subject, "dropping an undecodable result");
-            let _ = msg.ack_with(AckKind::Term).await;
         }
+    }
+}
+
+async fn ack(msg: &async_nats::jetstream::Message, r: &CommandResult) {
+    if let Err(e) = msg.ack().await {
+        tracing::warn!(error = %e, command = %r.command_id, "acking a result failed; it will be redelivered and deduplicated");
     }
 }

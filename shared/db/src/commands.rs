@@ -45,22 +45,46 @@ const COLUMNS: &str = "id, node_id, site_id, kind, target, params, status, resul
 /// Records a command as pending. A repeated idempotency key is
 /// [`DbError::Duplicate`].
 pub async fn command_insert_in_txn(tx: &mut Tx<'_>, c: &NewCommand) -> Result<(), DbError> {
+    commands_insert_many_in_txn(tx, std::slice::from_ref(c)).await
+}
+
+/// Records commands as pending, in one round trip. A repeated idempotency
+/// key is [`DbError::Duplicate`] (and nothing is recorded).
+pub async fn commands_insert_many_in_txn(
+    tx: &mut Tx<'_>,
+    cs: &[NewCommand],
+) -> Result<(), DbError> {
+    if cs.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = cs.iter().map(|c| c.id.as_str()).collect();
+    let keys: Vec<&str> = cs.iter().map(|c| c.idempotency_key.as_str()).collect();
+    let workflows: Vec<Option<&str>> = cs.iter().map(|c| c.workflow_id.as_deref()).collect();
+    let steps: Vec<Option<i32>> = cs.iter().map(|c| c.step_idx).collect();
+    let attempts: Vec<i32> = cs.iter().map(|c| c.attempt).collect();
+    let nodes: Vec<Option<&str>> = cs.iter().map(|c| c.node_id.as_deref()).collect();
+    let sites: Vec<Option<&str>> = cs.iter().map(|c| c.site_id.as_deref()).collect();
+    let kinds: Vec<&str> = cs.iter().map(|c| c.kind.as_str()).collect();
+    let targets: Vec<&str> = cs.iter().map(|c| c.target.as_str()).collect();
+    let params: Vec<&serde_json::Value> = cs.iter().map(|c| &c.params).collect();
     // An agent's command wakes its long-poll on commit (same round trip).
     sqlx::query(
         "WITH c AS (INSERT INTO commands (id, idempotency_key, workflow_id, step_idx, attempt, node_id, site_id, kind, target, params, status) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending') RETURNING node_id, target) \
+         SELECT id, key, wf, step, attempt, node, site, kind, target, params, 'pending' \
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::int[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[]) \
+         AS t(id, key, wf, step, attempt, node, site, kind, target, params) RETURNING node_id, target) \
          SELECT pg_notify($11, node_id) FROM c WHERE target IN ('ramdisk', 'node') AND node_id IS NOT NULL",
     )
-    .bind(&c.id)
-    .bind(&c.idempotency_key)
-    .bind(&c.workflow_id)
-    .bind(c.step_idx)
-    .bind(c.attempt)
-    .bind(&c.node_id)
-    .bind(&c.site_id)
-    .bind(&c.kind)
-    .bind(&c.target)
-    .bind(&c.params)
+    .bind(&ids)
+    .bind(&keys)
+    .bind(&workflows)
+    .bind(&steps)
+    .bind(&attempts)
+    .bind(&nodes)
+    .bind(&sites)
+    .bind(&kinds)
+    .bind(&targets)
+    .bind(&params)
     .bind(AGENT_CHANNEL)
     .execute(&mut **tx)
     .await?;
@@ -206,6 +230,64 @@ pub async fn command_complete_in_txn(
         kind: d.kind,
         node_id: d.node_id,
     }))
+}
+
+/// A result to record on its command.
+#[derive(Debug, Clone)]
+pub struct NewResult<'a> {
+    pub command_id: &'a str,
+    pub succeeded: bool,
+    pub result: serde_json::Value,
+}
+
+/// Records unsigned results (a site service's) once each, in one round
+/// trip; returns the commands that had none yet, with their command id (a
+/// redelivered result changes nothing and is left out).
+pub async fn commands_complete_many_in_txn(
+    tx: &mut Tx<'_>,
+    results: &[NewResult<'_>],
+) -> Result<Vec<(String, Completed)>, DbError> {
+    #[derive(sqlx::FromRow)]
+    struct Done {
+        id: String,
+        workflow_id: Option<String>,
+        step_idx: Option<i32>,
+        kind: String,
+        node_id: Option<String>,
+    }
+    if results.is_empty() {
+        return Ok(vec![]);
+    }
+    let ids: Vec<&str> = results.iter().map(|r| r.command_id).collect();
+    let status: Vec<&str> = results
+        .iter()
+        .map(|r| if r.succeeded { "succeeded" } else { "failed" })
+        .collect();
+    let bodies: Vec<&serde_json::Value> = results.iter().map(|r| &r.result).collect();
+    let rows: Vec<Done> = sqlx::query_as(
+        "UPDATE commands c SET status = t.status, result = t.result, completed_at = now() \
+         FROM (SELECT DISTINCT ON (id) id, status, result FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS u(id, status, result)) AS t \
+         WHERE c.id = t.id AND c.status IN ('pending', 'sent') \
+         RETURNING c.id, c.workflow_id, c.step_idx, c.kind, c.node_id",
+    )
+    .bind(&ids)
+    .bind(&status)
+    .bind(&bodies)
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|d| {
+            (
+                d.id,
+                Completed {
+                    step: d.workflow_id.zip(d.step_idx),
+                    kind: d.kind,
+                    node_id: d.node_id,
+                },
+            )
+        })
+        .collect())
 }
 
 /// Hands the pending ramdisk commands of a node to its agent, marking them

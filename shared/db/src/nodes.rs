@@ -367,6 +367,19 @@ pub async fn node_fetch_in_txn(tx: &mut Tx<'_>, id: &NodeId) -> Result<Node, DbE
     row.try_into()
 }
 
+/// Reads nodes (those that exist), in one round trip.
+pub async fn nodes_fetch_many_in_txn(
+    tx: &mut Tx<'_>,
+    ids: &[String],
+) -> Result<Vec<Node>, DbError> {
+    let rows: Vec<NodeRow> =
+        sqlx::query_as(&format!("SELECT {COLUMNS} FROM nodes WHERE id = ANY($1)"))
+            .bind(ids)
+            .fetch_all(&mut **tx)
+            .await?;
+    rows.into_iter().map(Node::try_from).collect()
+}
+
 /// Nodes with BMC credentials whose power was last read by the power sync
 /// longer than `every` ago (or never), longest first, at most `limit`;
 /// nodes being enrolled or retired, and nodes whose password is being

@@ -67,25 +67,6 @@ pub async fn outbox_insert_in_txn(
     Ok(())
 }
 
-/// The oldest unpublished messages, in sequence order.
-pub async fn outbox_fetch_unpublished(db: &Db, limit: i64) -> Result<Vec<OutboxMessage>, DbError> {
-    Ok(sqlx::query_as(
-        "SELECT seq, id, subject, payload, headers FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT $1",
-    )
-    .bind(limit)
-    .fetch_all(db.pool())
-    .await?)
-}
-
-/// Marks messages published.
-pub async fn outbox_mark_published(db: &Db, seqs: &[i64]) -> Result<(), DbError> {
-    sqlx::query("UPDATE outbox SET published_at = now() WHERE seq = ANY($1)")
-        .bind(seqs)
-        .execute(db.pool())
-        .await?;
-    Ok(())
-}
-
 /// How many messages wait to be published.
 pub async fn outbox_backlog(db: &Db) -> Result<i64, DbError> {
     Ok(
@@ -136,6 +117,26 @@ impl RelayLease {
             let _ = conn.close().await;
             Ok(None)
         }
+    }
+
+    /// The oldest unpublished messages, in sequence order, read on the
+    /// lease's own connection (the relay never waits for the pool).
+    pub async fn fetch_unpublished(&mut self, limit: i64) -> Result<Vec<OutboxMessage>, DbError> {
+        Ok(sqlx::query_as(
+            "SELECT seq, id, subject, payload, headers FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&mut self.conn)
+        .await?)
+    }
+
+    /// Marks messages published, on the lease's own connection.
+    pub async fn mark_published(&mut self, seqs: &[i64]) -> Result<(), DbError> {
+        sqlx::query("UPDATE outbox SET published_at = now() WHERE seq = ANY($1)")
+            .bind(seqs)
+            .execute(&mut self.conn)
+            .await?;
+        Ok(())
     }
 
     /// Checks the lease's connection is alive (the lock with it).

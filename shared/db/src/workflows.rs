@@ -245,6 +245,135 @@ pub async fn step_update_in_txn(tx: &mut Tx<'_>, s: &StepRow) -> Result<(), DbEr
     Ok(())
 }
 
+/// Claims up to `limit` due steps of distinct workflows, locked for the
+/// transaction; others skip them. One step per workflow: the rest of a
+/// workflow's due steps wait for a later claim.
+pub async fn steps_claim_due_many_in_txn(
+    tx: &mut Tx<'_>,
+    limit: i64,
+) -> Result<Vec<(String, i32)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT DISTINCT ON (workflow_id) workflow_id, idx FROM \
+         (SELECT workflow_id, idx, due_at FROM workflow_steps WHERE due_at <= now() ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED) AS d \
+         ORDER BY workflow_id, due_at",
+    )
+    .bind(limit)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
+/// Reads and locks workflows, waiting for their locks, in id order (so
+/// two transactions that lock overlapping sets cannot deadlock).
+pub async fn workflows_lock_many_in_txn(
+    tx: &mut Tx<'_>,
+    ids: &[String],
+) -> Result<Vec<WorkflowRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {WF_COLUMNS} FROM workflows WHERE id = ANY($1) ORDER BY id FOR UPDATE"
+    ))
+    .bind(ids)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
+/// Locks those of the workflows no other transaction holds.
+pub async fn workflows_try_lock_many_in_txn(
+    tx: &mut Tx<'_>,
+    ids: &[String],
+) -> Result<Vec<WorkflowRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {WF_COLUMNS} FROM workflows WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED"
+    ))
+    .bind(ids)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
+/// Every step of the workflows, by workflow and index, locked for the
+/// transaction.
+pub async fn steps_fetch_for_update_many_in_txn(
+    tx: &mut Tx<'_>,
+    workflow_ids: &[String],
+) -> Result<Vec<StepRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {STEP_COLUMNS} FROM workflow_steps WHERE workflow_id = ANY($1) ORDER BY workflow_id, idx FOR UPDATE"
+    ))
+    .bind(workflow_ids)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
+/// Writes the mutable fields of steps, in one round trip.
+pub async fn steps_update_many_in_txn(tx: &mut Tx<'_>, steps: &[StepRow]) -> Result<(), DbError> {
+    if steps.is_empty() {
+        return Ok(());
+    }
+    let wf: Vec<&str> = steps.iter().map(|s| s.workflow_id.as_str()).collect();
+    let idx: Vec<i32> = steps.iter().map(|s| s.idx).collect();
+    let status: Vec<&str> = steps.iter().map(|s| s.status.as_str()).collect();
+    let attempt: Vec<i32> = steps.iter().map(|s| s.attempt).collect();
+    let output: Vec<Option<&serde_json::Value>> = steps.iter().map(|s| s.output.as_ref()).collect();
+    let error: Vec<Option<&str>> = steps.iter().map(|s| s.error.as_deref()).collect();
+    let started: Vec<Option<DateTime<Utc>>> = steps.iter().map(|s| s.started_at).collect();
+    let finished: Vec<Option<DateTime<Utc>>> = steps.iter().map(|s| s.finished_at).collect();
+    let due: Vec<Option<DateTime<Utc>>> = steps.iter().map(|s| s.due_at).collect();
+    let deadline: Vec<Option<DateTime<Utc>>> = steps.iter().map(|s| s.deadline_at).collect();
+    let command: Vec<Option<&str>> = steps.iter().map(|s| s.command_id.as_deref()).collect();
+    sqlx::query(
+        "UPDATE workflow_steps s SET status = t.status, attempt = t.attempt, output = t.output, error = t.error, \
+         started_at = t.started_at, finished_at = t.finished_at, due_at = t.due_at, deadline_at = t.deadline_at, \
+         command_id = t.command_id \
+         FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::jsonb[], $6::text[], $7::timestamptz[], \
+                     $8::timestamptz[], $9::timestamptz[], $10::timestamptz[], $11::text[]) \
+         AS t(workflow_id, idx, status, attempt, output, error, started_at, finished_at, due_at, deadline_at, command_id) \
+         WHERE s.workflow_id = t.workflow_id AND s.idx = t.idx",
+    )
+    .bind(&wf)
+    .bind(&idx)
+    .bind(&status)
+    .bind(&attempt)
+    .bind(&output)
+    .bind(&error)
+    .bind(&started)
+    .bind(&finished)
+    .bind(&due)
+    .bind(&deadline)
+    .bind(&command)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Writes workflows' status, error and wipe verdict (`finished` stamps the
+/// end), in one round trip.
+pub async fn workflows_update_many_in_txn(
+    tx: &mut Tx<'_>,
+    workflows: &[(WorkflowRow, bool)],
+) -> Result<(), DbError> {
+    if workflows.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = workflows.iter().map(|(w, _)| w.id.as_str()).collect();
+    let status: Vec<&str> = workflows.iter().map(|(w, _)| w.status.as_str()).collect();
+    let error: Vec<Option<&str>> = workflows.iter().map(|(w, _)| w.error.as_deref()).collect();
+    let wipe: Vec<bool> = workflows.iter().map(|(w, _)| w.wipe_verified).collect();
+    let finished: Vec<bool> = workflows.iter().map(|(_, f)| *f).collect();
+    sqlx::query(
+        "UPDATE workflows w SET status = t.status, error = t.error, wipe_verified = t.wipe, updated_at = now(), \
+         finished_at = CASE WHEN t.finished THEN now() ELSE w.finished_at END \
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[], $5::bool[]) AS t(id, status, error, wipe, finished) \
+         WHERE w.id = t.id",
+    )
+    .bind(&ids)
+    .bind(&status)
+    .bind(&error)
+    .bind(&wipe)
+    .bind(&finished)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 /// Writes a workflow's status, error and wipe verdict.
 pub async fn workflow_update_in_txn(
     tx: &mut Tx<'_>,

@@ -28,6 +28,9 @@ struct Args {
     /// Workflow engine workers.
     #[arg(long, default_value_t = 8)]
     engine_workers: usize,
+    /// Workflows an engine worker advances per transaction.
+    #[arg(long, default_value_t = 32)]
+    engine_batch: usize,
     /// Reconciler workers in this process.
     #[arg(long, default_value_t = 1)]
     reconcilers: usize,
@@ -178,6 +181,7 @@ async fn main() -> anyhow::Result<()> {
     let mut cfg = cfg;
     let mut engine = bcm_workflow::EngineConfig::new(base.clone());
     engine.workers = args.engine_workers;
+    engine.batch = args.engine_batch;
     cfg.engine = Some(engine);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -320,6 +324,7 @@ async fn main() -> anyhow::Result<()> {
             "nats-server": rss_of("nats-server"),
         },
         "engineWorkers": args.engine_workers,
+        "engineBatch": args.engine_batch,
         "reconcilers": args.reconcilers,
     });
     println!("{out}");
