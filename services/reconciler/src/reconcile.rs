@@ -32,8 +32,14 @@ pub async fn node(
     let mut started = None;
     let mut tx = db.begin().await?;
     bcm_db::lock_timeout_in_txn(&mut tx, lock_timeout_ms).await?;
+    // The node as this pass last wrote it (the row lock holds from the first
+    // read, so nobody else changed it since).
+    let mut written: Option<bcm_db::nodes::Node> = None;
     for _ in 0..MAX_TRANSITIONS {
-        let node = bcm_db::nodes::node_fetch_for_update_in_txn(&mut tx, id).await?;
+        let node = match written.take() {
+            Some(n) => n,
+            None => bcm_db::nodes::node_fetch_for_update_in_txn(&mut tx, id).await?,
+        };
         let wf = match node.workflow_id {
             Some(w) => {
                 Some(bcm_db::workflows::workflow_fetch_in_txn(&mut tx, &w.to_string()).await?)
@@ -126,7 +132,10 @@ pub async fn node(
                     next.role = Some(role.as_str().to_owned());
                 }
                 let name = mv.name().to_string();
-                bcm_metal::moves::commit_in_txn(&mut tx, bus.subjects(), next, &t, &name).await?;
+                written = Some(
+                    bcm_metal::moves::commit_in_txn(&mut tx, bus.subjects(), next, &t, &name)
+                        .await?,
+                );
                 report.transitions += 1;
                 moved_to.push(t.to);
             }

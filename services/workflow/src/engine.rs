@@ -121,6 +121,9 @@ pub struct Writes {
     commands: Vec<bcm_db::commands::NewCommand>,
     /// Outbox messages to insert with the commit.
     pub events: Vec<bcm_db::outbox::NewOutboxMessage>,
+    /// Not a write: the commands of the running steps being advanced, read
+    /// ahead in one round trip for the whole batch.
+    commands_read: HashMap<String, bcm_db::commands::CommandRow>,
 }
 
 impl Writes {
@@ -228,6 +231,17 @@ async fn advance_locked(
         .await?
         .into_iter()
         .map(|n| (n.id.to_string(), n))
+        .collect();
+    let running: Vec<String> = from
+        .iter()
+        .filter_map(|(w, i)| steps_of.get(w)?.iter().find(|s| s.idx == *i))
+        .filter(|s| s.status == "running")
+        .filter_map(|s| s.command_id.clone())
+        .collect();
+    writes.commands_read = bcm_db::commands::commands_fetch_many_in_txn(tx, &running)
+        .await?
+        .into_iter()
+        .map(|c| (c.id.clone(), c))
         .collect();
     for wf in workflows {
         let Some(idx) = from.iter().find(|(w, _)| *w == wf.id).map(|(_, i)| *i) else {
@@ -612,7 +626,10 @@ async fn advance(
                     false,
                 )));
             };
-            let cmd = bcm_db::commands::command_fetch_in_txn(tx, &cmd_id).await?;
+            let cmd = match writes.commands_read.remove(&cmd_id) {
+                Some(c) => c,
+                None => bcm_db::commands::command_fetch_in_txn(tx, &cmd_id).await?,
+            };
             if matches!(cmd.status.as_str(), "pending" | "sent") {
                 if deadline_passed {
                     return Ok(Some((StepOutcome::TimedOut, None, false)));

@@ -133,6 +133,22 @@ pub async fn command_fetch_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<CommandRo
     )
 }
 
+/// Reads commands (those that exist), in one round trip.
+pub async fn commands_fetch_many_in_txn(
+    tx: &mut Tx<'_>,
+    ids: &[String],
+) -> Result<Vec<CommandRow>, DbError> {
+    if ids.is_empty() {
+        return Ok(vec![]);
+    }
+    Ok(sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM commands WHERE id = ANY($1)"
+    ))
+    .bind(ids)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
 /// Reads and locks a command.
 pub async fn command_fetch_for_update_in_txn(
     tx: &mut Tx<'_>,

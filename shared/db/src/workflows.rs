@@ -164,19 +164,6 @@ pub async fn workflow_fetch_for_update_in_txn(
     .await?)
 }
 
-/// Locks a workflow unless another transaction holds it (`None` then).
-pub async fn workflow_try_lock_in_txn(
-    tx: &mut Tx<'_>,
-    id: &str,
-) -> Result<Option<WorkflowRow>, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {WF_COLUMNS} FROM workflows WHERE id = $1 FOR UPDATE SKIP LOCKED"
-    ))
-    .bind(id)
-    .fetch_optional(&mut **tx)
-    .await?)
-}
-
 /// Every step of a workflow in order, locked for the transaction: a
 /// concurrent wake-up waits for the commit instead of being overwritten.
 pub async fn steps_fetch_for_update_in_txn(
@@ -212,37 +199,6 @@ pub async fn steps_fetch(db: &Db, workflow_id: &str) -> Result<Vec<StepRow>, DbE
     .bind(workflow_id)
     .fetch_all(db.pool())
     .await?)
-}
-
-/// Claims one due step, locked for the transaction; others skip it.
-pub async fn step_claim_due_in_txn(tx: &mut Tx<'_>) -> Result<Option<(String, i32)>, DbError> {
-    Ok(sqlx::query_as(
-        "SELECT workflow_id, idx FROM workflow_steps WHERE due_at <= now() ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED",
-    )
-    .fetch_optional(&mut **tx)
-    .await?)
-}
-
-/// Writes a step's mutable fields.
-pub async fn step_update_in_txn(tx: &mut Tx<'_>, s: &StepRow) -> Result<(), DbError> {
-    sqlx::query(
-        "UPDATE workflow_steps SET status = $3, attempt = $4, output = $5, error = $6, started_at = $7, \
-         finished_at = $8, due_at = $9, deadline_at = $10, command_id = $11 WHERE workflow_id = $1 AND idx = $2",
-    )
-    .bind(&s.workflow_id)
-    .bind(s.idx)
-    .bind(&s.status)
-    .bind(s.attempt)
-    .bind(&s.output)
-    .bind(&s.error)
-    .bind(s.started_at)
-    .bind(s.finished_at)
-    .bind(s.due_at)
-    .bind(s.deadline_at)
-    .bind(&s.command_id)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
 }
 
 /// Claims up to `limit` due steps of distinct workflows, locked for the
@@ -380,18 +336,7 @@ pub async fn workflow_update_in_txn(
     w: &WorkflowRow,
     finished: bool,
 ) -> Result<(), DbError> {
-    sqlx::query(
-        "UPDATE workflows SET status = $2, error = $3, wipe_verified = $4, updated_at = now(), \
-         finished_at = CASE WHEN $5 THEN now() ELSE finished_at END WHERE id = $1",
-    )
-    .bind(&w.id)
-    .bind(&w.status)
-    .bind(&w.error)
-    .bind(w.wipe_verified)
-    .bind(finished)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+    workflows_update_many_in_txn(tx, &[(w.clone(), finished)]).await
 }
 
 /// Asks a running workflow to cancel: the engine stops the running step and

@@ -25,12 +25,13 @@ struct Args {
     /// Concurrent API callers.
     #[arg(long, default_value_t = 32)]
     callers: usize,
-    /// Workflow engine workers.
-    #[arg(long, default_value_t = 8)]
-    engine_workers: usize,
-    /// Workflows an engine worker advances per transaction.
-    #[arg(long, default_value_t = 32)]
-    engine_batch: usize,
+    /// Workflow engine workers (default: the engine's).
+    #[arg(long)]
+    engine_workers: Option<usize>,
+    /// Workflows an engine worker advances per transaction (default: the
+    /// engine's).
+    #[arg(long)]
+    engine_batch: Option<usize>,
     /// Reconciler workers in this process.
     #[arg(long, default_value_t = 1)]
     reconcilers: usize,
@@ -180,8 +181,13 @@ async fn main() -> anyhow::Result<()> {
     let base = format!("http://{}", listener.local_addr()?);
     let mut cfg = cfg;
     let mut engine = bcm_workflow::EngineConfig::new(base.clone());
-    engine.workers = args.engine_workers;
-    engine.batch = args.engine_batch;
+    if let Some(w) = args.engine_workers {
+        engine.workers = w;
+    }
+    if let Some(b) = args.engine_batch {
+        engine.batch = b;
+    }
+    let (engine_workers, engine_batch) = (engine.workers, engine.batch);
     cfg.engine = Some(engine);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -323,8 +329,8 @@ async fn main() -> anyhow::Result<()> {
             "postgres": rss_of("postgres"),
             "nats-server": rss_of("nats-server"),
         },
-        "engineWorkers": args.engine_workers,
-        "engineBatch": args.engine_batch,
+        "engineWorkers": engine_workers,
+        "engineBatch": engine_batch,
         "reconcilers": args.reconcilers,
     });
     println!("{out}");
