@@ -8,7 +8,7 @@ use bcm_core::workflow::{
     WorkflowPhase,
 };
 use bcm_db::nodes::Node;
-use bcm_db::workflows::{StepRow, WorkflowRow};
+use bcm_db::workflows::{Held, StepRow, WorkflowRow};
 use bcm_db::{Db, DbError, Tx};
 use bcm_metal::outbox;
 use chrono::{DateTime, Utc};
@@ -196,7 +196,7 @@ async fn advance_claimed(
     claimed: &[(String, i32)],
 ) -> Result<usize, DbError> {
     let ids: Vec<String> = claimed.iter().map(|(w, _)| w.clone()).collect();
-    let workflows = bcm_db::workflows::workflows_try_lock_many_in_txn(tx, &ids).await?;
+    let workflows = bcm_db::workflows::workflows_lock_many_in_txn(tx, &ids, Held::Skip).await?;
     if workflows.is_empty() {
         return Ok(0);
     }
@@ -278,7 +278,7 @@ pub async fn drive_many(
         }
     }
     let ids: Vec<String> = first.iter().map(|(w, _)| w.clone()).collect();
-    let workflows = bcm_db::workflows::workflows_lock_many_in_txn(tx, &ids).await?;
+    let workflows = bcm_db::workflows::workflows_lock_many_in_txn(tx, &ids, Held::Wait).await?;
     advance_locked(tx, ctx, workflows, &first, writes).await?;
     for (wf, idx) in again {
         drive(tx, ctx, &wf, idx, writes).await?;

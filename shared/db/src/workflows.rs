@@ -218,27 +218,31 @@ pub async fn steps_claim_due_many_in_txn(
     .await?)
 }
 
-/// Reads and locks workflows, waiting for their locks, in id order (so
-/// two transactions that lock overlapping sets cannot deadlock).
+/// How [`workflows_lock_many_in_txn`] treats a workflow another
+/// transaction holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// Wait for it.
+    Wait,
+    /// Leave it out.
+    Skip,
+}
+
+/// Reads and locks workflows in id order (so two transactions that lock
+/// overlapping sets cannot deadlock), waiting for or skipping those another
+/// transaction holds.
 pub async fn workflows_lock_many_in_txn(
     tx: &mut Tx<'_>,
     ids: &[String],
+    held: Held,
 ) -> Result<Vec<WorkflowRow>, DbError> {
+    let skip = if held == Held::Skip {
+        " SKIP LOCKED"
+    } else {
+        ""
+    };
     Ok(sqlx::query_as(&format!(
-        "SELECT {WF_COLUMNS} FROM workflows WHERE id = ANY($1) ORDER BY id FOR UPDATE"
-    ))
-    .bind(ids)
-    .fetch_all(&mut **tx)
-    .await?)
-}
-
-/// Locks those of the workflows no other transaction holds.
-pub async fn workflows_try_lock_many_in_txn(
-    tx: &mut Tx<'_>,
-    ids: &[String],
-) -> Result<Vec<WorkflowRow>, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {WF_COLUMNS} FROM workflows WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED"
+        "SELECT {WF_COLUMNS} FROM workflows WHERE id = ANY($1) ORDER BY id FOR UPDATE{skip}"
     ))
     .bind(ids)
     .fetch_all(&mut **tx)
