@@ -236,3 +236,59 @@ async fn unrescue_while_the_rescue_ramdisk_boots_is_a_conflict() {
     let (s, _) = env.verb("abort", &id, json!({})).await;
     assert_eq!(s, 409, "abort is not legal from rescue");
 }
+
+#[tokio::test]
+async fn a_step_this_engine_cannot_read_fails_alone_and_holds_up_no_other_workflow() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let ids = env.enroll_sims("unreadable", 4).await;
+    // A workflow whose step kind only a newer engine knows, due at once,
+    // batched with the enrolling nodes' workflows. Version 0 is no state
+    // entry of the node's, so the reconciler's own workflows are unaffected.
+    let mut tx = env.db.begin().await.expect("tx");
+    bcm_db::workflows::workflow_insert_in_txn(
+        &mut tx,
+        &bcm_db::workflows::NewWorkflow {
+            id: "wf_from_a_newer_engine".into(),
+            node_id: ids[0].to_string(),
+            owner: "metal".into(),
+            profile_id: "metal-teleport".into(),
+            profile_version: 1,
+            for_state: "ready".into(),
+            for_version: 0,
+            definition: json!({}),
+            steps: vec![bcm_db::workflows::NewStep {
+                name: "teleport".into(),
+                target: "control-plane".into(),
+                cleanup: false,
+                definition: json!({ "name": "teleport", "kind": "teleport", "timeoutSecs": 10, "retry": { "maxAttempts": 1 } }),
+            }],
+        },
+    )
+    .await
+    .expect("insert");
+    tx.commit().await.expect("commit");
+
+    let wf = eventually(T, || async {
+        let wf = bcm_db::workflows::workflow_fetch(&env.db, "wf_from_a_newer_engine").await?;
+        Ok((wf.status == "failed").then_some(wf))
+    })
+    .await
+    .expect("the unreadable workflow fails");
+    let err = wf.error.unwrap_or_default();
+    assert!(
+        err.starts_with("teleport: this engine cannot read the step's definition"),
+        "{err}"
+    );
+    let steps = bcm_db::workflows::steps_fetch(&env.db, "wf_from_a_newer_engine")
+        .await
+        .expect("steps");
+    assert_eq!(steps[0].status, "failed");
+    assert_eq!(steps[0].due_at, None, "never claimed again");
+    for id in &ids {
+        env.wait_state(id, ProvisionState::Ready, T)
+            .await
+            .expect("every node reaches ready");
+    }
+}

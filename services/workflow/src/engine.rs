@@ -384,8 +384,31 @@ async fn step_once(
         ));
     }
 
-    let def: StepDef = serde_json::from_value(steps[pos].definition.clone())
-        .map_err(|e| DbError::Corrupt(format!("step definition of {}/{idx}: {e}", wf.id)))?;
+    let def: StepDef = match serde_json::from_value(steps[pos].definition.clone()) {
+        Ok(def) => def,
+        Err(e) => {
+            // Written by a newer engine or damaged: retrying cannot help, so
+            // the step fails for good (its workflow's cleanup still runs)
+            // instead of failing every transaction that claims it.
+            let message = format!("this engine cannot read the step's definition: {e}");
+            tracing::warn!(workflow = %wf.id, step = idx, %message, "failing an unreadable step");
+            let step = &mut steps[pos];
+            step.status = "failed".into();
+            step.error = Some(message.clone());
+            step.due_at = None;
+            step.finished_at = Some(now);
+            if !step.cleanup && wf.error.is_none() {
+                wf.error = Some(format!("{}: {message}", step.name));
+            }
+            writes
+                .events
+                .push(step_event(ctx.bus.subjects(), wf, node, step, "failed"));
+            return Ok((
+                schedule_next(ctx, wf, steps, node, &mut writes.events),
+                false,
+            ));
+        }
+    };
     let outcome = advance(tx, ctx, wf, steps, pos, &def, node, now, writes).await?;
     let wrote_node = def.kind.writes_node();
     let Some((outcome, output, wipe_verified)) = outcome else {
