@@ -392,17 +392,7 @@ async fn step_once(
             // instead of failing every transaction that claims it.
             let message = format!("this engine cannot read the step's definition: {e}");
             tracing::warn!(workflow = %wf.id, step = idx, %message, "failing an unreadable step");
-            let step = &mut steps[pos];
-            step.status = "failed".into();
-            step.error = Some(message.clone());
-            step.due_at = None;
-            step.finished_at = Some(now);
-            if !step.cleanup && wf.error.is_none() {
-                wf.error = Some(format!("{}: {message}", step.name));
-            }
-            writes
-                .events
-                .push(step_event(ctx.bus.subjects(), wf, node, step, "failed"));
+            give_up(ctx, wf, &mut steps[pos], node, message, now, writes);
             return Ok((
                 schedule_next(ctx, wf, steps, node, &mut writes.events),
                 false,
@@ -440,18 +430,7 @@ async fn step_once(
             step.error = Some(format!("{outcome:?}"));
             step.due_at = Some(now + chrono::Duration::milliseconds(after_ms as i64));
         }
-        AfterOutcome::GiveUp { message } => {
-            step.status = "failed".into();
-            step.error = Some(message.clone());
-            step.due_at = None;
-            step.finished_at = Some(now);
-            if !step.cleanup && wf.error.is_none() {
-                wf.error = Some(format!("{}: {message}", step.name));
-            }
-            writes
-                .events
-                .push(step_event(ctx.bus.subjects(), wf, node, step, "failed"));
-        }
+        AfterOutcome::GiveUp { message } => give_up(ctx, wf, step, node, message, now, writes),
     }
     let finished = matches!(steps[pos].status.as_str(), "succeeded" | "failed");
     let next = if finished {
@@ -460,6 +439,29 @@ async fn step_once(
         None
     };
     Ok((next, wrote_node))
+}
+
+/// Fails a step for good; the first main step to fail names the
+/// workflow's error.
+fn give_up(
+    ctx: &Ctx,
+    wf: &mut WorkflowRow,
+    step: &mut StepRow,
+    node: &Node,
+    message: String,
+    now: DateTime<Utc>,
+    writes: &mut Writes,
+) {
+    if !step.cleanup && wf.error.is_none() {
+        wf.error = Some(format!("{}: {message}", step.name));
+    }
+    step.status = "failed".into();
+    step.error = Some(message);
+    step.due_at = None;
+    step.finished_at = Some(now);
+    writes
+        .events
+        .push(step_event(ctx.bus.subjects(), wf, node, step, "failed"));
 }
 
 fn step_event(
