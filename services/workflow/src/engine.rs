@@ -172,17 +172,27 @@ pub async fn tick(ctx: &Ctx) -> Result<Tick, DbError> {
         Err(e) if claimed.len() > 1 && !matches!(e, DbError::Stale) => {
             tx.rollback().await?;
             tracing::warn!(error = %e, steps = claimed.len(), "a batch of steps failed to advance; advancing its workflows one by one");
+            let mut advanced = false;
             for one in &claimed {
                 let mut tx = ctx.db.begin().await?;
                 match advance_claimed(&mut tx, ctx, std::slice::from_ref(one)).await {
-                    Ok(_) => tx.commit().await?,
+                    Ok(_) => {
+                        tx.commit().await?;
+                        advanced = true;
+                    }
                     Err(e) => {
                         tracing::warn!(workflow = %one.0, step = one.1, error = %e, "step failed to advance; retrying");
                         tx.rollback().await?;
                     }
                 }
             }
-            Ok(Tick::Advanced)
+            // When none advanced, the worker waits a poll before it looks
+            // again instead of spinning on the same failing steps.
+            if advanced {
+                Ok(Tick::Advanced)
+            } else {
+                Err(e)
+            }
         }
         Err(e) => Err(e),
     }
