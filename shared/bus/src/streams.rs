@@ -82,3 +82,20 @@ pub async fn ensure_all(bus: &Bus) -> Result<(), BusError> {
     }
     Ok(())
 }
+
+/// Deletes every stream of the bus's namespace, with their messages and
+/// consumers. For throwaway namespaces (a benchmark's) only: nothing a
+/// service runs calls it.
+pub async fn delete_all(bus: &Bus) -> Result<(), BusError> {
+    for kind in StreamKind::ALL {
+        let name = bus.subjects().stream(kind);
+        bus.jetstream()
+            .delete_stream(&name)
+            .await
+            .map_err(|e| BusError::Stream {
+                stream: name.clone(),
+                why: e.to_string(),
+            })?;
+    }
+    Ok(())
+}

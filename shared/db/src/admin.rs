@@ -1,5 +1,5 @@
-//! Database administration for harnesses and tools: creating a database on
-//! a server.
+//! Database administration for harnesses and tools: creating and dropping a
+//! database on a server.
 
 use sqlx::Connection as _;
 
@@ -8,15 +8,7 @@ use crate::DbError;
 /// Creates database `name` (a lowercase identifier) on the server `server_url`
 /// points at, and returns the URL of the new database.
 pub async fn database_create(server_url: &str, name: &str) -> Result<String, DbError> {
-    if name.is_empty()
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-    {
-        return Err(DbError::Corrupt(format!(
-            "database name {name:?} is not a plain identifier"
-        )));
-    }
+    plain_identifier(name)?;
     let mut conn = sqlx::PgConnection::connect(server_url).await?;
     sqlx::query(&format!("CREATE DATABASE {name}"))
         .execute(&mut conn)
@@ -28,6 +20,31 @@ pub async fn database_create(server_url: &str, name: &str) -> Result<String, DbE
         .filter(|i| *i > "postgres://".len())
         .unwrap_or(base.len());
     Ok(format!("{}/{name}", &base[..cut]))
+}
+
+/// Drops database `name` on the server at `server_url`, closing its
+/// connections first. For throwaway databases (a benchmark's) only.
+pub async fn database_drop(server_url: &str, name: &str) -> Result<(), DbError> {
+    plain_identifier(name)?;
+    let mut conn = sqlx::PgConnection::connect(server_url).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(())
+}
+
+fn plain_identifier(name: &str) -> Result<(), DbError> {
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(DbError::Corrupt(format!(
+            "database name {name:?} is not a plain identifier"
+        )));
+    }
+    Ok(())
 }
 
 /// Transactions committed in the current database so far

@@ -38,6 +38,10 @@ struct Args {
     /// Give up after this many seconds per phase.
     #[arg(long, default_value_t = 1800)]
     phase_timeout_secs: u64,
+    /// Keep the run's database and streams afterwards (a run that fails
+    /// always keeps them, for a look).
+    #[arg(long)]
+    keep: bool,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -160,7 +164,8 @@ async fn main() -> anyhow::Result<()> {
     let nats = std::env::var("NATS_URL")
         .context("NATS_URL: run `eval \"$(deploy/dev/stack.sh env)\"` first")?;
     let suffix = format!("{}", std::process::id());
-    let db_url = bcm_db::admin::database_create(&database, &format!("bcm_bench_{suffix}")).await?;
+    let db_name = format!("bcm_bench_{suffix}");
+    let db_url = bcm_db::admin::database_create(&database, &db_name).await?;
     let token = format!("bench-admin-{suffix}-token");
     let cfg: bcm_allinone::Config = serde_json::from_value(json!({
         "api": {
@@ -336,5 +341,13 @@ async fn main() -> anyhow::Result<()> {
     println!("{out}");
     shutdown.cancel();
     let _ = server.await;
+    if args.keep {
+        eprintln!("kept database {db_name} and the streams of namespace bench{suffix}");
+    } else {
+        // A run leaves gigabytes behind at N = 10,000.
+        bcm_bus::streams::delete_all(&bus).await?;
+        drop(db);
+        bcm_db::admin::database_drop(&database, &db_name).await?;
+    }
     Ok(())
 }
