@@ -35,19 +35,7 @@ async fn main() -> anyhow::Result<()> {
     bcm_telemetry::init("bcm", &cfg.api.telemetry)?;
     let listener = tokio::net::TcpListener::bind(cfg.api.listen).await?;
     let token = secrecy::ExposeSecret::expose_secret(&cfg.api.admin_token).to_owned();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        // Ctrl-C, or SIGTERM from a supervisor (docker stop, systemd).
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| tracing::warn!(error = %e, "no SIGTERM handler"))
-            .ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            Some(_) = async { match term.as_mut() { Some(t) => t.recv().await, None => None } } => {}
-        }
-        stop.cancel();
-    });
+    let shutdown = bcm_telemetry::signals::shutdown_token();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let services = if args.services.is_empty() {
         bcm_allinone::Service::ALL.to_vec()

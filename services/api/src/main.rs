@@ -17,12 +17,7 @@ async fn main() -> anyhow::Result<()> {
     let cfg = bcm_api::ApiConfig::load(args.config.as_deref())?;
     bcm_telemetry::init("bcm-api", &cfg.telemetry)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        stop.cancel();
-    });
+    let shutdown = bcm_telemetry::signals::shutdown_token();
     let result = bcm_api::run(cfg, listener, shutdown).await;
     bcm_telemetry::shutdown();
     Ok(result?)

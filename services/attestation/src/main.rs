@@ -31,12 +31,7 @@ async fn main() -> anyhow::Result<()> {
     let db = bcm_db::Db::connect(&cfg.database_url, 8).await?;
     db.migrate().await?;
     let bus = bcm_bus::Bus::connect(&cfg.bus).await?;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        stop.cancel();
-    });
+    let shutdown = bcm_telemetry::signals::shutdown_token();
     let ran = bcm_attestation::run(db, bus, cfg.attestation, shutdown).await;
     bcm_telemetry::shutdown();
     Ok(ran?)

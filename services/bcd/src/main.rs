@@ -65,12 +65,8 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let s = stop.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        s.cancel();
-    });
+    // Ctrl-C, or SIGTERM when the ramdisk or the OS shuts down.
+    let stop = bcm_telemetry::signals::shutdown_token();
     let args = Args::parse();
     let ran = match args.mode {
         Mode::Ramdisk {

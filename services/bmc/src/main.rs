@@ -16,12 +16,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let cfg = bcm_bmc::BmcConfig::load(args.config.as_deref())?;
     bcm_telemetry::init("bcm-bmc", &cfg.telemetry)?;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        stop.cancel();
-    });
+    let shutdown = bcm_telemetry::signals::shutdown_token();
     let (_ctx, task) = bcm_bmc::start(&cfg, cfg.drivers()?, shutdown).await?;
     tracing::info!(site = %cfg.site, "bmc service running");
     if std::env::var_os(bcm_bmc::rotation::CRASH_AFTER_PHASE1_ENV).is_some() {

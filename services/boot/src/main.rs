@@ -16,17 +16,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let cfg = bcm_boot::BootConfig::load(args.config.as_deref())?;
     bcm_telemetry::init("bcm-boot", &cfg.telemetry)?;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-        }
-        stop.cancel();
-    });
+    let shutdown = bcm_telemetry::signals::shutdown_token();
     let running = bcm_boot::start(&cfg, shutdown).await?;
     for t in running.tasks {
         let _ = t.await;

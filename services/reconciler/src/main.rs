@@ -32,12 +32,7 @@ async fn main() -> anyhow::Result<()> {
     let db = bcm_db::Db::connect(&cfg.database_url, 16).await?;
     db.migrate().await?;
     let bus = bcm_bus::Bus::connect(&cfg.bus).await?;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        stop.cancel();
-    });
+    let shutdown = bcm_telemetry::signals::shutdown_token();
     bcm_reconciler::run(db, bus, cfg.reconciler, shutdown).await;
     bcm_telemetry::shutdown();
     Ok(())

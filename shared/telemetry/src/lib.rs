@@ -1,11 +1,14 @@
 //! Telemetry for every service: a `tracing` subscriber (JSON or pretty
 //! logs), spans exported over OTLP when an endpoint is configured, W3C trace
 //! context in and out of carriers (HTTP and NATS headers), and the
-//! Prometheus recorder each service renders on `/metrics`.
+//! Prometheus recorder each service renders on `/metrics`; and the signals
+//! that stop a service (`signals`).
 //!
 //! A tracer provider is always installed, with or without an exporter, so
 //! trace ids exist and propagate through NATS even when nothing collects
 //! them.
+
+pub mod signals;
 
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
