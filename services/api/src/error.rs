@@ -92,6 +92,10 @@ impl From<DbError> for ApiError {
                 ErrorCode::NotFound,
                 format!("a referenced resource does not exist ({constraint})"),
             ),
+            DbError::Unstorable(why) => Self::new(
+                ErrorCode::InvalidArgument,
+                format!("the request holds a value that cannot be stored ({why}); NUL characters are not accepted"),
+            ),
             other if other.retryable() => {
                 tracing::warn!(error = %other, "database unavailable");
                 Self::new(

@@ -34,6 +34,9 @@ impl AttestError {
                 ErrorCode::InvalidArgument
             }
             AttestError::NoSuchCommand => ErrorCode::NotFound,
+            // A signed result holding NUL characters: refused as sent (it
+            // cannot be changed without breaking its signature).
+            AttestError::Db(bcm_db::DbError::Unstorable(_)) => ErrorCode::InvalidArgument,
             AttestError::Config(_) => ErrorCode::InvalidConfig,
             AttestError::Pki(_) | AttestError::Db(_) => ErrorCode::Internal,
         }

@@ -388,3 +388,34 @@ async fn only_the_newest_session_of_a_node_takes_its_commands() {
     assert_eq!(got[0]["commandId"], json!(id));
     env.stop();
 }
+
+#[tokio::test]
+async fn a_signed_result_holding_nul_characters_is_refused_as_sent_and_changes_nothing() {
+    let env = TestEnv::start().await.expect("env");
+    let n = node(&env).await;
+    let t = token(&env, &n, "discovery", 600).await;
+    let (_, joined, _) = join(&env, &t, "ramdisk").await;
+    let joined = joined.expect("join");
+    let c = command(&env, &n, "inventory.collect", json!({})).await;
+    let polled = poll(&env, &joined.session).await;
+    assert_eq!(polled.len(), 1);
+    // Signed as it is: the control plane cannot drop the NULs without
+    // breaking the signature, and Postgres cannot store them.
+    let padded = signed_result(
+        &joined.key,
+        &n,
+        &polled[0],
+        json!({"system": {"serial": "S1\u{0}\u{0}"}}),
+    );
+    let (status, body) = env
+        .post("/api/agent/results", Some(&joined.session), &padded)
+        .await
+        .expect("post");
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["code"], "INVALID_ARGUMENT", "{body}");
+    let row = bcm_db::commands::command_fetch(&env.db, &c)
+        .await
+        .expect("row");
+    assert_eq!(row.status, "sent", "the command still waits for a result");
+    assert_eq!(row.result, None);
+}

@@ -292,3 +292,43 @@ async fn a_step_this_engine_cannot_read_fails_alone_and_holds_up_no_other_workfl
             .expect("every node reaches ready");
     }
 }
+
+#[tokio::test]
+async fn a_bmc_that_pads_its_strings_with_nul_characters_still_enrolls() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    env.faults.set("sim://nul-padded", Fault::BmcPadsWithNul);
+    // Its result is recorded among others' (a batch of results).
+    let padded = env.enroll_sim("nul-padded").await;
+    let others = env.enroll_sims("clean", 3).await;
+    for id in others.iter().chain([&padded]) {
+        env.wait_state(id, ProvisionState::Ready, T)
+            .await
+            .expect("every node reaches ready");
+    }
+    let wfs = bcm_db::workflows::workflows_of_node(&env.db, &padded.to_string())
+        .await
+        .expect("workflows");
+    let enroll = wfs
+        .iter()
+        .find(|w| w.profile_id == "metal-enroll")
+        .expect("enroll");
+    let steps = bcm_db::workflows::steps_fetch(&env.db, &enroll.id)
+        .await
+        .expect("steps");
+    let inspect = steps
+        .iter()
+        .find(|s| s.name == "inspect-oob")
+        .expect("inspect-oob");
+    let output = inspect.output.clone().unwrap_or_default().to_string();
+    assert!(
+        output.contains("\"manufacturer\":\"Better Compute Sim\""),
+        "{output}"
+    );
+    assert!(!output.contains("\\u0000"), "{output}");
+    assert_eq!(
+        inspect.attempt, 1,
+        "recorded the first time, not after failed tries"
+    );
+}

@@ -171,7 +171,14 @@ async fn handle_batch(ctx: &Ctx, batch: Vec<async_nats::jetstream::Message>) {
     let mut decoded = Vec::with_capacity(batch.len());
     for msg in batch {
         match serde_json::from_slice::<CloudEvent<CommandResult>>(&msg.payload) {
-            Ok(ev) => decoded.push((msg, ev.data)),
+            Ok(ev) => {
+                let mut r = ev.data;
+                let removed = remove_nul(&mut r);
+                if removed > 0 {
+                    tracing::warn!(command = %r.command_id, removed, "a result held NUL characters (firmware pads strings with them); removed, as Postgres cannot store them");
+                }
+                decoded.push((msg, r))
+            }
             Err(e) => {
                 tracing::warn!(error = %e, subject = %msg.subject, "dropping an undecodable result");
                 let _ = msg.ack_with(AckKind::Term).await;
@@ -211,5 +218,63 @@ async fn handle_batch(ctx: &Ctx, batch: Vec<async_nats::jetstream::Message>) {
 async fn ack(msg: &async_nats::jetstream::Message, r: &CommandResult) {
     if let Err(e) = msg.ack().await {
         tracing::warn!(error = %e, command = %r.command_id, "acking a result failed; it will be redelivered and deduplicated");
+    }
+}
+
+/// Removes NUL characters from a site result's output and error, which
+/// Postgres's `jsonb` cannot hold (some BMC firmware pads its strings with
+/// them); returns how many went. Results from site services are not
+/// signed, so nothing a signature covers changes.
+fn remove_nul(r: &mut CommandResult) -> usize {
+    fn text(s: &mut String) -> usize {
+        let n = s.matches('\0').count();
+        if n > 0 {
+            s.retain(|c| c != '\0');
+        }
+        n
+    }
+    fn value(v: &mut serde_json::Value) -> usize {
+        match v {
+            serde_json::Value::String(s) => text(s),
+            serde_json::Value::Array(items) => items.iter_mut().map(value).sum(),
+            serde_json::Value::Object(map) => {
+                let mut n = 0;
+                if map.keys().any(|k| k.contains('\0')) {
+                    let old = std::mem::take(map);
+                    for (mut k, v) in old {
+                        n += text(&mut k);
+                        map.insert(k, v);
+                    }
+                }
+                n + map.values_mut().map(value).sum::<usize>()
+            }
+            _ => 0,
+        }
+    }
+    value(&mut r.output) + r.error.as_mut().map_or(0, text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nul_characters_leave_strings_keys_and_the_error() {
+        let mut r = CommandResult {
+            command_id: "c1".into(),
+            ok: true,
+            retryable: false,
+            output: serde_json::json!({
+                "serial": "SIM01\0\0", "disks": [{"model": "\0X\0"}], "k\0": 1, "n": 3
+            }),
+            error: Some("bad\0".into()),
+        };
+        assert_eq!(remove_nul(&mut r), 6);
+        assert_eq!(
+            r.output,
+            serde_json::json!({"serial": "SIM01", "disks": [{"model": "X"}], "k": 1, "n": 3})
+        );
+        assert_eq!(r.error.as_deref(), Some("bad"));
+        assert_eq!(remove_nul(&mut r), 0, "a clean result is left as it is");
     }
 }

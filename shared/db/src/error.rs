@@ -18,6 +18,11 @@ pub enum DbError {
     MissingReference { constraint: String },
     #[error("stored data is invalid: {0}")]
     Corrupt(String),
+    /// The value cannot be stored as given: a text or JSON value holding a
+    /// NUL character (`\u0000`), or a character the database's encoding
+    /// lacks. Retrying the same value fails the same way.
+    #[error("the value cannot be stored: {0}")]
+    Unstorable(String),
     #[error("migration failed: {0}")]
     Migrate(String),
     #[error("database: {0}")]
@@ -36,6 +41,10 @@ impl From<sqlx::Error> for DbError {
                 Some("23503") => return DbError::MissingReference { constraint },
                 // lock_not_available, serialization_failure
                 Some("55P03") | Some("40001") | Some("40P01") => return DbError::Stale,
+                // untranslatable_character, character_not_in_repertoire
+                Some("22P05") | Some("22021") => {
+                    return DbError::Unstorable(db.message().to_owned())
+                }
                 _ => {}
             }
         }

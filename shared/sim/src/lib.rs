@@ -36,6 +36,9 @@ pub enum Fault {
     /// The BMC answers every other command of each kind with a retryable
     /// 503 (the first try fails, its retry succeeds).
     BmcFlaky,
+    /// The BMC pads the strings of its inventory with NUL characters, as
+    /// some firmware does.
+    BmcPadsWithNul,
 }
 
 /// Settings of the simulated site.

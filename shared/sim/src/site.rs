@@ -312,11 +312,18 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
             json!({ "sim": true, "powerState": if m.powered(&address) { "On" } else { "Off" } }),
         ),
         "bmc.verify" => ok(cmd, json!({ "sim": true, "redfishVersion": "1.17.0" })),
-        "bmc.inspect" => ok(
-            cmd,
-            json!({ "sim": true, "manufacturer": "Better Compute Sim", "model": "sim-1",
-                    "serial": format!("SIM{:08X}", fnv(&address)), "macs": [mac_of(&address)] }),
-        ),
+        "bmc.inspect" => {
+            let pad = if site.faults.has(&address, Fault::BmcPadsWithNul) {
+                "\0\0\0"
+            } else {
+                ""
+            };
+            ok(
+                cmd,
+                json!({ "sim": true, "manufacturer": format!("Better Compute Sim{pad}"), "model": "sim-1",
+                        "serial": format!("SIM{:08X}{pad}", fnv(&address)), "macs": [mac_of(&address)] }),
+            )
+        }
         "bmc.bootDevice" => {
             let pxe = cmd.params.get("device").and_then(Value::as_str) == Some("pxe");
             let persistent = cmd
