@@ -49,11 +49,19 @@ pub struct Disk {
     pub is_block: bool,
 }
 
-fn sys(path: impl AsRef<Path>) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
+/// A sysfs attribute as text: trimmed, without the NUL characters some
+/// firmware pads its strings with (the control plane cannot store them, and
+/// a signed result cannot be cleaned after signing); `None` when absent or
+/// empty.
+pub(crate) fn sys(path: impl AsRef<Path>) -> Option<String> {
+    std::fs::read_to_string(path).ok().and_then(|s| clean(&s))
+}
+
+/// `text` trimmed and without NUL characters; `None` when nothing is left.
+pub(crate) fn clean(text: &str) -> Option<String> {
+    let s: String = text.chars().filter(|c| *c != '\0').collect();
+    let s = s.trim();
+    (!s.is_empty()).then(|| s.to_owned())
 }
 
 /// The disks of this machine: `explicit` paths when given (block devices or
@@ -288,5 +296,17 @@ impl DirectReader {
             done += n as u64;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod clean_tests {
+    use super::clean;
+
+    #[test]
+    fn firmware_padding_and_whitespace_go() {
+        assert_eq!(clean("S1\0\0\0\n").as_deref(), Some("S1"));
+        assert_eq!(clean("  Acme\0 Corp \n").as_deref(), Some("Acme Corp"));
+        assert_eq!(clean("\0\0\n"), None);
     }
 }

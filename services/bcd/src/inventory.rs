@@ -3,30 +3,25 @@
 //! NICs with MAC and link state, and the system's vendor, model, serial
 //! and UUID.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
 use crate::disks;
-
-fn read(path: impl AsRef<Path>) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-}
 
 fn dmidecode(key: &str) -> Option<String> {
     let out = std::process::Command::new("dmidecode")
         .args(["-s", key])
         .output()
         .ok()?;
-    let s = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    (out.status.success() && !s.is_empty()).then_some(s)
+    out.status
+        .success()
+        .then(|| disks::clean(&String::from_utf8_lossy(&out.stdout)))
+        .flatten()
 }
 
 fn dmi(file: &str, key: &str) -> Option<String> {
-    read(format!("/sys/class/dmi/id/{file}")).or_else(|| dmidecode(key))
+    disks::sys(format!("/sys/class/dmi/id/{file}")).or_else(|| dmidecode(key))
 }
 
 /// CPU count and model from `/proc/cpuinfo`.
@@ -72,9 +67,9 @@ fn nics() -> Vec<Value> {
         }
         out.push(json!({
             "name": name,
-            "mac": read(base.join("address")).unwrap_or_default(),
-            "link": read(base.join("operstate")).unwrap_or_else(|| "unknown".into()),
-            "speedMbps": read(base.join("speed")).and_then(|s| s.parse::<i64>().ok()).filter(|s| *s > 0),
+            "mac": disks::sys(base.join("address")).unwrap_or_default(),
+            "link": disks::sys(base.join("operstate")).unwrap_or_else(|| "unknown".into()),
+            "speedMbps": disks::sys(base.join("speed")).and_then(|s| s.parse::<i64>().ok()).filter(|s| *s > 0),
             "driver": std::fs::read_link(base.join("device/driver")).ok()
                 .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())),
         }));
@@ -84,7 +79,7 @@ fn nics() -> Vec<Value> {
 
 /// The whole inventory; `disks` as bcd was told to see them.
 pub fn collect(explicit_disks: &[PathBuf]) -> Value {
-    let (cpu_count, cpu_model) = cpus(&read("/proc/cpuinfo").unwrap_or_default());
+    let (cpu_count, cpu_model) = cpus(&disks::sys("/proc/cpuinfo").unwrap_or_default());
     let disks: Vec<Value> = disks::discover(explicit_disks)
         .map(|ds| {
             ds.iter()
@@ -101,10 +96,10 @@ pub fn collect(explicit_disks: &[PathBuf]) -> Value {
         },
         "cpus": cpu_count,
         "cpuModel": cpu_model,
-        "memoryMiB": memory_mib(&read("/proc/meminfo").unwrap_or_default()),
+        "memoryMiB": memory_mib(&disks::sys("/proc/meminfo").unwrap_or_default()),
         "disks": disks,
         "nics": nics(),
-        "kernel": read("/proc/sys/kernel/osrelease"),
+        "kernel": disks::sys("/proc/sys/kernel/osrelease"),
     })
 }
 
