@@ -98,6 +98,9 @@ async fn attest<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
 
 /// `POST /api/agent/join`: forwarded to the attestation service, which
 /// alone holds the node CA.
+#[utoipa::path(post, path = "/api/agent/join", request_body = JoinRequest, tag = "agent",
+    description = "Exchange a one-time join token and a CSR for a node certificate and a session token.",
+    responses((status = 200, body = JoinResponse), (status = "4XX", body = crate::error::ApiErrorBody)))]
 pub async fn join(
     State(app): State<AppState>,
     Body(req): Body<JoinRequest>,
@@ -109,6 +112,10 @@ pub async fn join(
 }
 
 /// `POST /api/agent/heartbeat`.
+#[utoipa::path(post, path = "/api/agent/heartbeat", request_body = Heartbeat, tag = "agent",
+    description = "The agent is alive in its role; wakes the steps waiting for it.",
+    responses((status = 204), (status = "4XX", body = crate::error::ApiErrorBody)),
+    security(("agentSession" = [])))]
 pub async fn heartbeat(
     State(app): State<AppState>,
     agent: Agent,
@@ -137,6 +144,10 @@ pub struct PollParams {
 
 /// `GET /api/agent/commands`: the node's pending ramdisk commands, waiting
 /// up to `waitMs` for one.
+#[utoipa::path(get, path = "/api/agent/commands", tag = "agent",
+    params(("waitMs" = Option<u64>, Query, description = "How long to wait for a command, at most 30000 ms.")),
+    responses((status = 200, body = Vec<AgentCommand>), (status = "4XX", body = crate::error::ApiErrorBody)),
+    security(("agentSession" = [])))]
 pub async fn commands(
     State(app): State<AppState>,
     agent: Agent,
@@ -195,6 +206,10 @@ pub async fn commands(
 /// recorded by the attestation service, which verifies a signature against
 /// the stored command row (a bad one is FORBIDDEN and nothing is kept); an
 /// unsigned result is kept as unsigned.
+#[utoipa::path(post, path = "/api/agent/results", request_body = AgentResult, tag = "agent",
+    description = "A result for one of the node's commands, signed over the signing input of the stored command row (bcm_pki::signing_input).",
+    responses((status = 204), (status = "4XX", body = crate::error::ApiErrorBody)),
+    security(("agentSession" = [])))]
 pub async fn results(
     State(app): State<AppState>,
     agent: Agent,

@@ -4,7 +4,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::{admin, join_tokens, reads, verbs};
+use crate::{admin, agent, join_tokens, reads, verbs};
 
 struct Bearer;
 
@@ -14,6 +14,15 @@ impl Modify for Bearer {
         components.add_security_scheme(
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        components.add_security_scheme(
+            "agentSession",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("The session token a join returned"))
+                    .build(),
+            ),
         );
     }
 }
@@ -28,9 +37,11 @@ impl Modify for Bearer {
         join_tokens::create,
         reads::get_node, reads::list_nodes,
         admin::put_tenant, admin::put_site, admin::put_pool, admin::create_token,
+        agent::join, agent::heartbeat, agent::commands, agent::results,
     ),
     modifiers(&Bearer),
-    tags((name = "metal", description = "The metal API group"), (name = "admin", description = "Bootstrap administration"))
+    tags((name = "metal", description = "The metal API group"), (name = "admin", description = "Bootstrap administration"),
+        (name = "agent", description = "What the ramdisk and installed-OS agents speak"))
 )]
 struct ApiDoc;
 

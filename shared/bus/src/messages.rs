@@ -279,7 +279,7 @@ pub mod types {
 }
 
 /// An agent's join request (`POST /api/agent/join`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JoinRequest {
     /// The one-time join token from the kernel command line or user data.
@@ -295,7 +295,7 @@ pub struct JoinRequest {
 }
 
 /// The answer to a join.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JoinResponse {
     pub node_id: String,
@@ -313,7 +313,7 @@ pub struct JoinResponse {
 }
 
 /// A command handed to an agent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentCommand {
     pub command_id: String,
@@ -325,7 +325,7 @@ pub struct AgentCommand {
 
 /// A result an agent posts (`POST /api/agent/results`), signed over
 /// `bcm_pki::signing_input` with its key.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentResult {
     pub command_id: String,
@@ -387,7 +387,7 @@ pub enum AttestReply<T> {
 }
 
 /// A heartbeat (`POST /api/agent/heartbeat`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Heartbeat {
     pub role: String,
