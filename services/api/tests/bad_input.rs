@@ -122,6 +122,27 @@ async fn bad_input_is_refused_clearly_and_changes_nothing() {
         .expect("post");
     assert_error(&got, 400, "INVALID_ARGUMENT");
 
+    // A NUL character, which Postgres cannot store: refused, nothing kept.
+    let got = env
+        .put(
+            "/api/compute/admin/tenants/nul",
+            Some(&admin),
+            &json!({"name": "Acme\u{0} Corp"}),
+        )
+        .await
+        .expect("put");
+    assert_error(&got, 400, "INVALID_ARGUMENT");
+    // No tenant `nul` exists: a pool of it refers to a missing row.
+    let got = env
+        .put(
+            "/api/compute/admin/pools/nul-pool",
+            Some(&admin),
+            &json!({"tenantId": "nul", "siteId": "s1", "hardwareProfile": "gpu-redfish"}),
+        )
+        .await
+        .expect("put");
+    assert_error(&got, 404, "NOT_FOUND");
+
     // No token, a malformed header, an unknown token.
     let got = env
         .post(
