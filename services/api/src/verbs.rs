@@ -409,7 +409,15 @@ async fn run_verb(
             }
             Extra::None | Extra::Power { .. } | Extra::Rotate { .. } => {}
         }
-        bcm_metal::moves::commit_in_txn(&mut tx, s, next, &t, verb.as_str()).await?
+        bcm_metal::moves::commit_in_txn(
+            &mut tx,
+            s,
+            next,
+            &t,
+            verb.as_str(),
+            bcm_metal::moves::FollowUp::Reconcile,
+        )
+        .await?
     };
     bcm_db::outbox::outbox_insert_in_txn(&mut tx, &rows).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;

@@ -35,6 +35,8 @@ pub async fn node(
     // The node as this pass last wrote it (the row lock holds from the first
     // read, so nobody else changed it since).
     let mut written: Option<bcm_db::nodes::Node> = None;
+    // Whether the pass stopped at MAX_TRANSITIONS with moves still to make.
+    let mut capped = true;
     for _ in 0..MAX_TRANSITIONS {
         let node = match written.take() {
             Some(n) => n,
@@ -70,7 +72,10 @@ pub async fn node(
             decide(facts, summary.as_ref())
         };
         match action {
-            ReconcileAction::Idle | ReconcileAction::Wait => break,
+            ReconcileAction::Idle | ReconcileAction::Wait => {
+                capped = false;
+                break;
+            }
             ReconcileAction::StartWorkflow => {
                 let profile = match node.provision_state {
                     ProvisionState::Deploying => {
@@ -89,7 +94,10 @@ pub async fn node(
                         node.release_wipe.unwrap_or(WipeMode::Quick),
                     ) {
                         Some(p) => p,
-                        None => break,
+                        None => {
+                            capped = false;
+                            break;
+                        }
                     },
                 };
                 match bcm_metal::workflows::start_in_txn(&mut tx, bus.subjects(), &node, &profile)
@@ -107,6 +115,7 @@ pub async fn node(
                     }
                     Err(e) => return Err(e),
                 }
+                capped = false;
                 break;
             }
             ReconcileAction::Apply { mv, last_error } => {
@@ -114,6 +123,7 @@ pub async fn node(
                     Ok(t) => t,
                     Err(e) => {
                         tracing::warn!(node = %id, error = %e, "the table refused the reconciler's move");
+                        capped = false;
                         break;
                     }
                 };
@@ -133,12 +143,34 @@ pub async fn node(
                 }
                 let name = mv.name().to_string();
                 written = Some(
-                    bcm_metal::moves::commit_in_txn(&mut tx, bus.subjects(), next, &t, &name)
-                        .await?,
+                    bcm_metal::moves::commit_in_txn(
+                        &mut tx,
+                        bus.subjects(),
+                        next,
+                        &t,
+                        &name,
+                        bcm_metal::moves::FollowUp::InPass,
+                    )
+                    .await?,
                 );
                 report.transitions += 1;
                 moved_to.push(t.to);
             }
+        }
+    }
+    // The pass made its moves without asking for a look again after each
+    // (`FollowUp::InPass`); when it stopped at the cap it asks once now.
+    if capped {
+        if let Some(node) = &written {
+            bcm_db::outbox::outbox_insert_in_txn(
+                &mut tx,
+                &[bcm_metal::outbox::reconcile(
+                    bus.subjects(),
+                    node,
+                    "more moves after a full pass",
+                )],
+            )
+            .await?;
         }
     }
     if report == PassReport::default() {

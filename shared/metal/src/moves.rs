@@ -24,14 +24,28 @@ pub fn next_node(node: &Node, t: &Transition) -> Node {
     next
 }
 
-/// Writes `next` with the version guard, then the event of `t` and a
-/// reconcile request into the outbox. Returns the node as stored.
+/// Whether a committed move asks the reconciler to look at the node again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FollowUp {
+    /// A verb's move: a reconcile request goes into the outbox with it, and
+    /// the reconciler takes the node from there.
+    Reconcile,
+    /// The reconciler's own move, inside a pass that goes on deciding for
+    /// the node under the same lock: a request would only wake a pass that
+    /// finds nothing to do.
+    InPass,
+}
+
+/// Writes `next` with the version guard, then the event of `t` (and, for
+/// `FollowUp::Reconcile`, a reconcile request) into the outbox. Returns the
+/// node as stored.
 pub async fn commit_in_txn(
     tx: &mut Tx<'_>,
     subjects: &Subjects,
     next: Node,
     t: &Transition,
     move_name: &str,
+    follow_up: FollowUp,
 ) -> Result<Node, DbError> {
     let version = nodes::node_update_guarded_in_txn(tx, &next).await?;
     let next = Node { version, ..next };
@@ -56,7 +70,11 @@ pub async fn commit_in_txn(
         )),
         None => {}
     }
-    rows.push(outbox::reconcile(subjects, &next, move_name));
-    bcm_db::outbox::outbox_insert_in_txn(tx, &rows).await?;
+    if follow_up == FollowUp::Reconcile {
+        rows.push(outbox::reconcile(subjects, &next, move_name));
+    }
+    if !rows.is_empty() {
+        bcm_db::outbox::outbox_insert_in_txn(tx, &rows).await?;
+    }
     Ok(next)
 }
