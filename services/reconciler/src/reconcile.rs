@@ -35,8 +35,6 @@ pub async fn node(
     // The node as this pass last wrote it (the row lock holds from the first
     // read, so nobody else changed it since).
     let mut written: Option<bcm_db::nodes::Node> = None;
-    // Whether the pass stopped at MAX_TRANSITIONS with moves still to make.
-    let mut capped = true;
     for _ in 0..MAX_TRANSITIONS {
         let node = match written.take() {
             Some(n) => n,
@@ -72,10 +70,7 @@ pub async fn node(
             decide(facts, summary.as_ref())
         };
         match action {
-            ReconcileAction::Idle | ReconcileAction::Wait => {
-                capped = false;
-                break;
-            }
+            ReconcileAction::Idle | ReconcileAction::Wait => break,
             ReconcileAction::StartWorkflow => {
                 let profile = match node.provision_state {
                     ProvisionState::Deploying => {
@@ -94,10 +89,7 @@ pub async fn node(
                         node.release_wipe.unwrap_or(WipeMode::Quick),
                     ) {
                         Some(p) => p,
-                        None => {
-                            capped = false;
-                            break;
-                        }
+                        None => break,
                     },
                 };
                 match bcm_metal::workflows::start_in_txn(&mut tx, bus.subjects(), &node, &profile)
@@ -115,7 +107,6 @@ pub async fn node(
                     }
                     Err(e) => return Err(e),
                 }
-                capped = false;
                 break;
             }
             ReconcileAction::Apply { mv, last_error } => {
@@ -123,7 +114,6 @@ pub async fn node(
                     Ok(t) => t,
                     Err(e) => {
                         tracing::warn!(node = %id, error = %e, "the table refused the reconciler's move");
-                        capped = false;
                         break;
                     }
                 };
@@ -159,8 +149,9 @@ pub async fn node(
         }
     }
     // The pass made its moves without asking for a look again after each
-    // (`FollowUp::InPass`); when it stopped at the cap it asks once now.
-    if capped {
+    // (`FollowUp::InPass`). Every turn that does not move ends the pass, so
+    // MAX_TRANSITIONS moves mean it stopped at the cap: it asks once now.
+    if report.transitions == MAX_TRANSITIONS {
         if let Some(node) = &written {
             bcm_db::outbox::outbox_insert_in_txn(
                 &mut tx,

@@ -10,6 +10,29 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
 
+/// The node's `metal-enroll` workflow id and its step called `name`.
+async fn enroll_step(
+    env: &TestEnv,
+    node: &bcm_core::NodeId,
+    name: &str,
+) -> (String, bcm_db::workflows::StepRow) {
+    let wfs = bcm_db::workflows::workflows_of_node(&env.db, &node.to_string())
+        .await
+        .expect("workflows");
+    let enroll = wfs
+        .iter()
+        .find(|w| w.profile_id == "metal-enroll")
+        .expect("enroll");
+    let steps = bcm_db::workflows::steps_fetch(&env.db, &enroll.id)
+        .await
+        .expect("steps");
+    let step = steps
+        .into_iter()
+        .find(|s| s.name == name)
+        .expect("the step");
+    (enroll.id.clone(), step)
+}
+
 #[tokio::test]
 async fn a_bmc_fault_fails_enrolling_with_a_clear_error() {
     let env = TestEnv::start_with(Options::with_site())
@@ -50,23 +73,10 @@ async fn transient_bmc_errors_are_retried_with_backoff_and_the_chain_completes()
         .await
         .expect("ready despite a flaky BMC");
     assert!(!n.maintenance);
-    let wfs = bcm_db::workflows::workflows_of_node(&env.db, &id.to_string())
-        .await
-        .expect("workflows");
-    let enroll = wfs
-        .iter()
-        .find(|w| w.profile_id == "metal-enroll")
-        .expect("enroll");
-    let steps = bcm_db::workflows::steps_fetch(&env.db, &enroll.id)
-        .await
-        .expect("steps");
-    let verify = steps
-        .iter()
-        .find(|s| s.name == "verify-bmc")
-        .expect("verify-bmc");
+    let (enroll, verify) = enroll_step(&env, &id, "verify-bmc").await;
     assert_eq!(verify.status, "succeeded");
     assert_eq!(verify.attempt, 2, "the 503 was retried once");
-    let counts = bcm_db::workflows::command_counts_by_step(&env.db, &enroll.id)
+    let counts = bcm_db::workflows::command_counts_by_step(&env.db, &enroll)
         .await
         .expect("counts");
     let (_, _, sent) = counts
@@ -307,20 +317,7 @@ async fn a_bmc_that_pads_its_strings_with_nul_characters_still_enrolls() {
             .await
             .expect("every node reaches ready");
     }
-    let wfs = bcm_db::workflows::workflows_of_node(&env.db, &padded.to_string())
-        .await
-        .expect("workflows");
-    let enroll = wfs
-        .iter()
-        .find(|w| w.profile_id == "metal-enroll")
-        .expect("enroll");
-    let steps = bcm_db::workflows::steps_fetch(&env.db, &enroll.id)
-        .await
-        .expect("steps");
-    let inspect = steps
-        .iter()
-        .find(|s| s.name == "inspect-oob")
-        .expect("inspect-oob");
+    let (_, inspect) = enroll_step(&env, &padded, "inspect-oob").await;
     let output = inspect.output.clone().unwrap_or_default().to_string();
     assert!(
         output.contains("\"manufacturer\":\"Better Compute Sim\""),
