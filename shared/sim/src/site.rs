@@ -89,6 +89,16 @@ impl Machines {
         self.with(address, |m| m.power_on)
     }
 
+    /// The machine's power as the real `bmc` service reports it (`power`
+    /// of a `bmc.power` or `bmc.powerStatus` result).
+    pub fn power(&self, address: &str) -> bcm_core::PowerState {
+        if self.powered(address) {
+            bcm_core::PowerState::On
+        } else {
+            bcm_core::PowerState::Off
+        }
+    }
+
     fn address_of(&self, node: &str) -> Option<String> {
         self.by_node
             .lock()
@@ -307,10 +317,7 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
     }
     let m = &site.machines;
     match cmd.kind.as_str() {
-        "bmc.powerStatus" => ok(
-            cmd,
-            json!({ "sim": true, "powerState": if m.powered(&address) { "On" } else { "Off" } }),
-        ),
+        "bmc.powerStatus" => ok(cmd, json!({ "sim": true, "power": m.power(&address) })),
         "bmc.verify" => ok(cmd, json!({ "sim": true, "redfishVersion": "1.17.0" })),
         "bmc.inspect" => {
             let pad = if site.faults.has(&address, Fault::BmcPadsWithNul) {
@@ -359,7 +366,7 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
             }
             ok(
                 cmd,
-                json!({ "sim": true, "powerState": if m.powered(&address) { "On" } else { "Off" } }),
+                json!({ "sim": true, "action": action, "power": m.power(&address) }),
             )
         }
         "site.bootEntry.set" => {
