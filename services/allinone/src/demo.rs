@@ -7,6 +7,23 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+/// Why the demo stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("the API did not answer: {0}")]
+    Unreachable(#[from] reqwest::Error),
+    #[error("{path}: {status}: {message}")]
+    Refused {
+        path: String,
+        status: reqwest::StatusCode,
+        message: String,
+    },
+    #[error("{0}")]
+    Stuck(String),
+    #[error("progress bar: {0}")]
+    Template(#[from] indicatif::style::TemplateError),
+}
+
 /// A tiny client of the metal API.
 pub struct Client {
     http: reqwest::Client,
@@ -29,7 +46,7 @@ impl Client {
         method: reqwest::Method,
         path: &str,
         body: Option<&Value>,
-    ) -> anyhow::Result<Value> {
+    ) -> Result<Value, DemoError> {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -41,16 +58,17 @@ impl Client {
         let status = res.status();
         let body: Value = res.json().await.unwrap_or(Value::Null);
         if !status.is_success() {
-            anyhow::bail!(
-                "{path}: {status}: {}",
-                body["message"].as_str().unwrap_or("no message")
-            );
+            return Err(DemoError::Refused {
+                path: path.to_owned(),
+                status,
+                message: body["message"].as_str().unwrap_or("no message").to_owned(),
+            });
         }
         Ok(body)
     }
 
     /// `POST /api/compute/metal/<verb>`.
-    pub async fn verb(&self, verb: &str, body: &Value) -> anyhow::Result<Value> {
+    pub async fn verb(&self, verb: &str, body: &Value) -> Result<Value, DemoError> {
         self.call(
             reqwest::Method::POST,
             &format!("/api/compute/metal/{verb}"),
@@ -60,7 +78,7 @@ impl Client {
     }
 
     /// Every node of a tenant.
-    pub async fn nodes(&self, tenant: &str) -> anyhow::Result<Vec<Value>> {
+    pub async fn nodes(&self, tenant: &str) -> Result<Vec<Value>, DemoError> {
         let mut out = vec![];
         let mut page: Option<String> = None;
         loop {
@@ -80,7 +98,7 @@ impl Client {
     }
 
     /// One node.
-    pub async fn node(&self, id: &str) -> anyhow::Result<Value> {
+    pub async fn node(&self, id: &str) -> Result<Value, DemoError> {
         self.call(
             reqwest::Method::GET,
             &format!("/api/compute/metal/nodes/{id}"),
@@ -100,7 +118,7 @@ fn by_state(nodes: &[Value]) -> BTreeMap<String, usize> {
 }
 
 /// Waits until `id` is in `state`, or fails with where it is.
-async fn wait_for(c: &Client, id: &str, state: &str, within: Duration) -> anyhow::Result<Value> {
+async fn wait_for(c: &Client, id: &str, state: &str, within: Duration) -> Result<Value, DemoError> {
     let started = Instant::now();
     loop {
         let n = c.node(id).await?;
@@ -108,11 +126,10 @@ async fn wait_for(c: &Client, id: &str, state: &str, within: Duration) -> anyhow
             return Ok(n);
         }
         if n["provisionState"] == "failed" || started.elapsed() > within {
-            anyhow::bail!(
+            return Err(DemoError::Stuck(format!(
                 "{id} is {} (lastError {})",
-                n["provisionState"],
-                n["lastError"]
-            );
+                n["provisionState"], n["lastError"]
+            )));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -120,7 +137,7 @@ async fn wait_for(c: &Client, id: &str, state: &str, within: Duration) -> anyhow
 
 /// Enrolls `machines` simulated machines (those not enrolled yet), shows
 /// their progress to `ready`, deploys one and releases it.
-pub async fn run(c: &Client, tenant: &str, pool: &str, machines: usize) -> anyhow::Result<()> {
+pub async fn run(c: &Client, tenant: &str, pool: &str, machines: usize) -> Result<(), DemoError> {
     let existing = c.nodes(tenant).await?;
     let known: Vec<String> = existing
         .iter()
@@ -168,7 +185,10 @@ pub async fn run(c: &Client, tenant: &str, pool: &str, machines: usize) -> anyho
     };
     bar.finish();
     let Some(first) = nodes.iter().find(|n| n["provisionState"] == "ready") else {
-        anyhow::bail!("no machine reached ready: {:?}", by_state(&nodes));
+        return Err(DemoError::Stuck(format!(
+            "no machine reached ready: {:?}",
+            by_state(&nodes)
+        )));
     };
     let id = first["nodeId"].as_str().unwrap_or_default().to_owned();
     println!(

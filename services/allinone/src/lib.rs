@@ -33,6 +33,17 @@ impl Config {
     }
 }
 
+/// Why the all-in-one stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Start(#[from] bcm_api::StartError),
+    #[error("the API listener: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("a service task ended abnormally: {0}")]
+    Task(String),
+}
+
 /// A service the all-in-one can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Service {
@@ -70,7 +81,7 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     ready: tokio::sync::oneshot::Sender<String>,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), RunError> {
     let base = format!("http://{}", listener.local_addr()?);
     let state = bcm_api::prepare(&cfg.api).await?;
     let db = state.inner.db.clone();
@@ -121,20 +132,25 @@ pub async fn run(
     }
     if on(Service::Sim) {
         let faults = bcm_sim::Faults::from_config(&cfg.sim);
-        tasks.push(tokio::spawn(bcm_sim::site::run(
+        let site = bcm_sim::site::run(
             bus.clone(),
             cfg.sim.clone(),
             bcm_sim::site::Machines::default(),
             faults,
             shutdown.clone(),
-        )));
+        );
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = site.await {
+                tracing::error!(error = %e, "the simulated site stopped");
+            }
+        }));
     }
     if on(Service::Api) {
         let app = bcm_api::router(state.clone());
         let stop = shutdown.clone();
         let server = tokio::spawn(async move { axum_serve(listener, app, stop).await });
         let _ = ready.send(base);
-        server.await??;
+        server.await.map_err(|e| RunError::Task(e.to_string()))??;
     } else {
         drop(listener);
         let _ = ready.send(base);

@@ -123,15 +123,22 @@ async fn killed_engine_and_reconciler_resume_without_resending_or_skipping() {
             "enroll, inspect, commission, deploy, release: one each"
         );
         for wf in wfs {
-            assert_eq!(wf.status, "succeeded", "{}", wf.profile_id);
+            assert_eq!(
+                wf.status,
+                bcm_core::workflow::WorkflowPhase::Succeeded,
+                "{}",
+                wf.profile_id
+            );
             let steps = bcm_db::workflows::steps_fetch(&env.db, &wf.id)
                 .await
                 .expect("steps");
             for s in steps.iter().filter(|s| !s.cleanup) {
                 assert_eq!(
-                    s.status, "succeeded",
+                    s.status,
+                    bcm_core::workflow::StepStatus::Succeeded,
                     "{} / {}: no step skipped",
-                    wf.profile_id, s.name
+                    wf.profile_id,
+                    s.name
                 );
             }
             for (idx, attempt, commands) in

@@ -7,10 +7,11 @@
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::Json;
-use bcm_bus::messages::{
-    AgentCommand, AgentResult, AttestJoin, AttestReply, AttestResult, Heartbeat, JoinRequest,
-    JoinResponse, ResultRecorded,
+use bcm_contracts::agent::{
+    AgentCommand, AgentResult, Heartbeat, JoinRequest, JoinResponse, PresenceEvent,
 };
+use bcm_contracts::attest::{AttestJoin, AttestReply, AttestResult, ResultRecorded};
+use bcm_contracts::CommandKind;
 use bcm_core::ErrorCode;
 use serde::Deserialize;
 use std::time::Duration;
@@ -126,7 +127,7 @@ pub async fn heartbeat(
         &mut tx,
         &agent.node_id,
         &format!("agent:{}", agent.purpose),
-        &serde_json::json!({ "role": hb.role, "event": "heartbeat" }),
+        &serde_json::json!({ "role": hb.role, "event": PresenceEvent::Heartbeat }),
     )
     .await?;
     bcm_db::workflows::steps_wake_for_node_in_txn(&mut tx, &agent.node_id).await?;
@@ -168,17 +169,24 @@ pub async fn commands(
             .await?;
             tx.commit().await.map_err(bcm_db::DbError::from)?;
             if !taken.is_empty() {
-                return Ok(Json(
-                    taken
-                        .into_iter()
-                        .map(|c| AgentCommand {
+                let mut handed = Vec::with_capacity(taken.len());
+                for c in taken {
+                    match CommandKind::parse(&c.kind) {
+                        Ok(kind) => handed.push(AgentCommand {
                             command_id: c.id,
-                            kind: c.kind,
+                            kind,
                             params: c.params,
                             issued_at: c.created_at,
-                        })
-                        .collect(),
-                ));
+                        }),
+                        // Written by a newer control plane, or damage: the
+                        // agent is not handed what it cannot read, and its
+                        // step times out instead.
+                        Err(e) => {
+                            tracing::error!(command = %c.id, node = %agent.node_id, error = %e, "not handing out a command of an unknown kind")
+                        }
+                    }
+                }
+                return Ok(Json(handed));
             }
         }
         // Wait for a notification for this node (or a lagged channel), and

@@ -55,7 +55,7 @@ pub async fn create(
     }
     let expires_at = Utc::now() + chrono::Duration::seconds(ttl as i64);
     let mut tx = a.db.begin().await?;
-    let token = bcm_attestation::tokens::mint_in_txn(
+    let token = bcm_metal::identity::mint_join_token_in_txn(
         &mut tx,
         "node",
         &bcm_db::agents::TokenScope::Pool(pool.id.to_string()),

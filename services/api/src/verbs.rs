@@ -5,12 +5,13 @@
 
 use axum::extract::State;
 use axum::Json;
-use bcm_bus::messages;
+use bcm_contracts::commands::{Command, PowerParams, RotateParams};
 use bcm_core::authz::{Action, Placement};
 use bcm_core::table::NodeFacts;
+use bcm_core::workflow::WorkflowPhase;
 use bcm_core::{
-    apply, BmcDriver, ErrorCode, Move, NodeId, PoolId, PowerAction, PowerState, ProvisionState,
-    TenantId, Verb, WipeMode,
+    apply, BmcDriver, ErrorCode, Move, NodeId, PoolId, PowerAction, ProvisionState, TenantId, Verb,
+    WipeMode,
 };
 use bcm_db::nodes::{self, Node};
 use bcm_db::outbox::NewOutboxMessage;
@@ -229,33 +230,20 @@ pub async fn enroll(
         nonce: sealed.nonce,
         ciphertext: sealed.ciphertext,
     };
-    let now = chrono::Utc::now();
     let node = Node {
-        id,
-        tenant_id: pool.tenant_id.clone(),
-        pool_id: pool.id.clone(),
-        site_id: pool.site_id.clone(),
-        provision_state: ProvisionState::Enrolling,
-        failed_from: None,
-        last_error: None,
-        maintenance: false,
-        power: PowerState::Unknown,
-        role: None,
-        bmc_driver: req.bmc.driver,
-        bmc_address: req.bmc.address,
         bmc_secret_id: Some(secret.id.clone()),
         bmc_tls,
-        bmc_pending_secret_id: None,
-        bmc_rotation_command_id: None,
         macs,
-        hardware_profile,
-        workflow_id: None,
-        deploy_profile: None,
-        release_wipe: None,
-        unrescue_pending: false,
-        version: 1,
-        created_at: now,
-        updated_at: now,
+        ..Node::first(
+            id,
+            pool.tenant_id.clone(),
+            pool.id.clone(),
+            pool.site_id.clone(),
+            ProvisionState::Enrolling,
+            req.bmc.driver,
+            req.bmc.address,
+            hardware_profile,
+        )
     };
     let rows = outbox::created(a.bus.subjects(), &node, "enroll");
     let mut tx = a.db.begin().await?;
@@ -317,10 +305,8 @@ async fn run_verb(
     let rescue_booting = match (node.provision_state, node.workflow_id) {
         (ProvisionState::Rescue, _) if node.unrescue_pending => false,
         (ProvisionState::Rescue, Some(wf)) => {
-            bcm_db::workflows::workflow_status_in_txn(&mut tx, &wf.to_string())
-                .await?
-                .as_deref()
-                != Some("succeeded")
+            bcm_db::workflows::workflow_status_in_txn(&mut tx, &wf.to_string()).await?
+                != Some(WorkflowPhase::Succeeded)
         }
         (ProvisionState::Rescue, None) => true,
         _ => false,
@@ -348,17 +334,16 @@ async fn run_verb(
         rows.extend(cmd_rows);
         next
     } else if let Extra::Power { action } = extra {
-        let mut params = serde_json::Map::new();
-        params.insert("action".into(), serde_json::json!(action));
-        let (cmd, row) =
-            bcm_metal::bmc::leaf_command_in_txn(&mut tx, s, &node, "bmc.power", "power", params)
-                .await?;
+        let (cmd, row) = bcm_metal::bmc::leaf_command_in_txn(&mut tx, s, &node, "power", |bmc| {
+            Command::BmcPower(PowerParams { bmc, action })
+        })
+        .await?;
         rows.push(row);
         rows.push(outbox::event(
             s,
             &node,
-            messages::types::NODE_POWER_REQUESTED,
-            messages::NodePowerRequested {
+            bcm_contracts::events::types::NODE_POWER_REQUESTED,
+            bcm_contracts::events::NodePowerRequested {
                 node_id: node.id,
                 tenant_id: node.tenant_id.clone(),
                 action,
@@ -495,20 +480,15 @@ async fn begin_rotation(
         }
     };
     let s = a.bus.subjects();
-    let mut params = serde_json::Map::new();
-    params.insert(
-        "pendingCredentials".into(),
-        bcm_metal::bmc::sealed_in_txn(tx, &pending_id).await?,
-    );
-    let (cmd, cmd_row) = bcm_metal::bmc::leaf_command_in_txn(
-        tx,
-        s,
-        &node,
-        "bmc.rotateCredentials",
-        "rotate-credentials",
-        params,
-    )
-    .await?;
+    let pending_credentials = bcm_metal::bmc::sealed_in_txn(tx, &pending_id).await?;
+    let (cmd, cmd_row) =
+        bcm_metal::bmc::leaf_command_in_txn(tx, s, &node, "rotate-credentials", |bmc| {
+            Command::BmcRotateCredentials(RotateParams {
+                bmc,
+                pending_credentials,
+            })
+        })
+        .await?;
     let mut next = node;
     next.bmc_pending_secret_id = Some(pending_id);
     next.bmc_rotation_command_id = Some(cmd.command_id.clone());
@@ -516,11 +496,11 @@ async fn begin_rotation(
     let started = outbox::event(
         s,
         &next,
-        messages::types::NODE_CREDENTIALS_ROTATION,
-        messages::NodeCredentialsRotation {
+        bcm_contracts::events::types::NODE_CREDENTIALS_ROTATION,
+        bcm_contracts::events::NodeCredentialsRotation {
             node_id: next.id,
             tenant_id: next.tenant_id.clone(),
-            outcome: messages::RotationOutcome::Started,
+            outcome: bcm_contracts::events::RotationOutcome::Started,
             command_id: cmd.command_id,
             error: None,
             version: next.version,

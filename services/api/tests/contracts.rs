@@ -19,10 +19,10 @@ fn generated() -> Vec<(PathBuf, String)> {
         (proto().join("openapi.json"), pretty(&openapi)),
         (
             proto().join("asyncapi.json"),
-            pretty(&bcm_bus::contracts::asyncapi()),
+            pretty(&bcm_bus::asyncapi::asyncapi()),
         ),
     ];
-    for (name, schema) in bcm_bus::contracts::json_schemas() {
+    for (name, schema) in bcm_contracts::schemas::json_schemas() {
         files.push((proto().join("schemas").join(name), pretty(&schema)));
     }
     files
@@ -43,6 +43,49 @@ fn proto_matches_the_code() {
     assert!(
         drift.is_empty(),
         "proto/ differs from the code for {drift:?}; run `BLESS=1 cargo test -p bcm-api --test contracts` and commit"
+    );
+}
+
+#[test]
+fn proto_holds_no_schema_the_code_does_not_generate() {
+    let generated: Vec<String> = bcm_contracts::schemas::json_schemas()
+        .into_iter()
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    let stale: Vec<String> = std::fs::read_dir(proto().join("schemas"))
+        .expect("proto/schemas")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !generated.contains(n))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "proto/schemas holds files nothing generates: {stale:?}"
+    );
+}
+
+#[test]
+fn every_asyncapi_reference_names_a_generated_schema() {
+    let generated: Vec<String> = bcm_contracts::schemas::json_schemas()
+        .into_iter()
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    let referenced = bcm_bus::asyncapi::referenced_schemas();
+    let dangling: Vec<&String> = referenced
+        .iter()
+        .filter(|r| !generated.contains(r))
+        .collect();
+    assert!(
+        dangling.is_empty(),
+        "asyncapi.json refers to {dangling:?}, which do not exist"
+    );
+    let unreferenced: Vec<&String> = generated
+        .iter()
+        .filter(|g| !referenced.contains(g))
+        .collect();
+    assert!(
+        unreferenced.is_empty(),
+        "schemas no channel of asyncapi.json carries: {unreferenced:?}"
     );
 }
 

@@ -5,7 +5,7 @@
 //! runs the pool's acceptance checks and moves it to `adopted`.
 
 use bcm_bus::Subjects;
-use bcm_core::{BmcDriver, NodeId, PowerState, ProvisionState};
+use bcm_core::{BmcDriver, NodeId, ProvisionState};
 use bcm_db::nodes::Node;
 use bcm_db::{Db, Tx};
 
@@ -25,34 +25,17 @@ pub async fn create_node_in_txn(
             .map_err(|_| AttestError::Invalid(format!("pool {pool_id} is malformed")))?,
     )
     .await?;
-    let now = chrono::Utc::now();
-    let node = Node {
-        id: NodeId::generate(),
-        tenant_id: pool.tenant_id.clone(),
-        pool_id: pool.id.clone(),
-        site_id: pool.site_id.clone(),
-        provision_state: ProvisionState::Adopting,
-        failed_from: None,
-        last_error: None,
-        maintenance: false,
-        power: PowerState::Unknown,
-        role: None,
-        bmc_driver: BmcDriver::None,
-        bmc_address: String::new(),
-        bmc_secret_id: None,
-        bmc_tls: None,
-        bmc_pending_secret_id: None,
-        bmc_rotation_command_id: None,
-        macs: vec![],
-        hardware_profile: pool.hardware_profile.clone(),
-        workflow_id: None,
-        deploy_profile: None,
-        release_wipe: None,
-        unrescue_pending: false,
-        version: 1,
-        created_at: now,
-        updated_at: now,
-    };
+    // No BMC on record: the machine joined with its own OS.
+    let node = Node::first(
+        NodeId::generate(),
+        pool.tenant_id.clone(),
+        pool.id.clone(),
+        pool.site_id.clone(),
+        ProvisionState::Adopting,
+        BmcDriver::None,
+        String::new(),
+        pool.hardware_profile.clone(),
+    );
     let rows = bcm_metal::outbox::created(subjects, &node, "adopt");
     bcm_db::nodes::node_insert_in_txn(tx, &node).await?;
     bcm_db::outbox::outbox_insert_in_txn(tx, &rows).await?;

@@ -1,7 +1,7 @@
 //! Joining: a one-time token and a CSR become a node certificate and an
 //! agent session, in one transaction (a refused join spends no token).
 
-use bcm_bus::messages::{JoinRequest, JoinResponse};
+use bcm_contracts::agent::{AgentPresence, AgentRole, JoinRequest, JoinResponse, PresenceEvent};
 use bcm_db::agents::{CertRow, TokenScope};
 use bcm_db::Db;
 use bcm_pki::{Ca, IssueRequest};
@@ -10,10 +10,10 @@ use chrono::Utc;
 use crate::{AttestError, AttestationConfig};
 
 /// The agent role a token purpose admits.
-pub fn role_of(purpose: &str) -> Option<&'static str> {
+pub fn role_of(purpose: &str) -> Option<AgentRole> {
     match purpose {
-        "discovery" => Some("ramdisk"),
-        "provisioned" | "node" => Some("node"),
+        "discovery" => Some(AgentRole::Ramdisk),
+        "provisioned" | "node" => Some(AgentRole::Node),
         _ => None,
     }
 }
@@ -26,21 +26,15 @@ pub async fn join(
     cfg: &AttestationConfig,
     req: &JoinRequest,
 ) -> Result<JoinResponse, AttestError> {
-    if req.role != "ramdisk" && req.role != "node" {
-        return Err(AttestError::Invalid(format!(
-            "role must be ramdisk or node, not {:?}",
-            req.role
-        )));
-    }
     let mut tx = db.begin().await?;
     let (purpose, scope) =
         bcm_db::agents::join_token_consume_in_txn(&mut tx, &bcm_pki::tokens::hash(&req.token))
             .await?
             .ok_or(AttestError::BadToken)?;
-    if role_of(&purpose) != Some(req.role.as_str()) {
+    if role_of(&purpose) != Some(req.role) {
         return Err(AttestError::WrongRole {
             purpose,
-            role: req.role.clone(),
+            role: req.role.as_str().to_owned(),
         });
     }
     let node_id = match scope {
@@ -91,7 +85,13 @@ pub async fn join(
         &mut tx,
         &node_id,
         &format!("agent:{purpose}"),
-        &serde_json::json!({ "role": req.role, "event": "join", "certSerial": issued.serial, "hostname": req.hostname }),
+        &serde_json::to_value(AgentPresence {
+            role: req.role,
+            event: PresenceEvent::Join,
+            cert_serial: Some(issued.serial.clone()),
+            hostname: req.hostname.clone(),
+        })
+        .unwrap_or_default(),
     )
     .await?;
     bcm_db::workflows::steps_wake_for_node_in_txn(&mut tx, &node_id).await?;

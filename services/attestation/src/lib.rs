@@ -5,8 +5,9 @@
 //! agent session) and `attest.result` (record an agent's result and verify
 //! its signature against the STORED command row and a valid, unrevoked
 //! certificate of the node, in one transaction that rolls back when it
-//! does not verify). Join tokens are minted by [`tokens`] inside the
-//! caller's transaction; [`revoke`] ends a node's identity.
+//! does not verify). Join tokens are minted, and identities revoked, by
+//! `bcm_metal::identity` in the transaction of whoever hands them out or
+//! ends them.
 
 pub mod adopt;
 pub mod ca_store;
@@ -14,7 +15,6 @@ pub mod error;
 pub mod join;
 pub mod results;
 pub mod service;
-pub mod tokens;
 pub mod verify;
 
 use serde::Deserialize;
@@ -75,10 +75,4 @@ impl AttestationConfig {
             accept_ingested: false,
         }
     }
-}
-
-/// Revokes every certificate and session of a node and expires its unused
-/// join tokens (retire); returns how many certificates were revoked.
-pub async fn revoke(tx: &mut bcm_db::Tx<'_>, node_id: &str) -> Result<u64, bcm_db::DbError> {
-    bcm_db::agents::certs_revoke_in_txn(tx, node_id).await
 }

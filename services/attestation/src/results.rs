@@ -5,7 +5,10 @@
 //! A repeated post of an answered command changes nothing.
 
 use base64::Engine as _;
-use bcm_bus::messages::{AttestResult, ResultRecorded};
+use bcm_contracts::agent::AgentResult;
+use bcm_contracts::attest::{AttestResult, ResultRecorded};
+use bcm_contracts::commands::Family;
+use bcm_contracts::{CommandKind, Output};
 use bcm_db::Db;
 use bcm_pki::Ca;
 use chrono::Utc;
@@ -58,6 +61,7 @@ pub async fn record(
             Err(e) => Err(e.into()),
         };
     };
+    check_contract(&cmd, r)?;
     let attested_by = if signature.is_some() {
         let mut certs = bcm_db::agents::certs_live_of_node_in_txn(&mut tx, &req.node_id).await?;
         // The session's own certificate first: it is the one that signed.
@@ -83,7 +87,7 @@ pub async fn record(
     #[cfg(not(feature = "accept-ingested-attestation"))]
     let _ = cfg;
     // The node record shows only an inventory whose signature verified.
-    if cmd.kind == "inventory" && r.ok && attested_by.is_some() {
+    if cmd.kind == CommandKind::Inventory.as_str() && r.ok && attested_by.is_some() {
         bcm_db::agents::node_fact_upsert_in_txn(&mut tx, &req.node_id, "inventory", &r.output)
             .await?;
     }
@@ -93,4 +97,21 @@ pub async fn record(
         recorded: true,
         attested_by,
     })
+}
+
+/// An agent answers only the commands agents run, with the output their
+/// kind's contract says; anything else is refused (and the transaction that
+/// wrote it rolls back).
+fn check_contract(cmd: &bcm_db::commands::CommandRow, r: &AgentResult) -> Result<(), AttestError> {
+    let kind = CommandKind::parse(&cmd.kind)
+        .map_err(|e| AttestError::Invalid(format!("command {}: {e}", cmd.id)))?;
+    if kind.family() != Family::Agent {
+        return Err(AttestError::Invalid(format!(
+            "command {} is a {kind}, which no agent answers",
+            cmd.id
+        )));
+    }
+    Output::decode_result(kind, r.ok, &r.output)
+        .map(|_| ())
+        .map_err(|e| AttestError::Invalid(format!("the result breaks its contract: {e}")))
 }

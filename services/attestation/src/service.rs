@@ -4,8 +4,10 @@
 
 use std::sync::Arc;
 
-use bcm_bus::messages::{AttestJoin, AttestReply, AttestResult};
 use bcm_bus::Bus;
+use bcm_contracts::attest::AttestJoin;
+use bcm_contracts::attest::AttestReply;
+use bcm_contracts::attest::AttestResult;
 use bcm_core::ErrorCode;
 use bcm_db::Db;
 use bcm_pki::Ca;

@@ -132,7 +132,7 @@ mod tests {
             kind: "disk.wipe".into(),
             target: "ramdisk".into(),
             params,
-            status: "succeeded".into(),
+            status: bcm_core::workflow::CommandStatus::Succeeded,
             result: Some(
                 json!({"ok": true, "retryable": false, "output": output, "error": null, "finishedAt": finished}),
             ),

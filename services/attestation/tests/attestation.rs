@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 async fn token(env: &TestEnv, node: &str, purpose: &str, ttl_secs: i64) -> String {
     let mut tx = env.db.begin().await.expect("tx");
-    let t = bcm_attestation::tokens::mint_in_txn(
+    let t = bcm_metal::identity::mint_join_token_in_txn(
         &mut tx,
         purpose,
         &TokenScope::Node(node.into()),
@@ -111,6 +111,17 @@ fn signed_result(key: &SigningKey, node: &str, cmd: &Value, output: Value) -> Va
         "finishedAt": finished,
         "signature": base64::engine::general_purpose::STANDARD.encode(key.sign(&input).to_bytes()),
     })
+}
+
+/// A `disk.wipe` output as the contract has it, with one disk.
+fn wipe_report(outcome: &str) -> Value {
+    json!({"disks": [{
+        "name": "vda", "serial": "S1", "model": "QEMU HARDDISK", "sizeBytes": 1_073_741_824u64,
+        "transport": "virtio", "method": "quick",
+        "wipedRegions": [{"offset": 0, "len": 67_108_864u64}],
+        "verifiedRegions": [{"name": "head", "offset": 0, "len": 67_108_864u64, "ok": true}],
+        "outcome": outcome, "millis": 12
+    }]})
 }
 
 #[tokio::test]
@@ -221,7 +232,7 @@ async fn only_results_signed_for_the_stored_row_by_a_live_certificate_are_kept()
     .await;
     let polled = poll(&env, &first.session).await;
     assert_eq!(polled.len(), 1);
-    let out = json!({"disks": [{"serial": "S1", "method": "quick", "outcome": "verified"}]});
+    let out = wipe_report("verified");
     let good = signed_result(&first.key, &n, &polled[0], out.clone());
     let (status, body) = env
         .post("/api/agent/results", Some(&first.session), &good)
@@ -231,7 +242,7 @@ async fn only_results_signed_for_the_stored_row_by_a_live_certificate_are_kept()
     let row = bcm_db::commands::command_fetch(&env.db, &c1)
         .await
         .expect("row");
-    assert_eq!(row.status, "succeeded");
+    assert_eq!(row.status.as_str(), "succeeded");
     assert_eq!(
         row.attested_by.as_deref(),
         first.body["certSerial"].as_str()
@@ -291,7 +302,7 @@ async fn only_results_signed_for_the_stored_row_by_a_live_certificate_are_kept()
     let row = bcm_db::commands::command_fetch(&env.db, &c2)
         .await
         .expect("row");
-    assert_eq!(row.status, "sent", "nothing was kept");
+    assert_eq!(row.status.as_str(), "sent", "nothing was kept");
 
     // A second agent session for the node, then the first certificate is
     // revoked: a result signed with the first key is refused even through
@@ -396,7 +407,7 @@ async fn a_signed_result_holding_nul_characters_is_refused_as_sent_and_changes_n
     let t = token(&env, &n, "discovery", 600).await;
     let (_, joined, _) = join(&env, &t, "ramdisk").await;
     let joined = joined.expect("join");
-    let c = command(&env, &n, "inventory.collect", json!({})).await;
+    let c = command(&env, &n, "inventory", json!({})).await;
     let polled = poll(&env, &joined.session).await;
     assert_eq!(polled.len(), 1);
     // Signed as it is: the control plane cannot drop the NULs without
@@ -405,7 +416,7 @@ async fn a_signed_result_holding_nul_characters_is_refused_as_sent_and_changes_n
         &joined.key,
         &n,
         &polled[0],
-        json!({"system": {"serial": "S1\u{0}\u{0}"}}),
+        json!({"system": {"serial": "S1\u{0}\u{0}"}, "cpus": 1, "memoryMiB": 1, "disks": [], "nics": []}),
     );
     let (status, body) = env
         .post("/api/agent/results", Some(&joined.session), &padded)
@@ -416,6 +427,90 @@ async fn a_signed_result_holding_nul_characters_is_refused_as_sent_and_changes_n
     let row = bcm_db::commands::command_fetch(&env.db, &c)
         .await
         .expect("row");
-    assert_eq!(row.status, "sent", "the command still waits for a result");
+    assert_eq!(
+        row.status.as_str(),
+        "sent",
+        "the command still waits for a result"
+    );
     assert_eq!(row.result, None);
+}
+
+/// A signed result whose output is not its command kind's (an unknown
+/// outcome, a field missing, another kind's output) is refused and stored
+/// nowhere, whoever signed it: the engine never reads a default.
+#[tokio::test]
+async fn a_result_that_breaks_its_kinds_contract_is_refused_and_changes_nothing() {
+    let env = TestEnv::start().await.expect("env");
+    let n = node(&env).await;
+    let t = token(&env, &n, "discovery", 600).await;
+    let (_, joined, _) = join(&env, &t, "ramdisk").await;
+    let joined = joined.expect("join");
+    let c = command(
+        &env,
+        &n,
+        "disk.wipe",
+        json!({"mode": "quick", "verify": true}),
+    )
+    .await;
+    let polled = poll(&env, &joined.session).await;
+    assert_eq!(polled.len(), 1);
+    let mut missing = wipe_report("verified");
+    missing["disks"][0]
+        .as_object_mut()
+        .expect("disk")
+        .remove("serial");
+    for bad in [
+        wipe_report("probably"),
+        missing,
+        json!({"disks": "all of them"}),
+        json!({"system": {}, "cpus": 1, "memoryMiB": 1, "disks": [], "nics": []}),
+        json!({"disks": [], "extra": true}),
+    ] {
+        let signed = signed_result(&joined.key, &n, &polled[0], bad.clone());
+        let (status, body) = env
+            .post("/api/agent/results", Some(&joined.session), &signed)
+            .await
+            .expect("post");
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (400, Some("INVALID_ARGUMENT")),
+            "{bad}: {body}"
+        );
+        let row = bcm_db::commands::command_fetch(&env.db, &c)
+            .await
+            .expect("row");
+        assert_eq!(
+            row.status.as_str(),
+            "sent",
+            "{bad}: the command still waits"
+        );
+        assert_eq!(row.result, None);
+    }
+    // The agent answers only agent commands: a bmc command of its own node
+    // is not its to answer.
+    let site_cmd = command(
+        &env,
+        &n,
+        "bmc.powerStatus",
+        json!({"bmc": {"driver": "sim", "address": "sim://x"}}),
+    )
+    .await;
+    let fake = json!({"commandId": site_cmd, "ok": true, "output": {"power": "on"}, "finishedAt": Utc::now()});
+    let (status, body) = env
+        .post("/api/agent/results", Some(&joined.session), &fake)
+        .await
+        .expect("post");
+    assert_eq!(status, 400, "{body}");
+    let row = bcm_db::commands::command_fetch(&env.db, &site_cmd)
+        .await
+        .expect("row");
+    assert_eq!(row.result, None);
+    // The honest report is taken.
+    let good = signed_result(&joined.key, &n, &polled[0], wipe_report("verified"));
+    let (status, body) = env
+        .post("/api/agent/results", Some(&joined.session), &good)
+        .await
+        .expect("post");
+    assert_eq!(status, 204, "{body}");
+    env.stop();
 }

@@ -215,7 +215,7 @@ fn main() {
     let r = bcm_bcd::wipe::wipe_disk(&disk, bcm_bcd::wipe::Method::Quick, 16);
     let s = t0.elapsed().as_secs_f64();
     println!(
-        "quick wipe of a 100 GiB sparse {} ({}): {:.2} s, outcome {}, {} regions read back",
+        "quick wipe of a 100 GiB sparse {} ({}): {:.2} s, outcome {:?}, {} regions read back",
         if attached { "loop device" } else { "file" },
         dev.display(),
         s,

@@ -10,7 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use bcm_bus::messages::{AgentCommand, AgentResult, Heartbeat, JoinRequest, JoinResponse};
+use bcm_contracts::agent::{
+    AgentCommand, AgentResult, AgentRole, Heartbeat, JoinRequest, JoinResponse,
+};
+use bcm_contracts::commands::{Command, DeployImageParams, WipeParams};
+use bcm_contracts::outputs::{KexecLoaded, WipeReport};
+use bcm_contracts::Output;
 use ed25519_dalek::{Signer, SigningKey, VerifyingKey};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -23,8 +28,7 @@ pub struct AgentConfig {
     pub api: String,
     pub node: Option<String>,
     pub join_token: String,
-    /// `ramdisk` or `node`.
-    pub role: String,
+    pub role: AgentRole,
     pub hostname: Option<String>,
     /// Disks to see (tests); empty: every disk in `/sys/block`.
     pub disks: Vec<PathBuf>,
@@ -65,12 +69,12 @@ pub async fn join(
     stop: &CancellationToken,
 ) -> Result<Session, AgentError> {
     let key = SigningKey::generate(&mut rand::rngs::OsRng);
-    let csr = bcm_pki::csr_pem(&key, cfg.node.as_deref().unwrap_or(&cfg.role))
+    let csr = bcm_pki::csr_pem(&key, cfg.node.as_deref().unwrap_or(cfg.role.as_str()))
         .map_err(|e| AgentError::JoinRefused(e.to_string()))?;
     let req = JoinRequest {
         token: cfg.join_token.clone(),
         csr,
-        role: cfg.role.clone(),
+        role: cfg.role,
         hostname: cfg.hostname.clone(),
     };
     let mut attempt = 0;
@@ -130,7 +134,7 @@ pub async fn heartbeat(
     http: reqwest::Client,
     api: String,
     session: String,
-    role: String,
+    role: AgentRole,
     every: Duration,
     stop: CancellationToken,
 ) {
@@ -138,7 +142,7 @@ pub async fn heartbeat(
         let sent = http
             .post(format!("{api}/api/agent/heartbeat"))
             .bearer_auth(&session)
-            .json(&Heartbeat { role: role.clone() })
+            .json(&Heartbeat { role })
             .send()
             .await;
         if let Ok(r) = sent {
@@ -158,134 +162,132 @@ pub async fn heartbeat(
 /// What a command produced, and what to do after its result is posted.
 pub struct Outcome {
     pub ok: bool,
+    /// The kind's output as JSON (`{}` when it failed without one).
     pub output: Value,
     pub error: Option<String>,
     pub then_kexec: bool,
 }
 
 impl Outcome {
-    fn ok(output: Value) -> Self {
+    fn ok(output: Output) -> Self {
         Self {
             ok: true,
-            output,
+            output: output.to_json(),
             error: None,
             then_kexec: false,
         }
     }
 
-    fn failed(output: Value, error: String) -> Self {
+    fn failed(error: String) -> Self {
         Self {
             ok: false,
-            output,
+            output: json!({}),
             error: Some(error),
             then_kexec: false,
         }
     }
 }
 
-/// Runs one ramdisk command (blocking: disk and network I/O).
+/// Runs one ramdisk command (blocking: disk and network I/O). Parameters
+/// that are not the kind's fail the command; nothing is guessed.
 pub fn execute(cfg: &AgentConfig, image_keys: &[VerifyingKey], cmd: &AgentCommand) -> Outcome {
-    let p = &cmd.params;
-    match cmd.kind.as_str() {
-        "inventory" => Outcome::ok(crate::inventory::collect(&cfg.disks)),
-        "disk.wipe" => {
-            let method: crate::wipe::Method =
-                match serde_json::from_value(p.get("mode").cloned().unwrap_or(json!("quick"))) {
-                    Ok(m) => m,
-                    Err(e) => return Outcome::failed(json!({}), format!("disk.wipe mode: {e}")),
-                };
-            let found = match disks::discover(&cfg.disks) {
-                Ok(d) if !d.is_empty() => d,
-                Ok(_) => return Outcome::failed(json!({}), "no disks found".into()),
-                Err(e) => return Outcome::failed(json!({}), format!("finding disks: {e}")),
-            };
-            let reports: Vec<Value> = found
-                .iter()
-                .map(|d| {
-                    tracing::info!(disk = %d.name, size = d.size_bytes, ?method, "wiping");
-                    let r = crate::wipe::wipe_disk(d, method, cfg.wipe_stripes);
-                    tracing::info!(disk = %d.name, outcome = %r.outcome, reason = ?r.reason, millis = r.millis, "wiped");
-                    serde_json::to_value(r).unwrap_or(Value::Null)
-                })
-                .collect();
-            Outcome::ok(json!({ "disks": reports }))
+    let command = match cmd.command() {
+        Ok(c) => c,
+        Err(e) => return Outcome::failed(format!("the command breaks its contract: {e}")),
+    };
+    match command {
+        Command::Inventory(_) => {
+            Outcome::ok(Output::Inventory(crate::inventory::collect(&cfg.disks)))
         }
-        "deploy.image" => {
-            let manifest: crate::image::Manifest =
-                match serde_json::from_value(p.get("image").cloned().unwrap_or(Value::Null)) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        return Outcome::failed(json!({}), format!("deploy.image image: {e}"))
-                    }
-                };
-            let disk = match disks::discover(&cfg.disks) {
-                Ok(d) => match p.get("disk").and_then(Value::as_str) {
-                    Some(name) => d.into_iter().find(|x| x.name == name),
-                    None => d.into_iter().next(),
-                },
-                Err(e) => return Outcome::failed(json!({}), format!("finding disks: {e}")),
-            };
-            let Some(disk) = disk else {
-                return Outcome::failed(json!({}), "no target disk".into());
-            };
-            let opts = crate::image::DeployOptions {
-                proxy: cfg.proxy.clone(),
-                max_held_bytes: None,
-            };
-            let mut last = 0u64;
-            let mut progress = |done: u64, total: u64| {
-                let pct = done * 100 / total.max(1);
-                if pct >= last + 10 {
-                    last = pct;
-                    tracing::info!(done, total, "deploy.image {pct}%");
-                }
-            };
-            let report =
-                match crate::image::deploy(&manifest, image_keys, &disk, &opts, &mut progress) {
-                    Ok(r) => r,
-                    Err(e) => return Outcome::failed(json!({ "disk": disk.name }), e.to_string()),
-                };
-            let mut out = serde_json::to_value(&report).unwrap_or(Value::Null);
-            if let Some(user_data) = p.get("userData").and_then(Value::as_str) {
-                let node = cfg.node.as_deref().unwrap_or_default();
-                match crate::seed::write_nocloud(&disk, user_data, node) {
-                    Ok(seed) => out["userData"] = serde_json::to_value(seed).unwrap_or(Value::Null),
-                    Err(e) => {
-                        return Outcome::failed(
-                            out,
-                            format!(
-                            "the image was written and verified, but its user data was not: {e}"
-                        ),
-                        )
-                    }
-                }
-            }
-            Outcome::ok(out)
-        }
-        "diag.dcgm" => {
-            let (ok, output, error) =
-                crate::dcgm::run(p.get("level").and_then(Value::as_u64).unwrap_or(2));
-            Outcome {
-                ok,
-                output,
-                error,
-                then_kexec: false,
-            }
-        }
-        "boot.kexec" => match serde_json::from_value::<crate::kexec::KexecParams>(p.clone()) {
-            Err(e) => Outcome::failed(json!({}), format!("boot.kexec: {e}")),
-            Ok(k) => match crate::kexec::load(&k) {
-                Ok(()) => Outcome {
-                    ok: true,
-                    output: json!({ "loaded": k.kernel }),
-                    error: None,
-                    then_kexec: true,
-                },
-                Err(e) => Outcome::failed(json!({}), e),
-            },
+        Command::DiskWipe(p) => wipe(cfg, &p),
+        Command::DeployImage(p) => deploy(cfg, image_keys, &p),
+        Command::DiagDcgm(p) => match crate::dcgm::run(p.level) {
+            Ok(report) => Outcome::ok(Output::DiagDcgm(report)),
+            Err(e) => Outcome::failed(e),
         },
-        other => Outcome::failed(json!({}), format!("unsupported command {other}")),
+        Command::BootKexec(k) => match crate::kexec::load(&k) {
+            Ok(()) => Outcome {
+                then_kexec: true,
+                ..Outcome::ok(Output::BootKexec(KexecLoaded {
+                    loaded: k.kernel.clone(),
+                }))
+            },
+            Err(e) => Outcome::failed(e),
+        },
+        other => Outcome::failed(format!("unsupported command {}", other.kind())),
     }
+}
+
+/// `disk.wipe`: every disk, each read back; the report lists them all.
+fn wipe(cfg: &AgentConfig, p: &WipeParams) -> Outcome {
+    let Some(method) = crate::wipe::Method::of(p.mode) else {
+        return Outcome::failed("disk.wipe with mode none erases nothing".into());
+    };
+    let found = match disks::discover(&cfg.disks) {
+        Ok(d) if !d.is_empty() => d,
+        Ok(_) => return Outcome::failed("no disks found".into()),
+        Err(e) => return Outcome::failed(format!("finding disks: {e}")),
+    };
+    let reports = found
+        .iter()
+        .map(|d| {
+            tracing::info!(disk = %d.name, size = d.size_bytes, ?method, "wiping");
+            let r = crate::wipe::wipe_disk(d, method, cfg.wipe_stripes);
+            tracing::info!(disk = %d.name, outcome = ?r.outcome, reason = ?r.reason, millis = r.millis, "wiped");
+            r
+        })
+        .collect();
+    Outcome::ok(Output::DiskWipe(WipeReport {
+        disks: reports,
+        sim: false,
+    }))
+}
+
+/// `deploy.image`: the signed image to the target disk, then the user data
+/// as a NoCloud seed.
+fn deploy(cfg: &AgentConfig, image_keys: &[VerifyingKey], p: &DeployImageParams) -> Outcome {
+    let disk = match disks::discover(&cfg.disks) {
+        Ok(d) => match &p.disk {
+            Some(name) => d.into_iter().find(|x| x.name == *name),
+            None => d.into_iter().next(),
+        },
+        Err(e) => return Outcome::failed(format!("finding disks: {e}")),
+    };
+    let Some(disk) = disk else {
+        return Outcome::failed("no target disk".into());
+    };
+    let opts = crate::image::DeployOptions {
+        proxy: cfg.proxy.clone(),
+        max_held_bytes: None,
+    };
+    let mut last = 0u64;
+    let mut progress = |done: u64, total: u64| {
+        let pct = done * 100 / total.max(1);
+        if pct >= last + 10 {
+            last = pct;
+            tracing::info!(done, total, "deploy.image {pct}%");
+        }
+    };
+    let mut report = match crate::image::deploy(&p.image, image_keys, &disk, &opts, &mut progress) {
+        Ok(r) => r,
+        Err(e) => return Outcome::failed(format!("{}: {e}", disk.name)),
+    };
+    if let Some(user_data) = &p.user_data {
+        let node = cfg.node.as_deref().unwrap_or_default();
+        match crate::seed::write_nocloud(&disk, user_data, node) {
+            Ok(seed) => report.user_data = Some(seed),
+            Err(e) => {
+                return Outcome {
+                    ok: false,
+                    error: Some(format!(
+                        "the image was written and verified, but its user data was not: {e}"
+                    )),
+                    ..Outcome::ok(Output::DeployImage(report))
+                }
+            }
+        }
+    }
+    Outcome::ok(Output::DeployImage(report))
 }
 
 /// Signs and builds the result of `cmd`.
@@ -294,7 +296,7 @@ pub fn signed_result(key: &SigningKey, node: &str, cmd: &AgentCommand, o: &Outco
     let input = bcm_pki::signing_input(&bcm_pki::SignedFacts {
         command_id: &cmd.command_id,
         node_id: node,
-        kind: &cmd.kind,
+        kind: cmd.kind.as_str(),
         params: &cmd.params,
         issued_at: cmd.issued_at,
         ok: o.ok,
@@ -366,7 +368,7 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
         http.clone(),
         cfg.api.clone(),
         token.clone(),
-        cfg.role.clone(),
+        cfg.role,
         cfg.heartbeat,
         hb_stop.clone(),
     ));
@@ -407,7 +409,7 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
                     .await
                     {
                         Ok(o) => o,
-                        Err(e) => Outcome::failed(json!({}), format!("the command panicked: {e}")),
+                        Err(e) => Outcome::failed(format!("the command panicked: {e}")),
                     };
                     let r = signed_result(&session.key, &node, &cmd, &outcome);
                     done.insert(cmd.command_id.clone(), r.clone());
@@ -440,7 +442,7 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
         http,
         cfg.api.clone(),
         session.joined.session_token.clone(),
-        "node".into(),
+        AgentRole::Node,
         cfg.heartbeat,
         stop,
     )

@@ -2,37 +2,39 @@
 //! the tools are present. Without them (no GPU stack, no GPU) the answer is
 //! an explicit `unsupported`, never a pass.
 
-use serde_json::{json, Value};
+use bcm_contracts::outputs::{DcgmReport, DcgmStatus};
 
-/// Runs the diagnostic at `level`: `(ok, output, error)`.
-pub fn run(level: u64) -> (bool, Value, Option<String>) {
+/// Runs the diagnostic at `level`: the report, or why it could not run.
+pub fn run(level: u8) -> Result<DcgmReport, String> {
     let out = std::process::Command::new("dcgmi")
         .args(["diag", "-r", &level.to_string(), "-j"])
         .output();
     match out {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
-            true,
-            json!({
-                "status": "unsupported",
-                "level": level,
-                "reason": "dcgmi is not installed: no NVIDIA GPU stack on this machine",
-            }),
-            None,
-        ),
-        Err(e) => (false, json!({}), Some(format!("running dcgmi: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DcgmReport {
+            status: DcgmStatus::Unsupported,
+            level,
+            reason: Some("dcgmi is not installed: no NVIDIA GPU stack on this machine".into()),
+            exit_code: None,
+            report: None,
+            sim: false,
+        }),
+        Err(e) => Err(format!("running dcgmi: {e}")),
         Ok(o) => {
-            let report: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+            let report: Option<serde_json::Value> = serde_json::from_slice(&o.stdout).ok();
             let text = String::from_utf8_lossy(&o.stdout).to_lowercase();
             let status = if !o.status.success() || text.contains("\"fail") {
-                "fail"
+                DcgmStatus::Fail
             } else {
-                "pass"
+                DcgmStatus::Pass
             };
-            (
-                true,
-                json!({ "status": status, "level": level, "exitCode": o.status.code(), "report": report }),
-                None,
-            )
+            Ok(DcgmReport {
+                status,
+                level,
+                reason: None,
+                exit_code: o.status.code(),
+                report,
+                sim: false,
+            })
         }
     }
 }

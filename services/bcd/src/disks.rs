@@ -11,8 +11,6 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 const BLKFLSBUF: libc::c_ulong = 0x1261;
 const BLKZEROOUT: libc::c_ulong = 0x127f;
@@ -21,22 +19,10 @@ const BLKZEROOUT: libc::c_ulong = 0x127f;
 pub const IO_BLOCK: usize = 4 << 20;
 const ALIGN: usize = 4096;
 
-/// How a disk is attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Transport {
-    Nvme,
-    Ata,
-    Scsi,
-    Virtio,
-    Loop,
-    File,
-    Other,
-}
+pub use bcm_contracts::outputs::Transport;
 
 /// A disk bcd may inspect, wipe or write.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone)]
 pub struct Disk {
     pub name: String,
     pub path: PathBuf,
@@ -45,8 +31,22 @@ pub struct Disk {
     pub serial: String,
     pub rotational: bool,
     pub transport: Transport,
-    #[serde(skip)]
     pub is_block: bool,
+}
+
+impl Disk {
+    /// The disk as the inventory reports it.
+    pub fn info(&self) -> bcm_contracts::outputs::DiskInfo {
+        bcm_contracts::outputs::DiskInfo {
+            name: self.name.clone(),
+            path: self.path.display().to_string(),
+            size_bytes: self.size_bytes,
+            model: self.model.clone(),
+            serial: self.serial.clone(),
+            rotational: self.rotational,
+            transport: self.transport,
+        }
+    }
 }
 
 /// A sysfs attribute as text: trimmed, without the NUL characters some

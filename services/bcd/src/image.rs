@@ -12,39 +12,20 @@ use std::io::Read;
 use std::os::unix::fs::FileExt;
 
 use ed25519_dalek::VerifyingKey;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::disks::{self, DirectReader, Disk};
 use crate::qcow2;
 
-/// The image formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Format {
-    Raw,
-    Qcow2,
-}
+/// The image formats, and a deploy profile's image: the signed manifest.
+pub use bcm_core::deploy::{ImageFormat as Format, ImageRef as Manifest};
 
-impl Format {
-    fn as_str(self) -> &'static str {
-        match self {
-            Format::Raw => "raw",
-            Format::Qcow2 => "qcow2",
-        }
+/// The format's name in the signed manifest.
+fn format_name(f: Format) -> &'static str {
+    match f {
+        Format::Raw => "raw",
+        Format::Qcow2 => "qcow2",
     }
-}
-
-/// A deploy profile's image: the signed manifest.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Manifest {
-    pub url: String,
-    pub format: Format,
-    pub size_bytes: u64,
-    pub sha256: String,
-    #[serde(default)]
-    pub signature: Option<String>,
 }
 
 /// Why a deploy failed.
@@ -65,23 +46,7 @@ pub enum ImageError {
 }
 
 /// What a deploy did.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeployReport {
-    pub disk: String,
-    pub serial: String,
-    pub format: Format,
-    pub image_sha256: String,
-    pub bytes_downloaded: u64,
-    pub virtual_size_bytes: u64,
-    pub bytes_written: u64,
-    /// sha256 of the target's first `virtualSizeBytes` as read back.
-    pub target_sha256: String,
-    pub millis: u64,
-    /// Downloaded bytes per second.
-    pub bytes_per_sec: u64,
-    pub signed_by_key: usize,
-}
+pub use bcm_contracts::outputs::DeployReport;
 
 /// Checks the manifest's signature; the index of the key that signed it.
 pub fn verify_manifest(m: &Manifest, keys: &[VerifyingKey]) -> Result<usize, ImageError> {
@@ -90,7 +55,7 @@ pub fn verify_manifest(m: &Manifest, keys: &[VerifyingKey]) -> Result<usize, Ima
         keys,
         sig,
         &m.url,
-        m.format.as_str(),
+        format_name(m.format),
         m.size_bytes,
         &m.sha256,
     )
@@ -337,6 +302,8 @@ pub fn deploy(
         millis,
         bytes_per_sec: downloaded * 1000 / millis.max(1),
         signed_by_key,
+        user_data: None,
+        sim: false,
     })
 }
 

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use serde_json::{json, Value};
+use bcm_contracts::outputs::{Inventory, NicInfo, SystemInfo};
 
 use crate::disks;
 
@@ -50,7 +50,7 @@ pub fn memory_mib(meminfo: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn nics() -> Vec<Value> {
+fn nics() -> Vec<NicInfo> {
     let mut out = vec![];
     let Ok(entries) = std::fs::read_dir("/sys/class/net") else {
         return out;
@@ -65,42 +65,42 @@ fn nics() -> Vec<Value> {
         if name == "lo" || !base.join("device").exists() {
             continue; // virtual interfaces are not the machine's NICs
         }
-        out.push(json!({
-            "name": name,
-            "mac": disks::sys(base.join("address")).unwrap_or_default(),
-            "link": disks::sys(base.join("operstate")).unwrap_or_else(|| "unknown".into()),
-            "speedMbps": disks::sys(base.join("speed")).and_then(|s| s.parse::<i64>().ok()).filter(|s| *s > 0),
-            "driver": std::fs::read_link(base.join("device/driver")).ok()
+        out.push(NicInfo {
+            mac: disks::sys(base.join("address")).unwrap_or_default(),
+            link: disks::sys(base.join("operstate")).unwrap_or_else(|| "unknown".into()),
+            speed_mbps: disks::sys(base.join("speed"))
+                .and_then(|s| s.parse::<i64>().ok())
+                .filter(|s| *s > 0),
+            driver: std::fs::read_link(base.join("device/driver"))
+                .ok()
                 .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())),
-        }));
+            name,
+        });
     }
     out
 }
 
 /// The whole inventory; `disks` as bcd was told to see them.
-pub fn collect(explicit_disks: &[PathBuf]) -> Value {
+pub fn collect(explicit_disks: &[PathBuf]) -> Inventory {
     let (cpu_count, cpu_model) = cpus(&disks::sys("/proc/cpuinfo").unwrap_or_default());
-    let disks: Vec<Value> = disks::discover(explicit_disks)
-        .map(|ds| {
-            ds.iter()
-                .map(|d| serde_json::to_value(d).unwrap_or(Value::Null))
-                .collect()
-        })
+    let disks = disks::discover(explicit_disks)
+        .map(|ds| ds.iter().map(disks::Disk::info).collect())
         .unwrap_or_default();
-    json!({
-        "system": {
-            "vendor": dmi("sys_vendor", "system-manufacturer"),
-            "model": dmi("product_name", "system-product-name"),
-            "serial": dmi("product_serial", "system-serial-number"),
-            "uuid": dmi("product_uuid", "system-uuid"),
+    Inventory {
+        system: SystemInfo {
+            vendor: dmi("sys_vendor", "system-manufacturer"),
+            model: dmi("product_name", "system-product-name"),
+            serial: dmi("product_serial", "system-serial-number"),
+            uuid: dmi("product_uuid", "system-uuid"),
         },
-        "cpus": cpu_count,
-        "cpuModel": cpu_model,
-        "memoryMiB": memory_mib(&disks::sys("/proc/meminfo").unwrap_or_default()),
-        "disks": disks,
-        "nics": nics(),
-        "kernel": disks::sys("/proc/sys/kernel/osrelease"),
-    })
+        cpus: cpu_count as u64,
+        cpu_model,
+        memory_mib: memory_mib(&disks::sys("/proc/meminfo").unwrap_or_default()),
+        disks,
+        nics: nics(),
+        kernel: disks::sys("/proc/sys/kernel/osrelease"),
+        sim: false,
+    }
 }
 
 #[cfg(test)]
@@ -122,7 +122,12 @@ mod tests {
     fn this_machine_s_inventory_is_real() {
         let inv = collect(&[]);
         let (count, _) = cpus(&std::fs::read_to_string("/proc/cpuinfo").expect("cpuinfo"));
-        assert_eq!(inv["cpus"], json!(count));
-        assert!(inv["memoryMiB"].as_u64().unwrap_or(0) > 0);
+        assert_eq!(inv.cpus, count as u64);
+        assert!(inv.memory_mib > 0);
+        // What bcd reports is what the contract decodes.
+        let wire = serde_json::to_value(&inv).expect("json");
+        assert!(
+            bcm_contracts::Output::decode(bcm_contracts::CommandKind::Inventory, &wire).is_ok()
+        );
     }
 }

@@ -8,27 +8,8 @@ use std::ffi::CString;
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
 
-use serde::Deserialize;
-
 /// Parameters of `boot.kexec`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct KexecParams {
-    /// The installed root file system, e.g. `/dev/vda1`.
-    pub root_device: String,
-    #[serde(default = "default_fs")]
-    pub fs_type: String,
-    /// Paths inside the root file system.
-    pub kernel: String,
-    #[serde(default)]
-    pub initrd: Option<String>,
-    #[serde(default)]
-    pub cmdline: String,
-}
-
-fn default_fs() -> String {
-    "ext4".into()
-}
+pub use bcm_contracts::commands::KexecParams;
 
 const MOUNT_POINT: &str = "/run/bcd/target";
 

@@ -1,5 +1,6 @@
 //! `bcd`: the on-machine agent's command line.
 
+use bcm_contracts::agent::AgentRole;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -93,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
                     api: boot.api,
                     node: Some(boot.node),
                     join_token: boot.join,
-                    role: "ramdisk".into(),
+                    role: AgentRole::Ramdisk,
                     hostname: None,
                     disks,
                     image_keys: keys,
@@ -125,7 +126,7 @@ async fn main() -> anyhow::Result<()> {
                     api,
                     node: None,
                     join_token: token,
-                    role: "node".into(),
+                    role: AgentRole::Node,
                     hostname,
                     disks: vec![],
                     image_keys: vec![],

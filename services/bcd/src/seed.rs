@@ -14,8 +14,6 @@ use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
 use crate::disks::Disk;
 
 const BLKRRPART: libc::c_ulong = 0x125f;
@@ -23,14 +21,7 @@ const SEED_DIR: &str = "var/lib/cloud/seed/nocloud";
 const FS_TYPES: [&str; 4] = ["ext4", "xfs", "btrfs", "vfat"];
 
 /// Where the seed went.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SeedReport {
-    pub partition: String,
-    pub fs_type: String,
-    pub path: String,
-    pub user_data_bytes: usize,
-}
+pub use bcm_contracts::outputs::SeedReport;
 
 /// The partitions of a disk, from sysfs, with a device node for each
 /// (created from its major:minor when no devtmpfs/udev made one).

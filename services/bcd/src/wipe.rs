@@ -10,18 +10,38 @@
 use std::fs::File;
 use std::io;
 
+use bcm_core::WipeMode;
 use rand::Rng;
-use serde::Serialize;
 
-use crate::disks::{self, DirectReader, Disk, Transport};
+use crate::disks::{self, DirectReader, Disk};
 
-/// The wipe methods of the spec.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
+/// The wipe methods of the spec that erase something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
     Quick,
     SecureErase,
     CryptoErase,
+}
+
+impl Method {
+    /// The method of a wipe mode; `none` erases nothing.
+    pub fn of(mode: WipeMode) -> Option<Method> {
+        match mode {
+            WipeMode::None => None,
+            WipeMode::Quick => Some(Method::Quick),
+            WipeMode::SecureErase => Some(Method::SecureErase),
+            WipeMode::CryptoErase => Some(Method::CryptoErase),
+        }
+    }
+
+    /// The wipe mode it carries out.
+    pub fn mode(self) -> WipeMode {
+        match self {
+            Method::Quick => WipeMode::Quick,
+            Method::SecureErase => WipeMode::SecureErase,
+            Method::CryptoErase => WipeMode::CryptoErase,
+        }
+    }
 }
 
 /// How much of each end a quick wipe zeroes.
@@ -33,42 +53,10 @@ pub const STRIPE_BYTES: u64 = 1 << 20;
 /// descriptors no longer point to, and no prober trusts them alone).
 const MIRRORS: [u64; 2] = [64 << 20, 256 << 30];
 
-/// A region of a disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Region {
-    pub offset: u64,
-    pub len: u64,
-}
+pub use bcm_contracts::outputs::{CheckedRegion as Checked, Region, WipeOutcome};
 
-/// One region read back.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Checked {
-    pub name: String,
-    pub offset: u64,
-    pub len: u64,
-    pub ok: bool,
-}
-
-/// What happened to one disk.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DiskReport {
-    pub name: String,
-    pub serial: String,
-    pub model: String,
-    pub size_bytes: u64,
-    pub transport: Transport,
-    pub method: Method,
-    pub wiped_regions: Vec<Region>,
-    pub verified_regions: Vec<Checked>,
-    /// `verified` only when the erase ran and every region read back clean.
-    pub outcome: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    pub millis: u64,
-}
+/// What happened to one disk: the report the wipe's result lists.
+pub use bcm_contracts::outputs::DiskWipe as DiskReport;
 
 fn align_down(v: u64) -> u64 {
     v & !4095
@@ -180,10 +168,10 @@ pub fn wipe_disk(disk: &Disk, method: Method, stripes: usize) -> DiskReport {
         model: disk.model.clone(),
         size_bytes: disk.size_bytes,
         transport: disk.transport,
-        method,
+        method: method.mode(),
         wiped_regions: vec![],
         verified_regions: vec![],
-        outcome: "failed".into(),
+        outcome: WipeOutcome::Failed,
         reason: None,
         millis: 0,
     };
@@ -219,7 +207,7 @@ pub fn wipe_disk(disk: &Disk, method: Method, stripes: usize) -> DiskReport {
                         .map(|c| c.name.as_str())
                         .collect();
                     if bad.is_empty() {
-                        report.outcome = "verified".into();
+                        report.outcome = WipeOutcome::Verified;
                     } else {
                         report.reason = Some(format!(
                             "read-back found data in {} after the erase: the device did not keep the writes",

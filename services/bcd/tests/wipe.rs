@@ -6,7 +6,7 @@
 mod support;
 
 use bcm_bcd::disks;
-use bcm_bcd::wipe::{self, Method};
+use bcm_bcd::wipe::{self, Method, WipeOutcome};
 use support::*;
 
 #[test]
@@ -26,7 +26,7 @@ fn quick_wipe_of_a_prefilled_disk_leaves_no_signature_and_reads_back_clean() {
     let d = disks::describe(&disk.dev).expect("describe");
     assert_eq!(d.size_bytes, 1 << 30);
     let report = wipe::wipe_disk(&d, Method::Quick, 4);
-    assert_eq!(report.outcome, "verified", "{report:?}");
+    assert_eq!(report.outcome, WipeOutcome::Verified, "{report:?}");
     let names: Vec<&str> = report
         .verified_regions
         .iter()
@@ -62,7 +62,7 @@ fn a_disk_that_drops_writes_fails_read_back_verification() {
     let liar = LyingDisk::mount(&backing, &dir.0.join("mnt"));
     let d = disks::describe(&liar.file).expect("describe");
     let report = wipe::wipe_disk(&d, Method::Quick, 4);
-    assert_eq!(report.outcome, "failed", "{report:?}");
+    assert_eq!(report.outcome, WipeOutcome::Failed, "{report:?}");
     let reason = report.reason.clone().unwrap_or_default();
     assert!(reason.contains("read-back found data in head"), "{reason}");
     assert!(report
@@ -83,7 +83,7 @@ fn a_device_erase_without_an_erase_command_fails_and_erases_nothing() {
     let d = disks::describe(&disk.dev).expect("describe");
     for method in [Method::SecureErase, Method::CryptoErase] {
         let report = wipe::wipe_disk(&d, method, 4);
-        assert_eq!(report.outcome, "failed");
+        assert_eq!(report.outcome, WipeOutcome::Failed);
         let reason = report.reason.unwrap_or_default();
         assert!(
             reason.contains("has no erase command") && reason.contains("nothing was erased"),

@@ -4,65 +4,13 @@
 
 use bcm_core::{BmcDriver, BmcTls, PowerAction, PowerState};
 use secrecy::SecretString;
-use serde::Serialize;
 
 use crate::error::BmcError;
 use crate::ipmi::{Ipmi, IpmiSettings};
 use crate::redfish::{Redfish, RedfishSettings};
 
-/// What verifying the credentials found.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Verified {
-    /// `RedfishVersion`, or the IPMI version.
-    pub protocol_version: Option<String>,
-    /// The managed system (Redfish `Id`, or `0` for IPMI's one chassis).
-    pub system_id: String,
-    pub power: PowerState,
-}
-
-/// Out-of-band inspection.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Inventory {
-    pub manufacturer: Option<String>,
-    pub model: Option<String>,
-    pub serial: Option<String>,
-    pub uuid: Option<String>,
-    pub cpus: Option<u64>,
-    pub cpu_model: Option<String>,
-    pub memory_gib: Option<f64>,
-    /// The host's NIC MACs, which become the node's PXE MACs.
-    pub macs: Vec<String>,
-}
-
-/// Where to boot from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BootDevice {
-    Pxe,
-    Disk,
-    UefiHttp,
-}
-
-/// Firmware boot mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BootMode {
-    Uefi,
-    Legacy,
-}
-
-/// A boot override as read back from the BMC.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BootOverride {
-    pub target: String,
-    pub enabled_requested: String,
-    /// What the BMC reports; some (sushy-tools) always say `Continuous`.
-    pub enabled_read_back: Option<String>,
-    pub mode_read_back: Option<String>,
-}
+pub use bcm_contracts::commands::{BootDevice, BootMode};
+pub use bcm_contracts::outputs::{BootOverride, OobInventory as Inventory, Verified};
 
 /// Settings of every hosted driver.
 #[derive(Debug, Clone, Default)]

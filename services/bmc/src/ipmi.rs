@@ -274,6 +274,7 @@ impl Ipmi {
             protocol_version: version,
             system_id: "0".into(),
             power: self.power_state().await?,
+            sim: false,
         })
     }
 
@@ -290,6 +291,7 @@ impl Ipmi {
             cpu_model: None,
             memory_gib: None,
             macs: vec![],
+            sim: false,
         })
     }
 
@@ -392,6 +394,9 @@ impl Ipmi {
             "Once"
         };
         Ok(BootOverride {
+            device,
+            persistent,
+            sim: false,
             target: dev.to_owned(),
             enabled_requested: if persistent { "Continuous" } else { "Once" }.to_owned(),
             enabled_read_back: Some(enabled.to_owned()),

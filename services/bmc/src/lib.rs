@@ -69,9 +69,12 @@ impl BmcConfig {
     }
 
     /// The drivers' settings.
-    pub fn drivers(&self) -> anyhow::Result<driver::DriverSettings> {
+    pub fn drivers(&self) -> Result<driver::DriverSettings, StartError> {
         let ca_pem = match &self.tls_ca_file {
-            Some(p) => Some(std::fs::read(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?),
+            Some(p) => Some(
+                std::fs::read(p)
+                    .map_err(|e| StartError::Config(format!("tls_ca_file {}: {e}", p.display())))?,
+            ),
             None => None,
         };
         Ok(driver::DriverSettings {
@@ -91,20 +94,31 @@ impl BmcConfig {
     }
 }
 
+/// Why the service cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Bus(#[from] bcm_bus::BusError),
+    #[error(transparent)]
+    Seal(#[from] bcm_seal::SealError),
+}
+
 /// Runs the service until `shutdown`. Returns its context (with the count
 /// of operations executed) and the loop's task.
 pub async fn start(
     cfg: &BmcConfig,
     drivers: driver::DriverSettings,
     shutdown: CancellationToken,
-) -> anyhow::Result<(Arc<service::Ctx>, tokio::task::JoinHandle<()>)> {
+) -> Result<(Arc<service::Ctx>, tokio::task::JoinHandle<()>), StartError> {
     let bus = bcm_bus::Bus::connect(&cfg.bus).await?;
     bcm_bus::streams::ensure_all(&bus).await?;
     let sealer = bcm_seal::Sealer::new(&cfg.sealing_keys)?;
     let site: bcm_core::SiteId = cfg
         .site
         .parse()
-        .map_err(|e| anyhow::anyhow!("site {:?}: {e}", cfg.site))?;
+        .map_err(|e| StartError::Config(format!("site {:?}: {e}", cfg.site)))?;
     let ctx = Arc::new(service::Ctx::new(
         bus,
         site,

@@ -616,6 +616,7 @@ impl Redfish {
             protocol_version: root.redfish_version,
             system_id: sys.id.clone().unwrap_or_else(|| sys.odata_id.clone()),
             power: parse_power(sys.power_state.as_deref()),
+            sim: false,
         })
     }
 
@@ -649,6 +650,7 @@ impl Redfish {
             cpu_model: sys.processor_summary.and_then(|p| p.model),
             memory_gib: sys.memory_summary.and_then(|m| m.total_gib),
             macs,
+            sim: false,
         })
     }
 
@@ -887,6 +889,9 @@ impl Redfish {
             });
         }
         Ok(BootOverride {
+            device,
+            persistent,
+            sim: false,
             target: target.to_owned(),
             enabled_requested: enabled.to_owned(),
             enabled_read_back: read.boot_source_override_enabled,

@@ -18,14 +18,15 @@
 //! rotation unresolved (an error result); the record keeps both.
 
 use base64::Engine as _;
-use bcm_bus::messages::CommandEnvelope;
+use bcm_contracts::commands::{RotateParams, SealedValue};
+use bcm_contracts::outputs::{RotationReport, RotationStep};
+use bcm_contracts::{CommandEnvelope, Output};
 use secrecy::SecretString;
-use serde_json::{json, Value};
 use std::time::Duration;
 
 use crate::driver::Driver;
 use crate::error::BmcError;
-use crate::service::{open_params, open_sealed, Ctx, SealedParams};
+use crate::service::{open_sealed, open_target, Ctx};
 
 /// Set to any value, the process aborts right after phase 1 (a test hook
 /// for the crash-between-phases recovery; logged loudly at start-up).
@@ -47,18 +48,15 @@ async fn logs_in(driver: &Driver) -> Result<bool, BmcError> {
     }
 }
 
-/// Runs the rotation; the output on success is
-/// `{"outcome": "committed", "recovered": bool, "sealedCredentials": {…}}`.
-pub async fn rotate(ctx: &Ctx, cmd: &CommandEnvelope) -> Result<Value, BmcError> {
-    let (bmc, node, current) = open_params(ctx, cmd)?;
-    let pending: SealedParams = serde_json::from_value(
-        cmd.params
-            .get("pendingCredentials")
-            .cloned()
-            .unwrap_or(Value::Null),
-    )
-    .map_err(|e| BmcError::Invalid(format!("{}: bad pendingCredentials: {e}", cmd.kind)))?;
-    let new_password = open_sealed(ctx, cmd, pending, &node)?.password;
+/// Runs the rotation; the output on success is the committed report with
+/// the new credentials sealed for the node.
+pub async fn rotate(
+    ctx: &Ctx,
+    cmd: &CommandEnvelope,
+    params: &RotateParams,
+) -> Result<Output, BmcError> {
+    let (bmc, node, current) = open_target(ctx, cmd)?;
+    let new_password = open_sealed(ctx, cmd.kind(), &params.pending_credentials, &node)?.password;
     let username = current.username.clone();
     let open = |password: SecretString| {
         Driver::open(
@@ -141,14 +139,14 @@ pub async fn rotate(ctx: &Ctx, cmd: &CommandEnvelope) -> Result<Value, BmcError>
         )
         .map_err(|e| BmcError::Invalid(format!("sealing the new credentials: {e}")))?;
     let b64 = base64::engine::general_purpose::STANDARD;
-    Ok(json!({
-        "outcome": "committed",
-        "recovered": recovered,
-        "sealedCredentials": {
-            "keyId": sealed.key_id,
-            "nonce": b64.encode(&sealed.nonce),
-            "ciphertext": b64.encode(&sealed.ciphertext),
-            "owner": node,
-        },
+    Ok(Output::BmcRotateCredentials(RotationReport {
+        outcome: RotationStep::Committed,
+        recovered,
+        sealed_credentials: Some(SealedValue {
+            key_id: sealed.key_id,
+            nonce: b64.encode(&sealed.nonce),
+            ciphertext: b64.encode(&sealed.ciphertext),
+            owner: node,
+        }),
     }))
 }

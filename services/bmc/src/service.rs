@@ -8,22 +8,19 @@
 //! here is not started again; a long operation keeps its message with
 //! progress acks so it is not redelivered meanwhile.
 
-use async_nats::jetstream::consumer::{pull, AckPolicy};
-use async_nats::jetstream::AckKind;
 use base64::Engine as _;
-use bcm_bus::messages::{CloudEvent, CommandEnvelope, CommandResult};
+use bcm_bus::consumer::{ConsumerSpec, Disposition, Handler, Incoming};
 use bcm_bus::subjects::StreamKind;
 use bcm_bus::Bus;
-use bcm_core::{BmcDriver, BmcTls, PowerAction};
-use futures::StreamExt as _;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use bcm_contracts::commands::{BmcTarget, Command, Family, SealedValue};
+use bcm_contracts::outputs::{PowerChanged, PowerRead, RotationReport, RotationStep};
+use bcm_contracts::{CloudEvent, CommandEnvelope, CommandKind, CommandResult, Output};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-use crate::driver::{BootDevice, BootMode, Driver, DriverSettings};
+use crate::driver::{Driver, DriverSettings};
 use crate::error::BmcError;
 
 /// What the loop shares.
@@ -59,72 +56,34 @@ impl Ctx {
     }
 }
 
-/// The `bmc` part of a command's parameters (sealed credentials).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct BmcParams {
-    pub driver: BmcDriver,
-    pub address: String,
-    #[serde(default)]
-    pub tls: Option<BmcTls>,
-    sealed_credentials: Option<SealedParams>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct SealedParams {
-    key_id: String,
-    nonce: String,
-    ciphertext: String,
-    owner: String,
-}
-
-/// Runs the loop until `shutdown`, reconnecting on errors.
+/// Runs the loop until `shutdown`, setting the consumer up again on errors.
 pub async fn run(ctx: Arc<Ctx>, shutdown: CancellationToken) {
-    while !shutdown.is_cancelled() {
-        if let Err(e) = consume(&ctx, &shutdown).await {
-            tracing::warn!(error = %e, "bmc command consumer failed; restarting");
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-        }
-    }
+    let subjects = ctx.bus.subjects();
+    let mut spec = ConsumerSpec::new(
+        StreamKind::Commands,
+        format!("bmc-{}", ctx.site),
+        vec![subjects.commands_of_site_family(&ctx.site, "bmc")],
+    );
+    spec.max_deliver = 50;
+    spec.concurrency = ctx.concurrency.max(1);
+    let bus = ctx.bus.clone();
+    bcm_bus::consumer::run(bus, spec, Arc::new(BmcHandler { ctx }), shutdown).await
 }
 
-async fn consume(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> anyhow::Result<()> {
-    let subjects = ctx.bus.subjects();
-    let stream = ctx
-        .bus
-        .jetstream()
-        .get_stream(subjects.stream(StreamKind::Commands))
-        .await?;
-    let name = format!("bmc-{}", ctx.site);
-    let consumer = stream
-        .get_or_create_consumer(
-            &name,
-            pull::Config {
-                durable_name: Some(name.clone()),
-                filter_subject: subjects.commands_of_site_family(&ctx.site, "bmc"),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(30),
-                max_deliver: 50,
-                max_ack_pending: 10_000,
-                ..Default::default()
-            },
-        )
-        .await?;
-    let messages = consumer.messages().await?;
-    messages
-        .take_until(shutdown.cancelled())
-        .for_each_concurrent(ctx.concurrency.max(1), |m| async move {
-            match m {
-                Ok(msg) => handle(ctx, msg).await,
-                Err(e) => tracing::warn!(error = %e, "bmc command delivery failed"),
-            }
-        })
-        .await;
-    Ok(())
+/// The consumer's handler: one command at a time per call, many calls at
+/// once.
+struct BmcHandler {
+    ctx: Arc<Ctx>,
+}
+
+impl Handler<CloudEvent<CommandEnvelope>> for BmcHandler {
+    async fn handle(&self, batch: &[Incoming<CloudEvent<CommandEnvelope>>]) -> Vec<Disposition> {
+        let mut out = Vec::with_capacity(batch.len());
+        for m in batch {
+            out.push(handle(&self.ctx, m).await);
+        }
+        out
+    }
 }
 
 /// A stored result of `command_id`, if the results stream has one.
@@ -143,21 +102,33 @@ async fn stored_result(ctx: &Ctx, command_id: &str) -> Option<()> {
         .map(|_| ())
 }
 
-async fn handle(ctx: &Ctx, msg: async_nats::jetstream::Message) {
-    let cmd: CommandEnvelope = match serde_json::from_slice::<CloudEvent<CommandEnvelope>>(
-        &msg.payload,
-    ) {
-        Ok(ev) => ev.data,
-        Err(e) => {
-            tracing::warn!(error = %e, subject = %msg.subject, "dropping an undecodable bmc command");
-            let _ = msg.ack_with(AckKind::Term).await;
-            return;
-        }
-    };
+/// Why a delivered command is not this service's to run, if it is not.
+fn misaddressed(ctx: &Ctx, subject: &str, cmd: &CommandEnvelope) -> Option<String> {
+    if cmd.kind().family() != Family::Bmc {
+        return Some(format!("{} is not a bmc command", cmd.kind()));
+    }
+    let expected = ctx
+        .bus
+        .subjects()
+        .command(&cmd.site_id, cmd.kind().as_str());
+    if cmd.site_id != ctx.site || expected != subject {
+        return Some(format!(
+            "a {} command for site {} arrived on {subject}",
+            cmd.kind(),
+            cmd.site_id
+        ));
+    }
+    None
+}
+
+async fn handle(ctx: &Ctx, m: &Incoming<CloudEvent<CommandEnvelope>>) -> Disposition {
+    let cmd = &m.message.data;
+    if let Some(why) = misaddressed(ctx, m.subject(), cmd) {
+        return Disposition::Reject(why);
+    }
     if stored_result(ctx, &cmd.command_id).await.is_some() {
         tracing::info!(command = %cmd.command_id, "redelivered command already has a result; acking");
-        let _ = msg.ack().await;
-        return;
+        return Disposition::Done;
     }
     if !ctx
         .in_flight
@@ -165,100 +136,87 @@ async fn handle(ctx: &Ctx, msg: async_nats::jetstream::Message) {
         .unwrap_or_else(|p| p.into_inner())
         .insert(cmd.command_id.clone())
     {
-        // The first delivery is still executing; it acks when done.
-        return;
+        // The first delivery is still executing; it answers when done.
+        return Disposition::InFlight;
     }
     let result = {
-        let work = execute(ctx, &cmd);
+        let work = execute(ctx, cmd);
         tokio::pin!(work);
         let mut tick = tokio::time::interval(Duration::from_secs(10));
         tick.tick().await;
         loop {
             tokio::select! {
                 r = &mut work => break r,
-                _ = tick.tick() => { let _ = msg.ack_with(AckKind::Progress).await; }
+                _ = tick.tick() => m.in_progress().await,
             }
         }
     };
     let result = match result {
-        Ok(output) => CommandResult {
-            command_id: cmd.command_id.clone(),
-            ok: true,
-            retryable: false,
-            output,
-            error: None,
-        },
+        Ok(output) => CommandResult::succeeded(cmd, output),
         Err(e) => {
-            tracing::warn!(command = %cmd.command_id, kind = %cmd.kind, error = %e, "bmc command failed");
-            CommandResult {
-                command_id: cmd.command_id.clone(),
-                ok: false,
-                retryable: e.retryable(),
-                output: match e {
-                    BmcError::RotationRolledBack(_) => json!({ "outcome": "rolled-back" }),
-                    _ => json!({}),
-                },
-                error: Some(e.to_string()),
+            tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), error = %e, "bmc command failed");
+            let mut r = CommandResult::failed(cmd, e.retryable(), e.to_string());
+            if let BmcError::RotationRolledBack(_) = e {
+                r.output = Some(Output::BmcRotateCredentials(RotationReport {
+                    outcome: RotationStep::RolledBack,
+                    recovered: false,
+                    sealed_credentials: None,
+                }));
             }
+            r
         }
     };
-    let published = ctx
-        .bus
-        .publish_result(&cmd, result)
-        .await
-        .map_err(|e| e.to_string());
+    let published = ctx.bus.publish_result(cmd, result).await;
     ctx.in_flight
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&cmd.command_id);
     match published {
-        Ok(()) => {
-            let _ = msg.ack().await;
-        }
-        Err(e) => {
-            // Not acked: redelivered, and the stored-result check above
-            // makes sure it is not executed again if the publish landed.
-            tracing::warn!(command = %cmd.command_id, error = %e, "publishing a bmc result failed");
-        }
+        Ok(()) => Disposition::Done,
+        // Redelivered, and the stored-result check above makes sure it is
+        // not executed again if the publish landed.
+        Err(e) => Disposition::Retry(format!("publishing the result: {e}")),
     }
 }
 
-/// The command's `bmc` parameters, its node id and its opened credentials
-/// (bound to the node).
-pub(crate) fn open_params(
+/// The command's BMC, its node id and its opened credentials (bound to the
+/// node).
+pub(crate) fn open_target<'a>(
     ctx: &Ctx,
-    cmd: &CommandEnvelope,
-) -> Result<(BmcParams, String, bcm_seal::BmcCredentials), BmcError> {
-    let mut bmc: BmcParams =
-        serde_json::from_value(cmd.params.get("bmc").cloned().unwrap_or(Value::Null))
-            .map_err(|e| BmcError::Invalid(format!("{}: bad bmc parameters: {e}", cmd.kind)))?;
-    let sealed = bmc.sealed_credentials.take().ok_or_else(|| {
-        BmcError::Invalid(format!("{}: the node has no BMC credentials", cmd.kind))
-    })?;
+    cmd: &'a CommandEnvelope,
+) -> Result<(&'a BmcTarget, String, bcm_seal::BmcCredentials), BmcError> {
+    let kind = cmd.kind();
+    let bmc = cmd
+        .command
+        .bmc()
+        .ok_or_else(|| BmcError::Invalid(format!("{kind}: not a bmc command")))?;
+    let sealed = bmc
+        .sealed_credentials
+        .as_ref()
+        .ok_or_else(|| BmcError::Invalid(format!("{kind}: the node has no BMC credentials")))?;
     let node = cmd
         .node_id
         .map(|n| n.to_string())
-        .ok_or_else(|| BmcError::Invalid(format!("{}: no node id", cmd.kind)))?;
-    let creds = open_sealed(ctx, cmd, sealed, &node)?;
+        .ok_or_else(|| BmcError::Invalid(format!("{kind}: no node id")))?;
+    let creds = open_sealed(ctx, kind, sealed, &node)?;
     Ok((bmc, node, creds))
 }
 
 /// Opens one sealed value of a command, checking it is bound to `node`.
 pub(crate) fn open_sealed(
     ctx: &Ctx,
-    cmd: &CommandEnvelope,
-    sealed: SealedParams,
+    kind: CommandKind,
+    sealed: &SealedValue,
     node: &str,
 ) -> Result<bcm_seal::BmcCredentials, BmcError> {
     if sealed.owner != node {
         return Err(BmcError::Invalid(format!(
-            "{}: the credentials are sealed for another node",
-            cmd.kind
+            "{kind}: the credentials are sealed for another node"
         )));
     }
     let b64 = base64::engine::general_purpose::STANDARD;
     let sealed = bcm_seal::Sealed {
-        key_id: sealed.key_id,
+        key_id: sealed.key_id.clone(),
         nonce: b64
             .decode(&sealed.nonce)
             .map_err(|_| BmcError::Invalid("sealed credentials: bad nonce".into()))?,
@@ -273,7 +231,7 @@ pub(crate) fn open_sealed(
 
 /// Opens the command's credentials and its driver.
 fn driver_for(ctx: &Ctx, cmd: &CommandEnvelope) -> Result<Driver, BmcError> {
-    let (bmc, _, creds) = open_params(ctx, cmd)?;
+    let (bmc, _, creds) = open_target(ctx, cmd)?;
     Driver::open(
         bmc.driver,
         &bmc.address,
@@ -284,55 +242,45 @@ fn driver_for(ctx: &Ctx, cmd: &CommandEnvelope) -> Result<Driver, BmcError> {
     )
 }
 
-async fn execute(ctx: &Ctx, cmd: &CommandEnvelope) -> Result<Value, BmcError> {
-    if cmd.kind == "bmc.rotateCredentials" {
+async fn execute(ctx: &Ctx, cmd: &CommandEnvelope) -> Result<Output, BmcError> {
+    let count = || {
         ctx.executed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return crate::rotation::rotate(ctx, cmd).await;
+        metrics::counter!("bcm_bmc_commands_total", "kind" => cmd.kind().as_str()).increment(1);
+    };
+    if let Command::BmcRotateCredentials(p) = &cmd.command {
+        count();
+        return crate::rotation::rotate(ctx, cmd, p).await;
     }
     let driver = driver_for(ctx, cmd)?;
-    let out = run_kind(ctx, &driver, cmd).await;
+    count();
+    let out = run_on(&driver, &cmd.command).await;
     driver.close().await;
     out
 }
 
-async fn run_kind(ctx: &Ctx, driver: &Driver, cmd: &CommandEnvelope) -> Result<Value, BmcError> {
-    ctx.executed
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    metrics::counter!("bcm_bmc_commands_total", "kind" => cmd.kind.clone()).increment(1);
-    let p = &cmd.params;
-    match cmd.kind.as_str() {
-        "bmc.verify" => Ok(json!(driver.verify().await?)),
-        "bmc.inspect" => Ok(json!(driver.inspect().await?)),
-        "bmc.powerStatus" => Ok(json!({ "power": driver.power_state().await? })),
-        "bmc.power" => {
-            let action: PowerAction = serde_json::from_value(
-                p.get("action").cloned().unwrap_or(Value::Null),
-            )
-            .map_err(|_| {
-                BmcError::Invalid("bmc.power: action must be on, off, cycle or reset".into())
-            })?;
-            Ok(json!({ "action": action, "power": driver.power(action).await? }))
+/// Runs one command on a connected driver.
+async fn run_on(driver: &Driver, command: &Command) -> Result<Output, BmcError> {
+    Ok(match command {
+        Command::BmcVerify(_) => Output::BmcVerify(driver.verify().await?),
+        Command::BmcInspect(_) => Output::BmcInspect(driver.inspect().await?),
+        Command::BmcPowerStatus(_) => Output::BmcPowerStatus(PowerRead {
+            power: driver.power_state().await?,
+            sim: false,
+        }),
+        Command::BmcPower(p) => Output::BmcPower(PowerChanged {
+            action: p.action,
+            power: driver.power(p.action).await?,
+            sim: false,
+        }),
+        Command::BmcBootDevice(p) => {
+            Output::BmcBootDevice(driver.boot(p.device, p.persistent, p.mode).await?)
         }
-        "bmc.bootDevice" => {
-            let device: BootDevice = serde_json::from_value(
-                p.get("device").cloned().unwrap_or(Value::Null),
-            )
-            .map_err(|_| {
-                BmcError::Invalid("bmc.bootDevice: device must be pxe, disk or uefi-http".into())
-            })?;
-            let persistent = p
-                .get("persistent")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            let mode: Option<BootMode> = match p.get("mode") {
-                None | Some(Value::Null) => None,
-                Some(m) => Some(serde_json::from_value(m.clone()).map_err(|_| {
-                    BmcError::Invalid("bmc.bootDevice: mode must be uefi or legacy".into())
-                })?),
-            };
-            Ok(json!(driver.boot(device, persistent, mode).await?))
+        other => {
+            return Err(BmcError::Unsupported(format!(
+                "command kind {}",
+                other.kind()
+            )))
         }
-        other => Err(BmcError::Unsupported(format!("command kind {other}"))),
-    }
+    })
 }

@@ -94,7 +94,7 @@ async fn rotation_ended(env: &TestEnv, id: &NodeId) -> bcm_db::nodes::Node {
 
 /// The `outcome` of every `node.credentials.rotation` event so far.
 async fn rotation_outcomes(env: &TestEnv, durable: &str) -> Vec<(String, Option<String>)> {
-    let ty = bcm_bus::messages::types::NODE_CREDENTIALS_ROTATION;
+    let ty = bcm_contracts::events::types::NODE_CREDENTIALS_ROTATION;
     let reader = env
         .events_consumer(durable, &env.subjects().event(&bcm_testkit::tenant_a(), ty))
         .await

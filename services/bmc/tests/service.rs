@@ -120,18 +120,18 @@ async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
         .rev()
         .find(|c| c.kind == "bmc.power")
         .expect("a power command");
-    let envelope = bcm_bus::messages::CommandEnvelope {
+    let envelope = bcm_contracts::CommandEnvelope {
         command_id: last_power.id.clone(),
-        kind: "bmc.power".into(),
         site_id: "s1".parse().expect("site"),
         node_id: Some(id),
-        params: last_power.params.clone(),
+        command: bcm_contracts::Command::from_parts("bmc.power", last_power.params.clone())
+            .expect("the stored command decodes"),
         issued_at: chrono::Utc::now(),
     };
     let bus = &env.state.inner.bus;
-    let event = bcm_bus::messages::CloudEvent::new(
+    let event = bcm_contracts::CloudEvent::new(
         "again".into(),
-        bcm_bus::messages::types::command("bmc.power"),
+        bcm_contracts::events::types::command(bcm_contracts::CommandKind::BmcPower),
         Some(id.to_string()),
         None,
         envelope,
@@ -266,17 +266,12 @@ async fn ipmi_nodes_enroll_with_their_given_macs_and_a_wrong_password_fails_enro
 async fn the_power_sync_finds_drift_and_publishes_it() {
     let sushy = Sushy::start(1).await;
     let env = env_with_bmc_service(0).await;
-    tokio::spawn(bcm_reconciler::run(
-        env.db.clone(),
-        env.state.inner.bus.clone(),
-        bcm_reconciler::ReconcilerConfig {
-            poll_ms: 2000,
-            lease_ttl_ms: 3000,
-            power_sync_secs: 1,
-            ..Default::default()
-        },
-        env.child_token(),
-    ));
+    env.spawn_reconciler_with(bcm_testkit::ReconcilerConfig {
+        poll_ms: 2000,
+        lease_ttl_ms: 3000,
+        power_sync_secs: 1,
+        ..Default::default()
+    });
     let _bmc = start(&env).await;
     let reader = env
         .events_consumer("power", &env.subjects().events_all())

@@ -5,27 +5,28 @@
 //! is idempotent (a put or delete per MAC), so a redelivery does no harm.
 //! Every process watches the bucket into its local [`Entries`].
 
-use async_nats::jetstream::consumer::{pull, AckPolicy};
 use async_nats::jetstream::kv::{self, Operation, Store};
-use async_nats::jetstream::AckKind;
-use bcm_bus::messages::{CloudEvent, CommandEnvelope, CommandResult};
+use bcm_bus::consumer::{ConsumerSpec, Disposition, Handler, Incoming};
 use bcm_bus::subjects::StreamKind;
 use bcm_bus::Bus;
+use bcm_contracts::commands::{Command, Family};
+use bcm_contracts::outputs::{BootEntryCleared, BootEntryStored};
+use bcm_contracts::{CloudEvent, CommandEnvelope, CommandResult, Output};
 use bcm_core::SiteId;
 use futures::StreamExt as _;
-use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::entries::{self, BootEntry, Entries, Mac};
+use crate::BootError;
 
 /// The site's entries bucket and lease bucket (created if missing).
 pub async fn buckets(
     bus: &Bus,
     site: &SiteId,
     lease_ttl: Duration,
-) -> anyhow::Result<(Store, Store)> {
+) -> Result<(Store, Store), BootError> {
     let js = bus.jetstream();
     let subjects = bus.subjects();
     let entries = js
@@ -36,7 +37,8 @@ pub async fn buckets(
             max_age: Duration::from_secs(entries::MAX_TTL_SECS + 3600),
             ..Default::default()
         })
-        .await?;
+        .await
+        .map_err(|e| BootError::Kv(e.to_string()))?;
     let lease = js
         .create_or_update_key_value(kv::Config {
             bucket: subjects.kv_bucket("boot_lease", site),
@@ -45,7 +47,8 @@ pub async fn buckets(
             max_age: lease_ttl,
             ..Default::default()
         })
-        .await?;
+        .await
+        .map_err(|e| BootError::Kv(e.to_string()))?;
     Ok((entries, lease))
 }
 
@@ -99,11 +102,11 @@ fn apply(entries: &Entries, e: &kv::Entry) {
 }
 
 /// Applies one command to the bucket; the result's output.
-async fn execute(kv: &Store, cmd: &CommandEnvelope) -> Result<serde_json::Value, String> {
-    match cmd.kind.as_str() {
-        "site.bootEntry.set" => {
-            let (macs, entry) = entries::parse_set(
-                &cmd.params,
+async fn execute(kv: &Store, cmd: &CommandEnvelope) -> Result<Output, String> {
+    match &cmd.command {
+        Command::BootEntrySet(p) => {
+            let (macs, entry) = entries::entry_of(
+                &p.boot_entry,
                 cmd.node_id.map(|n| n.to_string()),
                 entries::now_secs(),
             )
@@ -114,98 +117,90 @@ async fn execute(kv: &Store, cmd: &CommandEnvelope) -> Result<serde_json::Value,
                     .await
                     .map_err(|e| format!("storing the boot entry of {mac}: {e}"))?;
             }
-            Ok(
-                json!({ "macs": macs.iter().map(Mac::to_string).collect::<Vec<_>>(), "expiresAt": entry.expires_at }),
-            )
+            Ok(Output::BootEntrySet(BootEntryStored {
+                macs: macs.iter().map(Mac::to_string).collect(),
+                expires_at: entry.expires_at,
+                sim: false,
+            }))
         }
-        "site.bootEntry.clear" => {
-            let macs = entries::parse_clear(&cmd.params).map_err(|e| e.to_string())?;
+        Command::BootEntryClear(p) => {
+            let macs = entries::macs_of(&p.macs).map_err(|e| e.to_string())?;
             for mac in &macs {
                 kv.delete(mac.key())
                     .await
                     .map_err(|e| format!("clearing the boot entry of {mac}: {e}"))?;
             }
-            Ok(json!({ "cleared": macs.iter().map(Mac::to_string).collect::<Vec<_>>() }))
+            Ok(Output::BootEntryClear(BootEntryCleared {
+                cleared: macs.iter().map(Mac::to_string).collect(),
+                sim: false,
+            }))
         }
-        other => Err(format!("unsupported: command kind {other}")),
+        other => Err(format!("unsupported: command kind {}", other.kind())),
     }
 }
 
-/// Consumes `cmd.<site>.site.>` until `shutdown`.
+/// The `site.*` consumer's handler. Applying is idempotent (a put or a
+/// delete per MAC), so a redelivery does no harm.
+struct SiteHandler {
+    bus: Bus,
+    site: SiteId,
+    kv: Store,
+}
+
+impl Handler<CloudEvent<CommandEnvelope>> for SiteHandler {
+    async fn handle(&self, batch: &[Incoming<CloudEvent<CommandEnvelope>>]) -> Vec<Disposition> {
+        let mut out = Vec::with_capacity(batch.len());
+        for m in batch {
+            out.push(self.one(m.subject(), &m.message.data).await);
+        }
+        out
+    }
+}
+
+impl SiteHandler {
+    async fn one(&self, subject: &str, cmd: &CommandEnvelope) -> Disposition {
+        let expected = self
+            .bus
+            .subjects()
+            .command(&cmd.site_id, cmd.kind().as_str());
+        if cmd.kind().family() != Family::Site || cmd.site_id != self.site || expected != subject {
+            return Disposition::Reject(format!(
+                "a {} command for site {} arrived on {subject}",
+                cmd.kind(),
+                cmd.site_id
+            ));
+        }
+        let result = match execute(&self.kv, cmd).await {
+            Ok(output) => {
+                tracing::info!(command = %cmd.command_id, kind = %cmd.kind(), "site command applied");
+                CommandResult::succeeded(cmd, output)
+            }
+            Err(e) => {
+                tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), error = %e, "site command failed");
+                CommandResult::failed(cmd, false, e)
+            }
+        };
+        match self.bus.publish_result(cmd, result).await {
+            Ok(()) => Disposition::Done,
+            Err(e) => Disposition::Retry(format!("publishing the result: {e}")),
+        }
+    }
+}
+
+/// Consumes `cmd.<site>.site.>` (durable `boot-<site>`, shared by every
+/// boot process of the site) until `shutdown`.
 pub async fn run(bus: Bus, site: SiteId, kv: Store, shutdown: CancellationToken) {
-    while !shutdown.is_cancelled() {
-        if let Err(e) = consume(&bus, &site, &kv, &shutdown).await {
-            tracing::warn!(error = %e, "site command consumer failed; restarting");
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-        }
-    }
-}
-
-async fn consume(
-    bus: &Bus,
-    site: &SiteId,
-    kv: &Store,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
-    let subjects = bus.subjects();
-    let stream = bus
-        .jetstream()
-        .get_stream(subjects.stream(StreamKind::Commands))
-        .await?;
-    let name = format!("boot-{site}");
-    let consumer = stream
-        .get_or_create_consumer(
-            &name,
-            pull::Config {
-                durable_name: Some(name.clone()),
-                filter_subject: subjects.commands_of_site_family(site, "site"),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(30),
-                max_deliver: 50,
-                ..Default::default()
-            },
-        )
-        .await?;
-    let messages = consumer.messages().await?;
-    messages
-        .take_until(shutdown.cancelled())
-        .for_each_concurrent(16, |m| async move {
-            let msg = match m {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(error = %e, "site command delivery failed");
-                    return;
-                }
-            };
-            let cmd = match serde_json::from_slice::<CloudEvent<CommandEnvelope>>(&msg.payload) {
-                Ok(ev) => ev.data,
-                Err(e) => {
-                    tracing::warn!(error = %e, subject = %msg.subject, "dropping an undecodable site command");
-                    let _ = msg.ack_with(AckKind::Term).await;
-                    return;
-                }
-            };
-            let outcome = execute(kv, &cmd).await;
-            if let Err(e) = &outcome {
-                tracing::warn!(command = %cmd.command_id, kind = %cmd.kind, error = %e, "site command failed");
-            } else {
-                tracing::info!(command = %cmd.command_id, kind = %cmd.kind, "site command applied");
-            }
-            let result = match outcome {
-                Ok(output) => CommandResult { command_id: cmd.command_id.clone(), ok: true, retryable: false, output, error: None },
-                Err(e) => CommandResult { command_id: cmd.command_id.clone(), ok: false, retryable: false, output: json!({}), error: Some(e) },
-            };
-            let published = bus.publish_result(&cmd, result).await;
-            match published {
-                Ok(()) => {
-                    let _ = msg.ack().await;
-                }
-                Err(e) => tracing::warn!(command = %cmd.command_id, error = %e, "publishing a site result failed; it will be redelivered"),
-            }
-        })
-        .await;
-    Ok(())
+    let mut spec = ConsumerSpec::new(
+        StreamKind::Commands,
+        format!("boot-{site}"),
+        vec![bus.subjects().commands_of_site_family(&site, "site")],
+    );
+    spec.max_deliver = 50;
+    spec.concurrency = 16;
+    let handler = Arc::new(SiteHandler {
+        bus: bus.clone(),
+        site,
+        kv,
+    });
+    bcm_bus::consumer::run(bus, spec, handler, shutdown).await
 }

@@ -6,6 +6,7 @@
 //! watch on the bucket. Only a MAC with a live (unexpired) entry is
 //! answered; expired entries are ignored at once and removed by a sweep.
 
+use bcm_contracts::commands::BootEntrySpec;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -109,29 +110,19 @@ fn no_control(field: &str, v: &str, max: usize) -> Result<(), EntryError> {
     Ok(())
 }
 
-/// The MACs and the entry of a `site.bootEntry.set` command's parameters
-/// (`{"bootEntry": {macs, kernel, initrd, cmdline, expiresInSecs}}`).
-pub fn parse_set(
-    params: &serde_json::Value,
+/// The MACs and the entry a `site.bootEntry.set` command asks for, checked:
+/// 1–64 MACs, printable kernel, initrd and command line of bounded length,
+/// a lifetime of 1 s to a day.
+pub fn entry_of(
+    spec: &BootEntrySpec,
     node_id: Option<String>,
     now: u64,
 ) -> Result<(Vec<Mac>, BootEntry), EntryError> {
-    let e = params
-        .get("bootEntry")
-        .ok_or_else(|| EntryError::Invalid("no bootEntry".into()))?;
-    let macs = parse_macs(e.get("macs"))?;
-    let field = |name: &str, max: usize| -> Result<String, EntryError> {
-        let v = e
-            .get(name)
-            .and_then(|v| v.as_str())
-            .ok_or_else(|| EntryError::Invalid(format!("no {name}")))?;
-        no_control(name, v, max)?;
-        Ok(v.to_owned())
-    };
-    let ttl = e
-        .get("expiresInSecs")
-        .and_then(|v| v.as_u64())
-        .ok_or_else(|| EntryError::Invalid("expiresInSecs must be a positive number".into()))?;
+    let macs = macs_of(&spec.macs)?;
+    no_control("kernel", &spec.kernel, 1024)?;
+    no_control("initrd", &spec.initrd, 1024)?;
+    no_control("cmdline", &spec.cmdline, 4096)?;
+    let ttl = spec.expires_in_secs;
     if ttl == 0 || ttl > MAX_TTL_SECS {
         return Err(EntryError::Invalid(format!(
             "expiresInSecs must be 1-{MAX_TTL_SECS}"
@@ -141,31 +132,22 @@ pub fn parse_set(
         macs,
         BootEntry {
             node_id,
-            kernel: field("kernel", 1024)?,
-            initrd: field("initrd", 1024)?,
-            cmdline: field("cmdline", 4096)?,
+            kernel: spec.kernel.clone(),
+            initrd: spec.initrd.clone(),
+            cmdline: spec.cmdline.clone(),
             expires_at: now + ttl,
         },
     ))
 }
 
-/// The MACs of a `site.bootEntry.clear` command (`{"macs": [...]}`).
-pub fn parse_clear(params: &serde_json::Value) -> Result<Vec<Mac>, EntryError> {
-    parse_macs(params.get("macs"))
-}
-
-fn parse_macs(v: Option<&serde_json::Value>) -> Result<Vec<Mac>, EntryError> {
-    let list = v
-        .and_then(|v| v.as_array())
-        .ok_or_else(|| EntryError::Invalid("macs must be a list".into()))?;
+/// The MACs of a `site.bootEntry.*` command, checked: 1–64 MAC addresses.
+pub fn macs_of(list: &[String]) -> Result<Vec<Mac>, EntryError> {
     if list.is_empty() || list.len() > 64 {
         return Err(EntryError::Invalid("macs must name 1-64 MACs".into()));
     }
     list.iter()
         .map(|m| {
-            m.as_str()
-                .and_then(Mac::parse)
-                .ok_or_else(|| EntryError::Invalid(format!("{m} is not a MAC address")))
+            Mac::parse(m).ok_or_else(|| EntryError::Invalid(format!("{m:?} is not a MAC address")))
         })
         .collect()
 }
@@ -230,7 +212,6 @@ impl Entries {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn macs_parse_in_every_usual_spelling() {
@@ -245,20 +226,35 @@ mod tests {
 
     #[test]
     fn set_commands_are_checked_and_expire() {
-        let p = json!({"bootEntry": {"macs": ["52:54:00:aa:00:01"], "kernel": "ramdisk/vmlinuz",
-            "initrd": "ramdisk/initrd.img", "cmdline": "bcm.join=abc", "expiresInSecs": 600}});
-        let (macs, e) = parse_set(&p, Some("node_x".into()), 1000).expect("valid");
+        let spec = |macs: &[&str], cmdline: &str, ttl: u64| BootEntrySpec {
+            macs: macs.iter().map(|m| m.to_string()).collect(),
+            kernel: "ramdisk/vmlinuz".into(),
+            initrd: "ramdisk/initrd.img".into(),
+            cmdline: cmdline.into(),
+            expires_in_secs: ttl,
+        };
+        let (macs, e) = entry_of(
+            &spec(&["52:54:00:aa:00:01"], "bcm.join=abc", 600),
+            Some("node_x".into()),
+            1000,
+        )
+        .expect("valid");
         assert_eq!(macs.len(), 1);
         assert_eq!(e.expires_at, 1600);
         assert!(e.live_at(1599) && !e.live_at(1600));
+        let m = "52:54:00:aa:00:01";
+        let too_many: Vec<String> = (0..65).map(|i| format!("52:54:00:aa:00:{i:02x}")).collect();
+        let too_many: Vec<&str> = too_many.iter().map(String::as_str).collect();
         for bad in [
-            json!({}),
-            json!({"bootEntry": {"macs": [], "kernel": "k", "initrd": "i", "cmdline": "c", "expiresInSecs": 1}}),
-            json!({"bootEntry": {"macs": ["x"], "kernel": "k", "initrd": "i", "cmdline": "c", "expiresInSecs": 1}}),
-            json!({"bootEntry": {"macs": ["52:54:00:aa:00:01"], "kernel": "k", "initrd": "i", "cmdline": "c\nboot", "expiresInSecs": 1}}),
-            json!({"bootEntry": {"macs": ["52:54:00:aa:00:01"], "kernel": "k", "initrd": "i", "cmdline": "c", "expiresInSecs": 0}}),
+            spec(&[], "c", 1),
+            spec(&["x"], "c", 1),
+            spec(&too_many, "c", 1),
+            spec(&[m], "c\nboot", 1),
+            spec(&[m], "", 1),
+            spec(&[m], "c", 0),
+            spec(&[m], "c", MAX_TTL_SECS + 1),
         ] {
-            assert!(parse_set(&bad, None, 0).is_err(), "{bad}");
+            assert!(entry_of(&bad, None, 0).is_err(), "{bad:?}");
         }
     }
 

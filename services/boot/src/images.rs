@@ -8,6 +8,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::path::{Component, Path, PathBuf};
 
+use crate::BootError;
+
 /// One image of the catalog.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
@@ -20,10 +22,12 @@ pub struct CatalogImage {
     pub sha256: String,
 }
 
-fn safe_name(name: &str) -> anyhow::Result<PathBuf> {
+fn safe_name(name: &str) -> Result<PathBuf, BootError> {
     let p = Path::new(name);
     if name.is_empty() || p.components().any(|c| !matches!(c, Component::Normal(_))) {
-        anyhow::bail!("image name {name:?} must be a relative path without `..`");
+        return Err(BootError::Image(format!(
+            "image name {name:?} must be a relative path without `..`"
+        )));
     }
     Ok(p.to_owned())
 }
@@ -35,7 +39,7 @@ fn file_sha256(path: &Path) -> Option<String> {
 }
 
 /// Fetches every image not yet in `dir` with the right sha256.
-pub async fn prewarm(dir: &Path, images: &[CatalogImage]) -> anyhow::Result<()> {
+pub async fn prewarm(dir: &Path, images: &[CatalogImage]) -> Result<(), BootError> {
     for image in images {
         let name = safe_name(&image.name)?;
         let want = image.sha256.to_ascii_lowercase();
@@ -50,10 +54,10 @@ pub async fn prewarm(dir: &Path, images: &[CatalogImage]) -> anyhow::Result<()> 
         let bytes = fetch(&image.url).await?;
         let got = hex::encode(Sha256::digest(&bytes));
         if got != want {
-            anyhow::bail!(
+            return Err(BootError::Image(format!(
                 "image {}: sha256 {got} is not the catalog's {want}; not cached",
                 image.name
-            );
+            )));
         }
         let partial = target.with_extension("partial");
         std::fs::write(&partial, &bytes)?;
@@ -63,13 +67,19 @@ pub async fn prewarm(dir: &Path, images: &[CatalogImage]) -> anyhow::Result<()> 
     Ok(())
 }
 
-async fn fetch(url: &str) -> anyhow::Result<Vec<u8>> {
+async fn fetch(url: &str) -> Result<Vec<u8>, BootError> {
     if let Some(path) = url.strip_prefix("file://") {
         return Ok(tokio::fs::read(path).await?);
     }
     if !(url.starts_with("http://") || url.starts_with("https://")) {
-        anyhow::bail!("image url {url:?} must be http(s):// or file://");
+        return Err(BootError::Image(format!(
+            "image url {url:?} must be http(s):// or file://"
+        )));
     }
-    let res = reqwest::get(url).await?.error_for_status()?;
-    Ok(res.bytes().await?.to_vec())
+    let fetch_err = |e: reqwest::Error| BootError::Image(format!("fetching {url}: {e}"));
+    let res = reqwest::get(url)
+        .await
+        .and_then(|r| r.error_for_status())
+        .map_err(fetch_err)?;
+    Ok(res.bytes().await.map_err(fetch_err)?.to_vec())
 }

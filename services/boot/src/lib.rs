@@ -180,6 +180,23 @@ impl BootConfig {
     }
 }
 
+/// Why the boot service cannot start or serve.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Bus(#[from] bcm_bus::BusError),
+    #[error("key-value bucket: {0}")]
+    Kv(String),
+    #[error("image cache: {0}")]
+    Image(String),
+    #[error("tftp: {0}")]
+    Tftp(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
 /// A running boot service: what tests and benchmarks look at.
 pub struct Running {
     pub lease: Arc<lease::Lease>,
@@ -194,11 +211,11 @@ pub struct Running {
 }
 
 /// Starts every part of the service; each runs until `shutdown`.
-pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
+pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Running, BootError> {
     let site: bcm_core::SiteId = cfg
         .site
         .parse()
-        .map_err(|e| anyhow::anyhow!("site {:?}: {e}", cfg.site))?;
+        .map_err(|e| BootError::Config(format!("site {:?}: {e}", cfg.site)))?;
     let bus = bcm_bus::Bus::connect(&cfg.bus).await?;
     bcm_bus::streams::ensure_all(&bus).await?;
     let ttl = Duration::from_secs(cfg.lease_ttl_secs.max(2));

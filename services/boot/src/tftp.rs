@@ -14,6 +14,7 @@
 //! - files are kept in memory once read (iPXE builds are a few hundred KiB)
 //!   and re-read when their size or modification time changes.
 
+use crate::BootError;
 use async_tftp::packet;
 use async_tftp::server::{Handler, TftpServerBuilder};
 use futures_lite::io::Cursor;
@@ -160,25 +161,33 @@ impl TftpServer {
         socket: std::net::UdpSocket,
         root: &Path,
         settings: &TftpSettings,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, BootError> {
         let handler = RootHandler::new(root)?;
+        let tftp = |e: async_tftp::Error| BootError::Tftp(e.to_string());
         let inner = TftpServerBuilder::with_handler(handler)
-            .std_socket(socket)?
+            .std_socket(socket)
+            .map_err(tftp)?
             .timeout(settings.timeout)
             .max_send_retries(settings.retries)
             .build()
-            .await?;
+            .await
+            .map_err(tftp)?;
         Ok(Self { inner })
     }
 
     /// The address it listens on.
-    pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
-        Ok(self.inner.listen_addr()?)
+    pub fn local_addr(&self) -> Result<SocketAddr, BootError> {
+        self.inner
+            .listen_addr()
+            .map_err(|e| BootError::Tftp(e.to_string()))
     }
 
     /// Serves until the future is dropped.
-    pub async fn serve(self) -> anyhow::Result<()> {
-        Ok(self.inner.serve().await?)
+    pub async fn serve(self) -> Result<(), BootError> {
+        self.inner
+            .serve()
+            .await
+            .map_err(|e| BootError::Tftp(e.to_string()))
     }
 }
 

@@ -7,6 +7,8 @@
 //! prunes finished one-leaf commands after a week.
 
 use bcm_bus::Bus;
+use bcm_contracts::commands::{BmcParams, Command};
+use bcm_contracts::CommandKind;
 use bcm_db::Db;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -15,7 +17,7 @@ use crate::ReconcilerConfig;
 
 /// The lease kind of the sync's leader.
 pub const KIND: &str = "power-sync";
-const KIND_COMMAND: &str = "bmc.powerStatus";
+const KIND_COMMAND: CommandKind = CommandKind::BmcPowerStatus;
 /// Finished commands outside workflows (power reads, `metal.power`) are
 /// kept this long, then pruned by the sync's leader: at 10,000 nodes and a
 /// read every 5 minutes they would otherwise add ~2.9 million rows a day.
@@ -70,7 +72,7 @@ pub async fn round(
     cfg: &ReconcilerConfig,
     every: Duration,
 ) -> Result<usize, bcm_db::DbError> {
-    let outstanding = bcm_db::commands::commands_outstanding(db, KIND_COMMAND).await?;
+    let outstanding = bcm_db::commands::commands_outstanding(db, KIND_COMMAND.as_str()).await?;
     let room = cfg.power_sync_max_outstanding as i64 - outstanding;
     if room <= 0 {
         return Ok(0);
@@ -87,9 +89,8 @@ pub async fn round(
             &mut tx,
             bus.subjects(),
             &node,
-            KIND_COMMAND,
             "power-sync",
-            serde_json::Map::new(),
+            |bmc| Command::BmcPowerStatus(BmcParams { bmc }),
         )
         .await?;
         bcm_db::outbox::outbox_insert_in_txn(&mut tx, &[row]).await?;

@@ -2,15 +2,15 @@
 //! JetStream consumer per shard for wake-ups, and a periodic look at every
 //! owned node in a workflow-driven state.
 
-use async_nats::jetstream::consumer::{pull, AckPolicy};
-use async_nats::jetstream::AckKind;
-use bcm_bus::messages::{CloudEvent, ReconcileRequest};
+use bcm_bus::consumer::{ConsumerSpec, Disposition, Handler, Incoming};
 use bcm_bus::subjects::{shard_of, StreamKind};
 use bcm_bus::Bus;
+use bcm_contracts::work::ReconcileRequest;
+use bcm_contracts::CloudEvent;
 use bcm_core::ProvisionState;
 use bcm_db::Db;
-use futures::StreamExt as _;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -156,6 +156,51 @@ async fn poll_owned(db: &Db, bus: &Bus, owned: &[u32], shards: u32, lock_timeout
     }
 }
 
+/// The durable consumer of one shard's reconcile requests.
+fn shard_spec(bus: &Bus, shard: u32) -> ConsumerSpec {
+    let mut spec = ConsumerSpec::new(
+        StreamKind::Work,
+        format!("reconcile-{shard}"),
+        vec![bus.subjects().reconcile_shard(shard)],
+    );
+    // One node's passes in order; the next request waits for the commit.
+    spec.concurrency = 1;
+    spec.ack_wait = Duration::from_secs(10);
+    spec.backoff_initial = Duration::from_millis(200);
+    spec.backoff_max = Duration::from_secs(5);
+    spec
+}
+
+/// Runs a reconcile pass for each request of the shard.
+struct ShardHandler {
+    db: Db,
+    bus: Bus,
+    lock_timeout_ms: u32,
+}
+
+impl Handler<CloudEvent<ReconcileRequest>> for ShardHandler {
+    async fn handle(&self, batch: &[Incoming<CloudEvent<ReconcileRequest>>]) -> Vec<Disposition> {
+        let mut out = Vec::with_capacity(batch.len());
+        for m in batch {
+            let node = m.message.data.node_id;
+            let span = tracing::info_span!("reconcile", node = %node);
+            bcm_telemetry::set_remote_parent(&span, m.traceparent().as_deref());
+            let pass = reconcile::node(&self.db, &self.bus, &node, self.lock_timeout_ms)
+                .instrument(span)
+                .await;
+            out.push(match pass {
+                // A request for a node that does not exist changes nothing.
+                Ok(_) | Err(bcm_db::DbError::NotFound) => Disposition::Done,
+                Err(e) => {
+                    tracing::debug!(node = %node, error = %e, "reconcile failed; redelivering");
+                    Disposition::Retry(e.to_string())
+                }
+            });
+        }
+        out
+    }
+}
+
 async fn consume_shard(
     db: Db,
     bus: Bus,
@@ -163,76 +208,11 @@ async fn consume_shard(
     lock_timeout_ms: u32,
     stop: CancellationToken,
 ) {
-    while !stop.is_cancelled() {
-        if let Err(e) = consume_once(&db, &bus, shard, lock_timeout_ms, &stop).await {
-            tracing::warn!(shard, error = %e, "shard consumer failed; restarting");
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-            }
-        }
-    }
-}
-
-async fn consume_once(
-    db: &Db,
-    bus: &Bus,
-    shard: u32,
-    lock_timeout_ms: u32,
-    stop: &CancellationToken,
-) -> anyhow::Result<()> {
-    let subjects = bus.subjects();
-    let stream = bus
-        .jetstream()
-        .get_stream(subjects.stream(StreamKind::Work))
-        .await?;
-    let name = format!("reconcile-{shard}");
-    let consumer = stream
-        .get_or_create_consumer(
-            &name,
-            pull::Config {
-                durable_name: Some(name.clone()),
-                filter_subject: subjects.reconcile_shard(shard),
-                ack_policy: AckPolicy::Explicit,
-                max_deliver: 10,
-                ack_wait: Duration::from_secs(10),
-                ..Default::default()
-            },
-        )
-        .await?;
-    let mut messages = consumer.messages().await?;
-    loop {
-        let msg = tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            m = messages.next() => match m {
-                Some(m) => m.map_err(|e| anyhow::anyhow!("{e}"))?,
-                None => return Ok(()),
-            },
-        };
-        let req: CloudEvent<ReconcileRequest> = match serde_json::from_slice(&msg.payload) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, subject = %msg.subject, "dropping an undecodable reconcile request");
-                let _ = msg.ack_with(AckKind::Term).await;
-                continue;
-            }
-        };
-        let parent = bcm_bus::traceparent_of(msg.headers.as_ref());
-        let span = tracing::info_span!("reconcile", node = %req.data.node_id);
-        bcm_telemetry::set_remote_parent(&span, parent.as_deref());
-        let pass = reconcile::node(db, bus, &req.data.node_id, lock_timeout_ms)
-            .instrument(span)
-            .await;
-        match pass {
-            Ok(_) | Err(bcm_db::DbError::NotFound) => {
-                let _ = msg.ack().await;
-            }
-            Err(e) => {
-                tracing::debug!(node = %req.data.node_id, error = %e, "reconcile failed; redelivering");
-                let _ = msg
-                    .ack_with(AckKind::Nak(Some(Duration::from_millis(200))))
-                    .await;
-            }
-        }
-    }
+    let spec = shard_spec(&bus, shard);
+    let handler = Arc::new(ShardHandler {
+        db,
+        bus: bus.clone(),
+        lock_timeout_ms,
+    });
+    bcm_bus::consumer::run(bus, spec, handler, stop).await
 }

@@ -74,7 +74,7 @@ async fn transient_bmc_errors_are_retried_with_backoff_and_the_chain_completes()
         .expect("ready despite a flaky BMC");
     assert!(!n.maintenance);
     let (enroll, verify) = enroll_step(&env, &id, "verify-bmc").await;
-    assert_eq!(verify.status, "succeeded");
+    assert_eq!(verify.status.as_str(), "succeeded");
     assert_eq!(verify.attempt, 2, "the 503 was retried once");
     let counts = bcm_db::workflows::command_counts_by_step(&env.db, &enroll)
         .await
@@ -118,7 +118,7 @@ async fn abort_runs_the_cleanup_steps_and_fails_the_node() {
         let steps = bcm_db::workflows::steps_fetch(&env.db, &w.to_string()).await?;
         Ok(steps
             .iter()
-            .any(|s| s.name == "wait-ramdisk-join" && s.status == "running")
+            .any(|s| s.name == "wait-ramdisk-join" && s.status.as_str() == "running")
             .then_some(w))
     })
     .await
@@ -131,7 +131,7 @@ async fn abort_runs_the_cleanup_steps_and_fails_the_node() {
     assert_eq!(b["failedFrom"], "inspecting");
     let done = eventually(T, || async {
         let w = bcm_db::workflows::workflow_fetch(&env.db, &wf.to_string()).await?;
-        Ok((w.status == "cancelled").then_some(()))
+        Ok((w.status.as_str() == "cancelled").then_some(()))
     })
     .await;
     done.expect("the workflow ends cancelled");
@@ -152,7 +152,7 @@ async fn abort_runs_the_cleanup_steps_and_fails_the_node() {
     );
     assert!(steps
         .iter()
-        .any(|s| s.name == "wait-ramdisk-join" && s.status == "skipped"));
+        .any(|s| s.name == "wait-ramdisk-join" && s.status.as_str() == "skipped"));
     let n = env.node(&id).await.expect("node");
     assert_eq!(
         n.provision_state,
@@ -282,7 +282,7 @@ async fn a_step_this_engine_cannot_read_fails_alone_and_holds_up_no_other_workfl
 
     let wf = eventually(T, || async {
         let wf = bcm_db::workflows::workflow_fetch(&env.db, "wf_from_a_newer_engine").await?;
-        Ok((wf.status == "failed").then_some(wf))
+        Ok((wf.status.as_str() == "failed").then_some(wf))
     })
     .await
     .expect("the unreadable workflow fails");
@@ -294,7 +294,7 @@ async fn a_step_this_engine_cannot_read_fails_alone_and_holds_up_no_other_workfl
     let steps = bcm_db::workflows::steps_fetch(&env.db, "wf_from_a_newer_engine")
         .await
         .expect("steps");
-    assert_eq!(steps[0].status, "failed");
+    assert_eq!(steps[0].status.as_str(), "failed");
     assert_eq!(steps[0].due_at, None, "never claimed again");
     for id in &ids {
         env.wait_state(id, ProvisionState::Ready, T)

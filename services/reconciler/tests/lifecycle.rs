@@ -53,14 +53,14 @@ async fn enroll_reaches_ready_then_deploy_release_rescue_and_retire() {
     bcm_testkit::eventually(T, || async {
         let n = env.node(&rescued.id).await?;
         let wf = match n.workflow_id {
-            Some(w) => {
+            Some(w) => Some(
                 bcm_db::workflows::workflow_fetch(&env.db, &w.to_string())
                     .await?
-                    .status
-            }
-            None => String::new(),
+                    .status,
+            ),
+            None => None,
         };
-        Ok((wf == "succeeded").then_some(()))
+        Ok((wf == Some(bcm_core::workflow::WorkflowPhase::Succeeded)).then_some(()))
     })
     .await
     .expect("the rescue ramdisk is up");
@@ -165,7 +165,7 @@ async fn finished_one_leaf_commands_are_pruned_and_workflow_commands_kept() {
         let cmds = bcm_db::commands::commands_of_node(&env.db, &node).await?;
         Ok(cmds
             .into_iter()
-            .find(|c| !workflow_commands.contains(&c.id) && c.status == "succeeded"))
+            .find(|c| !workflow_commands.contains(&c.id) && c.status.as_str() == "succeeded"))
     })
     .await
     .expect("the metal.power command finished");

@@ -1,14 +1,20 @@
-//! What each step kind sends and how its result is judged: command
-//! parameters (the BMC's sealed credentials travel sealed; join tokens are
-//! minted here and only their hashes are stored), and the verdict on a
-//! result (a wipe counts only when node-signed and every disk passed
-//! read-back, and the attestation service verified the signature).
+//! What each step kind sends and how its result is judged: the typed
+//! command a step sends (the BMC's sealed credentials travel sealed; join
+//! tokens are minted here and only their hashes are stored), and the
+//! verdict on a result (a wipe counts only when node-signed and every disk
+//! passed read-back, and the attestation service verified the signature).
 
-use bcm_core::deploy::{DeployProfile, UserDataVars};
-use bcm_core::workflow::{StepKind, StepOutcome};
+use bcm_contracts::commands::{
+    BmcParams, BmcTarget, BootDevice, BootDeviceParams, BootEntryClearParams, BootEntrySetParams,
+    BootEntrySpec, Command, DcgmParams, DeployImageParams, NoParams, PowerParams, WipeParams,
+};
+use bcm_contracts::outputs::{DcgmStatus, WipeOutcome};
+use bcm_contracts::{CommandKind, Output};
+use bcm_core::deploy::UserDataVars;
+use bcm_core::workflow::{CommandStatus, StepKind, StepOutcome};
+use bcm_core::PowerAction;
 use bcm_db::nodes::Node;
 use bcm_db::{DbError, Tx};
-use serde_json::{json, Value};
 
 use crate::EngineConfig;
 
@@ -20,7 +26,7 @@ pub async fn mint_join_token(
     purpose: &str,
 ) -> Result<String, DbError> {
     let expires = chrono::Utc::now() + chrono::Duration::seconds(cfg.join_token_ttl_secs as i64);
-    bcm_attestation::tokens::mint_in_txn(
+    bcm_metal::identity::mint_join_token_in_txn(
         tx,
         purpose,
         &bcm_db::agents::TokenScope::Node(node.id.to_string()),
@@ -29,19 +35,24 @@ pub async fn mint_join_token(
     .await
 }
 
-async fn bmc(tx: &mut Tx<'_>, node: &Node) -> Result<Value, DbError> {
-    bcm_metal::bmc::params_in_txn(tx, node).await
-}
-
-async fn boot_entry(tx: &mut Tx<'_>, cfg: &EngineConfig, node: &Node) -> Result<Value, DbError> {
+/// The boot entry of the node's ramdisk, with a fresh discovery token on
+/// its kernel command line.
+async fn boot_entry(
+    tx: &mut Tx<'_>,
+    cfg: &EngineConfig,
+    node: &Node,
+) -> Result<BootEntrySpec, DbError> {
     let token = mint_join_token(tx, cfg, node, "discovery").await?;
-    Ok(json!({
-        "macs": node.macs,
-        "kernel": "ramdisk/vmlinuz",
-        "initrd": "ramdisk/initrd.img",
-        "cmdline": format!("console=ttyS0 bcm.node={} bcm.api={} bcm.join={}", node.id, cfg.control_plane_url, token),
-        "expiresInSecs": cfg.join_token_ttl_secs,
-    }))
+    Ok(BootEntrySpec {
+        macs: node.macs.clone(),
+        kernel: "ramdisk/vmlinuz".to_owned(),
+        initrd: "ramdisk/initrd.img".to_owned(),
+        cmdline: format!(
+            "console=ttyS0 bcm.node={} bcm.api={} bcm.join={}",
+            node.id, cfg.control_plane_url, token
+        ),
+        expires_in_secs: cfg.join_token_ttl_secs,
+    })
 }
 
 /// Why a step's command cannot be built.
@@ -54,60 +65,101 @@ pub enum ParamsError {
     Invalid(String),
 }
 
-/// The parameters of the command a step sends.
-pub async fn params(
+async fn bmc(tx: &mut Tx<'_>, node: &Node) -> Result<BmcTarget, DbError> {
+    bcm_metal::bmc::target_in_txn(tx, node).await
+}
+
+fn boot_device(bmc: BmcTarget, device: BootDevice, persistent: bool) -> Command {
+    Command::BmcBootDevice(BootDeviceParams {
+        bmc,
+        device,
+        persistent,
+        mode: None,
+    })
+}
+
+/// The command a step sends, or `None` for a step the engine runs itself.
+pub async fn command_for(
     tx: &mut Tx<'_>,
     cfg: &EngineConfig,
     node: &Node,
     kind: &StepKind,
-) -> Result<Value, ParamsError> {
-    Ok(match kind {
-        StepKind::BmcVerify | StepKind::BmcInspect => json!({ "bmc": bmc(tx, node).await? }),
-        StepKind::BmcPowerOff => json!({ "bmc": bmc(tx, node).await?, "action": "off" }),
-        StepKind::BmcPower { action } => json!({ "bmc": bmc(tx, node).await?, "action": action }),
+) -> Result<Option<Command>, ParamsError> {
+    Ok(Some(match kind {
+        StepKind::BmcVerify => Command::BmcVerify(BmcParams {
+            bmc: bmc(tx, node).await?,
+        }),
+        StepKind::BmcInspect => Command::BmcInspect(BmcParams {
+            bmc: bmc(tx, node).await?,
+        }),
+        StepKind::BmcPowerOff => Command::BmcPower(PowerParams {
+            bmc: bmc(tx, node).await?,
+            action: PowerAction::Off,
+        }),
+        StepKind::BmcPower { action } => Command::BmcPower(PowerParams {
+            bmc: bmc(tx, node).await?,
+            action: *action,
+        }),
         StepKind::BmcBootPxe { persistent } => {
-            json!({ "bmc": bmc(tx, node).await?, "device": "pxe", "persistent": persistent })
+            boot_device(bmc(tx, node).await?, BootDevice::Pxe, *persistent)
         }
         StepKind::BmcBootDisk { persistent } => {
-            json!({ "bmc": bmc(tx, node).await?, "device": "disk", "persistent": persistent })
+            boot_device(bmc(tx, node).await?, BootDevice::Disk, *persistent)
         }
-        StepKind::BootEntrySet => json!({ "bootEntry": boot_entry(tx, cfg, node).await? }),
-        StepKind::BootEntryClear => json!({ "macs": node.macs }),
-        StepKind::DiagDcgm { level } => json!({
-            "level": level,
-            "acceptUnsupported": bcm_db::tenancy::pool_accepts_unsupported_diag_in_txn(tx, node.pool_id.as_str()).await?,
+        StepKind::BootEntrySet => Command::BootEntrySet(BootEntrySetParams {
+            boot_entry: boot_entry(tx, cfg, node).await?,
         }),
-        StepKind::DiskWipe { mode } => json!({ "mode": mode, "verify": true }),
-        StepKind::Inventory => json!({}),
-        StepKind::DeployImage => {
-            let profile: DeployProfile = node
-                .deploy_profile
-                .clone()
-                .and_then(|p| serde_json::from_value(p).ok())
-                .ok_or_else(|| {
-                    ParamsError::Invalid("the node carries no valid deploy profile".into())
-                })?;
-            let token = mint_join_token(tx, cfg, node, "provisioned").await?;
-            let user_data = profile
-                .render_user_data(&UserDataVars {
-                    node_id: &node.id.to_string(),
-                    join_token: &token,
-                    control_plane_url: &cfg.control_plane_url,
-                })
-                .map_err(|e| ParamsError::Invalid(format!("deploy profile {}: {e}", profile.id)))?;
-            json!({
-                "profileId": profile.id,
-                "profileVersion": profile.version,
-                "image": profile.image,
-                "userData": user_data,
-            })
-        }
+        StepKind::BootEntryClear => Command::BootEntryClear(BootEntryClearParams {
+            macs: node.macs.clone(),
+        }),
+        StepKind::DiagDcgm { level } => Command::DiagDcgm(DcgmParams {
+            level: *level,
+            accept_unsupported: bcm_db::tenancy::pool_accepts_unsupported_diag_in_txn(
+                tx,
+                node.pool_id.as_str(),
+            )
+            .await?,
+        }),
+        StepKind::DiskWipe { mode } => Command::DiskWipe(WipeParams {
+            mode: *mode,
+            verify: true,
+        }),
+        StepKind::Inventory => Command::Inventory(NoParams {}),
+        StepKind::DeployImage => Command::DeployImage(deploy_image(tx, cfg, node).await?),
         StepKind::StoreMacs
         | StepKind::RevokeIdentity
         | StepKind::ForgetBmcCredentials
         | StepKind::WaitRamdiskJoin
         | StepKind::WaitOsJoin { .. }
-        | StepKind::RetiredEnsureRamdisk => json!({}),
+        | StepKind::RetiredEnsureRamdisk => return Ok(None),
+    }))
+}
+
+/// `deploy.image` from the node's deploy profile snapshot, its user data
+/// rendered with a fresh `provisioned` join token.
+async fn deploy_image(
+    tx: &mut Tx<'_>,
+    cfg: &EngineConfig,
+    node: &Node,
+) -> Result<DeployImageParams, ParamsError> {
+    let profile = node
+        .deploy_profile
+        .clone()
+        .ok_or_else(|| ParamsError::Invalid("the node carries no deploy profile".into()))?;
+    let token = mint_join_token(tx, cfg, node, "provisioned").await?;
+    let user_data = profile
+        .render_user_data(&UserDataVars {
+            node_id: &node.id.to_string(),
+            join_token: &token,
+            control_plane_url: &cfg.control_plane_url,
+        })
+        .map_err(|e| ParamsError::Invalid(format!("deploy profile {}: {e}", profile.id)))?;
+    Ok(DeployImageParams {
+        profile_id: profile.id,
+        profile_version: profile.version,
+        image: profile.image,
+        user_data: Some(user_data),
+        disk: None,
     })
 }
 
@@ -115,106 +167,108 @@ pub async fn params(
 /// whether it proved a verified wipe.
 pub struct Verdict {
     pub outcome: StepOutcome,
-    pub output: Option<Value>,
+    pub output: Option<serde_json::Value>,
     pub wipe_verified: bool,
 }
 
-/// Judges a command row's result for a step of `kind`.
-pub fn judge(kind: &StepKind, cmd: &bcm_db::commands::CommandRow) -> Verdict {
-    let result = cmd.result.clone().unwrap_or(Value::Null);
-    let output = result.get("output").cloned();
-    if cmd.status != "succeeded" {
-        let message = result
-            .get("error")
-            .and_then(Value::as_str)
+impl Verdict {
+    fn failed(message: String, output: Option<serde_json::Value>) -> Self {
+        Verdict {
+            outcome: StepOutcome::Failed {
+                retryable: false,
+                message,
+            },
+            output,
+            wipe_verified: false,
+        }
+    }
+
+    fn succeeded(output: Option<serde_json::Value>, wipe_verified: bool) -> Self {
+        Verdict {
+            outcome: StepOutcome::Succeeded,
+            output,
+            wipe_verified,
+        }
+    }
+}
+
+/// The stored result of a command row: `{ok, retryable, output, error}`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredResult {
+    #[serde(default)]
+    pub retryable: bool,
+    #[serde(default)]
+    pub output: serde_json::Value,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// Judges a command row's result for a step. The output is read as its
+/// kind's contract says; an output that breaks it fails the step for good
+/// (it never counts as a success by default).
+pub fn judge(cmd: &bcm_db::commands::CommandRow) -> Verdict {
+    let stored: StoredResult = cmd
+        .result
+        .clone()
+        .and_then(|r| serde_json::from_value(r).ok())
+        .unwrap_or_default();
+    let raw = (!stored.output.is_null()).then(|| stored.output.clone());
+    if cmd.status != CommandStatus::Succeeded {
+        let message = stored
+            .error
             .map(|e| format!("{}: {e}", cmd.kind))
             .unwrap_or_else(|| format!("{} failed", cmd.kind));
-        let retryable = result
-            .get("retryable")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
         return Verdict {
-            outcome: StepOutcome::Failed { retryable, message },
-            output,
+            outcome: StepOutcome::Failed {
+                retryable: stored.retryable,
+                message,
+            },
+            output: raw,
             wipe_verified: false,
         };
     }
-    match kind {
-        StepKind::DiskWipe { .. } => {
-            let disks = output
-                .as_ref()
-                .and_then(|o| o.get("disks"))
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            let outcomes: Vec<&str> = disks
+    let output = CommandKind::parse(&cmd.kind).and_then(|k| Output::decode(k, &stored.output));
+    match output {
+        Err(e) => Verdict::failed(
+            format!("{}: the result breaks its contract: {e}", cmd.kind),
+            raw,
+        ),
+        Ok(Output::DiskWipe(report)) => {
+            let verified: Vec<bool> = report
+                .disks
                 .iter()
-                .map(|d| d.get("outcome").and_then(Value::as_str).unwrap_or(""))
+                .map(|d| d.outcome == WipeOutcome::Verified)
                 .collect();
-            match bcm_core::workflow::wipe_verdict(cmd.attested_by.is_some(), &outcomes) {
-                Ok(()) => Verdict {
-                    outcome: StepOutcome::Succeeded,
-                    output,
-                    wipe_verified: true,
-                },
-                Err(why) => Verdict {
-                    outcome: StepOutcome::Failed {
-                        retryable: false,
-                        message: format!("UNVERIFIED_WIPE: {why}"),
-                    },
-                    output,
-                    wipe_verified: false,
-                },
+            match bcm_core::workflow::wipe_verdict(cmd.attested_by.is_some(), &verified) {
+                Ok(()) => Verdict::succeeded(raw, true),
+                Err(why) => Verdict::failed(format!("UNVERIFIED_WIPE: {why}"), raw),
             }
         }
-        StepKind::DiagDcgm { .. } => {
-            let status = output
-                .as_ref()
-                .and_then(|o| o.get("status"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
+        Ok(Output::DiagDcgm(report)) => {
+            let accepts_unsupported = matches!(
+                Command::from_parts(&cmd.kind, cmd.params.clone()),
+                Ok(Command::DiagDcgm(DcgmParams {
+                    accept_unsupported: true,
+                    ..
+                }))
+            );
             if cmd.attested_by.is_none() {
-                Verdict {
-                    outcome: StepOutcome::Failed {
-                        retryable: false,
-                        message: "diag.dcgm: the result is not node-signed".into(),
-                    },
-                    output,
-                    wipe_verified: false,
-                }
-            } else if status == "pass"
-                || (status == "unsupported"
-                    && cmd.params.get("acceptUnsupported") == Some(&Value::Bool(true)))
+                Verdict::failed("diag.dcgm: the result is not node-signed".into(), raw)
+            } else if report.status == DcgmStatus::Pass
+                || (report.status == DcgmStatus::Unsupported && accepts_unsupported)
             {
-                Verdict {
-                    outcome: StepOutcome::Succeeded,
-                    output,
-                    wipe_verified: false,
-                }
+                Verdict::succeeded(raw, false)
             } else {
-                let message = format!("diag.dcgm reported {status:?}; the pool does not accept it");
-                let message = match output
-                    .as_ref()
-                    .and_then(|o| o.get("reason"))
-                    .and_then(Value::as_str)
-                {
+                let status = serde_json::to_value(report.status).unwrap_or_default();
+                let message = format!("diag.dcgm reported {status}; the pool does not accept it");
+                let message = match &report.reason {
                     Some(reason) => format!("{message} ({reason})"),
                     None => message,
                 };
-                Verdict {
-                    outcome: StepOutcome::Failed {
-                        retryable: false,
-                        message,
-                    },
-                    output,
-                    wipe_verified: false,
-                }
+                Verdict::failed(message, raw)
             }
         }
-        _ => Verdict {
-            outcome: StepOutcome::Succeeded,
-            output,
-            wipe_verified: false,
-        },
+        Ok(_) => Verdict::succeeded(raw, false),
     }
 }

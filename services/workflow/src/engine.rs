@@ -1,8 +1,10 @@
 //! The step workers: claim due steps of several workflows, advance each,
 //! schedule the next ones, all in one transaction.
 
-use bcm_bus::messages::{self, CommandEnvelope, WorkflowEvent};
 use bcm_bus::Bus;
+use bcm_contracts::agent::AgentPresence;
+use bcm_contracts::events::{types, StepFinished, WorkflowFinished};
+use bcm_contracts::{CommandEnvelope, CommandKind, Output};
 use bcm_core::workflow::{
     self, AfterOutcome, NextStep, StepDef, StepKind, StepOutcome, StepStatus, StepTarget,
     WorkflowPhase,
@@ -82,16 +84,6 @@ pub async fn worker(ctx: Arc<Ctx>, index: usize, shutdown: CancellationToken) {
             _ = tokio::time::sleep(poll) => {}
             _ = ctx.wake.notified() => {}
         }
-    }
-}
-
-fn status_of(s: &StepRow) -> StepStatus {
-    match s.status.as_str() {
-        "running" => StepStatus::Running,
-        "succeeded" => StepStatus::Succeeded,
-        "failed" => StepStatus::Failed,
-        "skipped" => StepStatus::Skipped,
-        _ => StepStatus::Pending,
     }
 }
 
@@ -245,7 +237,7 @@ async fn advance_locked(
     let running: Vec<String> = from
         .iter()
         .filter_map(|(w, i)| steps_of.get(w)?.iter().find(|s| s.idx == *i))
-        .filter(|s| s.status == "running")
+        .filter(|s| s.status == StepStatus::Running)
         .filter_map(|s| s.command_id.clone())
         .collect();
     writes.commands_read = bcm_db::commands::commands_fetch_many_in_txn(tx, &running)
@@ -348,10 +340,47 @@ async fn drive_locked(
             .map(|(now, _)| now),
     );
     if wf != stored {
-        let finished = WorkflowPhase::parse(&wf.status).is_final();
+        let finished = wf.status.is_final();
         writes.workflows.push((wf, finished));
     }
     Ok(())
+}
+
+/// How a step's attempt ended: its outcome, the output to keep, and
+/// whether it proved a verified wipe.
+struct Ended {
+    outcome: StepOutcome,
+    output: Option<serde_json::Value>,
+    wipe_verified: bool,
+}
+
+impl Ended {
+    fn succeeded(output: Option<serde_json::Value>) -> Self {
+        Ended {
+            outcome: StepOutcome::Succeeded,
+            output,
+            wipe_verified: false,
+        }
+    }
+
+    fn failed(retryable: bool, message: impl Into<String>) -> Self {
+        Ended {
+            outcome: StepOutcome::Failed {
+                retryable,
+                message: message.into(),
+            },
+            output: None,
+            wipe_verified: false,
+        }
+    }
+
+    fn timed_out() -> Self {
+        Ended {
+            outcome: StepOutcome::TimedOut,
+            output: None,
+            wipe_verified: false,
+        }
+    }
 }
 
 /// Advances one step of a locked workflow. Returns the step that became due
@@ -370,30 +399,17 @@ async fn step_once(
         return Ok((None, false));
     };
     let now = Utc::now();
-    let phase = WorkflowPhase::parse(&wf.status);
-
-    if phase.is_final() {
+    if wf.status.is_final() {
         steps[pos].due_at = None;
         return Ok((None, false));
     }
-
-    if wf.cancel_requested && phase == WorkflowPhase::Running {
-        // Stop the main steps (a running command's late result is ignored)
-        // and run the cleanup steps.
-        for s in steps.iter_mut().filter(|s| {
-            !s.cleanup && matches!(status_of(s), StepStatus::Pending | StepStatus::Running)
-        }) {
-            s.status = "skipped".into();
-            s.due_at = None;
-            s.finished_at = Some(now);
-        }
-        wf.status = WorkflowPhase::CancellingCleanup.as_str().into();
+    if wf.cancel_requested && wf.status == WorkflowPhase::Running {
+        begin_cancel(wf, steps, now);
         return Ok((
             schedule_next(ctx, wf, steps, node, &mut writes.events),
             false,
         ));
     }
-
     let def: StepDef = match serde_json::from_value(steps[pos].definition.clone()) {
         Ok(def) => def,
         Err(e) => {
@@ -409,46 +425,316 @@ async fn step_once(
             ));
         }
     };
-    let outcome = advance(tx, ctx, wf, steps, pos, &def, node, now, writes).await?;
     let wrote_node = def.kind.writes_node();
-    let Some((outcome, output, wipe_verified)) = outcome else {
+    let ended = if steps[pos].status == StepStatus::Pending {
+        match start_attempt(tx, ctx, wf, &mut steps[pos], &def, node, now, writes).await? {
+            Started::Sent => None,
+            Started::Ended(e) => Some(e),
+            Started::InEngine => run_in_engine(tx, ctx, wf, steps, pos, &def, node, now).await?,
+        }
+    } else {
+        check_running(tx, ctx, wf, steps, pos, &def, node, now, writes).await?
+    };
+    let Some(ended) = ended else {
         return Ok((None, wrote_node));
     };
-    let attempt = steps[pos].attempt.max(1) as u32;
-    let jitter: f64 = rand::thread_rng().gen_range(0.0..1.0);
-    let step = &mut steps[pos];
-    step.output = output.or(step.output.take());
-    match workflow::after_outcome(&def, attempt, &outcome, jitter) {
-        AfterOutcome::Done => {
-            step.status = "succeeded".into();
-            step.error = None;
-            step.due_at = None;
-            step.finished_at = Some(now);
-            if wipe_verified {
-                wf.wipe_verified = true;
-            }
-            writes
-                .events
-                .push(step_event(ctx.bus.subjects(), wf, node, step, "succeeded"));
-        }
-        AfterOutcome::Retry { attempt, after_ms } => {
-            tracing::info!(workflow = %wf.id, step = %step.name, attempt, after_ms, "retrying step");
-            step.status = "pending".into();
-            step.attempt = attempt as i32;
-            step.command_id = None;
-            step.deadline_at = None;
-            step.error = Some(format!("{outcome:?}"));
-            step.due_at = Some(now + chrono::Duration::milliseconds(after_ms as i64));
-        }
-        AfterOutcome::GiveUp { message } => give_up(ctx, wf, step, node, message, now, writes),
-    }
-    let finished = matches!(steps[pos].status.as_str(), "succeeded" | "failed");
-    let next = if finished {
+    record_outcome(ctx, wf, &mut steps[pos], &def, node, ended, now, writes);
+    let next = if steps[pos].status.is_finished() {
         schedule_next(ctx, wf, steps, node, &mut writes.events)
     } else {
         None
     };
     Ok((next, wrote_node))
+}
+
+/// A cancel stops the main steps (a running command's late result is
+/// ignored) and turns to the cleanup steps.
+fn begin_cancel(wf: &mut WorkflowRow, steps: &mut [StepRow], now: DateTime<Utc>) {
+    for s in steps
+        .iter_mut()
+        .filter(|s| !s.cleanup && s.status.is_open())
+    {
+        s.status = StepStatus::Skipped;
+        s.due_at = None;
+        s.finished_at = Some(now);
+    }
+    wf.status = WorkflowPhase::CancellingCleanup;
+}
+
+/// What starting an attempt came to.
+enum Started {
+    /// Its command is recorded; the step waits for the result.
+    Sent,
+    /// A step the engine runs itself: run it now.
+    InEngine,
+    /// It could not start (its command cannot be built).
+    Ended(Ended),
+}
+
+/// Starts a pending step's attempt: a step that sends a command records it
+/// (and queues a site command's message) and waits for its result.
+#[allow(clippy::too_many_arguments)]
+async fn start_attempt(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    wf: &WorkflowRow,
+    step: &mut StepRow,
+    def: &StepDef,
+    node: &Node,
+    now: DateTime<Utc>,
+    writes: &mut Writes,
+) -> Result<Started, DbError> {
+    step.status = StepStatus::Running;
+    step.attempt = step.attempt.max(1);
+    step.started_at = Some(now);
+    step.deadline_at = Some(now + chrono::Duration::seconds(i64::from(def.timeout_secs)));
+    let command = match commands::command_for(tx, &ctx.cfg, node, &def.kind).await {
+        Ok(Some(c)) => c,
+        Ok(None) => return Ok(Started::InEngine),
+        Err(commands::ParamsError::Db(e)) => return Err(e),
+        Err(commands::ParamsError::Invalid(message)) => {
+            return Ok(Started::Ended(Ended::failed(false, message)))
+        }
+    };
+    let cmd_id = bcm_core::CommandId::generate().to_string();
+    writes.commands.push(bcm_db::commands::NewCommand {
+        id: cmd_id.clone(),
+        idempotency_key: format!("{}/{}/{}", wf.id, step.idx, step.attempt),
+        workflow_id: Some(wf.id.clone()),
+        step_idx: Some(step.idx),
+        attempt: step.attempt,
+        node_id: Some(node.id.to_string()),
+        site_id: Some(node.site_id.to_string()),
+        kind: command.kind().as_str().to_owned(),
+        target: def.kind.target().as_str().to_owned(),
+        params: command.params_json(),
+    });
+    if def.kind.target() == StepTarget::Site {
+        let envelope = CommandEnvelope {
+            command_id: cmd_id.clone(),
+            site_id: node.site_id.clone(),
+            node_id: Some(node.id),
+            command,
+            issued_at: now,
+        };
+        writes
+            .events
+            .push(outbox::command(ctx.bus.subjects(), node, &envelope));
+    }
+    step.command_id = Some(cmd_id);
+    step.due_at = step.deadline_at;
+    Ok(Started::Sent)
+}
+
+/// Looks at a running step again: a join it waits for, or its command's
+/// result.
+#[allow(clippy::too_many_arguments)]
+async fn check_running(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    wf: &WorkflowRow,
+    steps: &mut [StepRow],
+    pos: usize,
+    def: &StepDef,
+    node: &Node,
+    now: DateTime<Utc>,
+    writes: &mut Writes,
+) -> Result<Option<Ended>, DbError> {
+    match def.kind {
+        StepKind::WaitRamdiskJoin | StepKind::WaitOsJoin { .. } => {
+            check_join(tx, ctx, wf, &mut steps[pos], def, node, now).await
+        }
+        StepKind::StoreMacs
+        | StepKind::RevokeIdentity
+        | StepKind::ForgetBmcCredentials
+        | StepKind::RetiredEnsureRamdisk => {
+            // An engine step found running (it ends in the transaction
+            // that starts it, so only damage leaves one): run it again
+            // (each is idempotent).
+            run_in_engine(tx, ctx, wf, steps, pos, def, node, now).await
+        }
+        _ => check_command(tx, &mut steps[pos], now, writes).await,
+    }
+}
+
+/// Runs a step the engine itself carries out, in its transaction.
+#[allow(clippy::too_many_arguments)]
+async fn run_in_engine(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    wf: &WorkflowRow,
+    steps: &mut [StepRow],
+    pos: usize,
+    def: &StepDef,
+    node: &Node,
+    now: DateTime<Utc>,
+) -> Result<Option<Ended>, DbError> {
+    match &def.kind {
+        StepKind::StoreMacs => store_macs(tx, steps, node).await.map(Some),
+        StepKind::RevokeIdentity => {
+            let n = bcm_metal::identity::revoke_in_txn(tx, &node.id.to_string()).await?;
+            Ok(Some(Ended::succeeded(Some(
+                serde_json::json!({ "revokedCerts": n }),
+            ))))
+        }
+        StepKind::ForgetBmcCredentials => {
+            bcm_db::nodes::node_forget_bmc_secret_in_txn(tx, &node.id.to_string()).await?;
+            Ok(Some(Ended::succeeded(None)))
+        }
+        StepKind::RetiredEnsureRamdisk => Ok(Some(Ended::failed(
+            false,
+            "metal.ensureRamdisk is a step of profile v1, which no site service \
+             executes any more; recover the node to run this state with v2",
+        ))),
+        StepKind::WaitRamdiskJoin | StepKind::WaitOsJoin { .. } => {
+            check_join(tx, ctx, wf, &mut steps[pos], def, node, now).await
+        }
+        other => Ok(Some(Ended::failed(
+            false,
+            format!(
+                "{} is not a step the engine runs itself",
+                other.command_kind()
+            ),
+        ))),
+    }
+}
+
+/// `store-macs`: the MACs the out-of-band inspection found become the
+/// node's PXE MACs (IPMI cannot see the host's NICs: then the MACs given at
+/// enroll stand).
+async fn store_macs(tx: &mut Tx<'_>, steps: &[StepRow], node: &Node) -> Result<Ended, DbError> {
+    let inspected = steps
+        .iter()
+        .filter(|s| s.name == "inspect-oob")
+        .filter_map(|s| s.output.as_ref())
+        .find_map(|o| match Output::decode(CommandKind::BmcInspect, o) {
+            Ok(Output::BmcInspect(i)) => Some(i.macs),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let macs = if inspected.is_empty() {
+        node.macs.clone()
+    } else {
+        inspected
+    };
+    if macs.is_empty() {
+        return Ok(Ended::failed(
+            false,
+            "out-of-band inspection found no PXE MAC and none was given at enroll",
+        ));
+    }
+    bcm_db::nodes::node_set_macs_in_txn(tx, &node.id.to_string(), &macs).await?;
+    Ok(Ended::succeeded(Some(serde_json::json!({ "macs": macs }))))
+}
+
+/// A step waiting for an agent to join: done once the agent of the
+/// purpose (and role) has joined or reported in since the workflow started
+/// (a ramdisk may join while the power-on step is still finishing), timed
+/// out past the deadline, else looked at again after the join poll.
+async fn check_join(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    wf: &WorkflowRow,
+    step: &mut StepRow,
+    def: &StepDef,
+    node: &Node,
+    now: DateTime<Utc>,
+) -> Result<Option<Ended>, DbError> {
+    let (fact, role) = match &def.kind {
+        StepKind::WaitOsJoin { role, .. } => ("agent:provisioned", Some(role.as_str())),
+        _ => ("agent:discovery", None),
+    };
+    let stored =
+        bcm_db::agents::node_fact_since_in_txn(tx, &node.id.to_string(), fact, wf.created_at)
+            .await?;
+    let presence = match AgentPresence::from_stored(stored) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(workflow = %wf.id, node = %node.id, error = %e, "an agent presence this engine cannot read; waiting");
+            None
+        }
+    };
+    if presence.is_some_and(|p| role.is_none_or(|r| p.role.as_str() == r)) {
+        return Ok(Some(Ended::succeeded(None)));
+    }
+    if step.deadline_at.is_some_and(|d| now >= d) {
+        return Ok(Some(Ended::timed_out()));
+    }
+    step.due_at = Some(now + chrono::Duration::milliseconds(ctx.cfg.join_poll_ms as i64));
+    Ok(None)
+}
+
+/// A step waiting for its command's result: judged once the result is in,
+/// timed out past the deadline, else left waiting until the deadline (the
+/// result wakes it).
+async fn check_command(
+    tx: &mut Tx<'_>,
+    step: &mut StepRow,
+    now: DateTime<Utc>,
+    writes: &mut Writes,
+) -> Result<Option<Ended>, DbError> {
+    let Some(cmd_id) = step.command_id.clone() else {
+        return Ok(Some(Ended::failed(true, "no command recorded")));
+    };
+    let cmd = match writes.commands_read.remove(&cmd_id) {
+        Some(c) => c,
+        None => bcm_db::commands::command_fetch_in_txn(tx, &cmd_id).await?,
+    };
+    if !cmd.status.is_done() {
+        if step.deadline_at.is_some_and(|d| now >= d) {
+            return Ok(Some(Ended::timed_out()));
+        }
+        step.due_at = step.deadline_at;
+        return Ok(None);
+    }
+    let verdict = commands::judge(&cmd);
+    Ok(Some(Ended {
+        outcome: verdict.outcome,
+        output: verdict.output,
+        wipe_verified: verdict.wipe_verified,
+    }))
+}
+
+/// Applies the planner's answer to an ended attempt: done, retried after a
+/// backoff, or failed for good.
+#[allow(clippy::too_many_arguments)]
+fn record_outcome(
+    ctx: &Ctx,
+    wf: &mut WorkflowRow,
+    step: &mut StepRow,
+    def: &StepDef,
+    node: &Node,
+    ended: Ended,
+    now: DateTime<Utc>,
+    writes: &mut Writes,
+) {
+    let attempt = step.attempt.max(1) as u32;
+    let jitter: f64 = rand::thread_rng().gen_range(0.0..1.0);
+    step.output = ended.output.or(step.output.take());
+    match workflow::after_outcome(def, attempt, &ended.outcome, jitter) {
+        AfterOutcome::Done => {
+            step.status = StepStatus::Succeeded;
+            step.error = None;
+            step.due_at = None;
+            step.finished_at = Some(now);
+            if ended.wipe_verified {
+                wf.wipe_verified = true;
+            }
+            writes
+                .events
+                .push(step_event(ctx.bus.subjects(), wf, node, step));
+        }
+        AfterOutcome::Retry { attempt, after_ms } => {
+            tracing::info!(workflow = %wf.id, step = %step.name, attempt, after_ms, "retrying step");
+            step.status = StepStatus::Pending;
+            step.attempt = attempt as i32;
+            step.command_id = None;
+            step.deadline_at = None;
+            step.error = Some(format!("{:?}", ended.outcome));
+            step.due_at = Some(now + chrono::Duration::milliseconds(after_ms as i64));
+        }
+        AfterOutcome::GiveUp { message } => give_up(ctx, wf, step, node, message, now, writes),
+    }
 }
 
 /// Fails a step for good; the first main step to fail names the
@@ -465,221 +751,37 @@ fn give_up(
     if !step.cleanup && wf.error.is_none() {
         wf.error = Some(format!("{}: {message}", step.name));
     }
-    step.status = "failed".into();
+    step.status = StepStatus::Failed;
     step.error = Some(message);
     step.due_at = None;
     step.finished_at = Some(now);
     writes
         .events
-        .push(step_event(ctx.bus.subjects(), wf, node, step, "failed"));
+        .push(step_event(ctx.bus.subjects(), wf, node, step));
 }
 
+/// `workflow.step.<status>` of a step that just ended.
 fn step_event(
     subjects: &bcm_bus::Subjects,
     wf: &WorkflowRow,
     node: &Node,
     step: &StepRow,
-    status: &str,
 ) -> bcm_db::outbox::NewOutboxMessage {
     outbox::event(
         subjects,
         node,
-        &messages::types::workflow_step(status),
-        WorkflowEvent {
+        &types::workflow_step(step.status),
+        StepFinished {
             workflow_id: wf.id.clone(),
             node_id: node.id,
             tenant_id: node.tenant_id.clone(),
             profile_id: wf.profile_id.clone(),
-            status: status.to_owned(),
-            step: Some(step.name.clone()),
-            attempt: Some(step.attempt),
+            step: step.name.clone(),
+            attempt: step.attempt,
+            status: step.status,
             error: step.error.clone(),
         },
     )
-}
-
-/// Runs or checks one step. Returns the outcome when the attempt ended.
-#[allow(clippy::too_many_arguments)]
-async fn advance(
-    tx: &mut Tx<'_>,
-    ctx: &Ctx,
-    wf: &WorkflowRow,
-    steps: &mut [StepRow],
-    pos: usize,
-    def: &StepDef,
-    node: &Node,
-    now: DateTime<Utc>,
-    writes: &mut Writes,
-) -> Result<Option<(StepOutcome, Option<serde_json::Value>, bool)>, DbError> {
-    let join_poll = chrono::Duration::milliseconds(ctx.cfg.join_poll_ms as i64);
-    let deadline_passed = steps[pos].deadline_at.is_some_and(|d| now >= d);
-    if steps[pos].status == "pending" {
-        let step = &mut steps[pos];
-        step.status = "running".into();
-        step.attempt = step.attempt.max(1);
-        step.started_at = Some(now);
-        step.deadline_at = Some(now + chrono::Duration::seconds(i64::from(def.timeout_secs)));
-        match def.kind.target() {
-            StepTarget::ControlPlane | StepTarget::Node => {}
-            StepTarget::Site | StepTarget::Ramdisk => {
-                let cmd_id = bcm_core::CommandId::generate().to_string();
-                let params = match commands::params(tx, &ctx.cfg, node, &def.kind).await {
-                    Ok(p) => p,
-                    Err(commands::ParamsError::Db(e)) => return Err(e),
-                    Err(commands::ParamsError::Invalid(message)) => {
-                        return Ok(Some((
-                            StepOutcome::Failed {
-                                retryable: false,
-                                message,
-                            },
-                            None,
-                            false,
-                        )))
-                    }
-                };
-                let target = def.kind.target().as_str().to_owned();
-                writes.commands.push(bcm_db::commands::NewCommand {
-                    id: cmd_id.clone(),
-                    idempotency_key: format!("{}/{}/{}", wf.id, step.idx, step.attempt),
-                    workflow_id: Some(wf.id.clone()),
-                    step_idx: Some(step.idx),
-                    attempt: step.attempt,
-                    node_id: Some(node.id.to_string()),
-                    site_id: Some(node.site_id.to_string()),
-                    kind: def.kind.command_kind().to_owned(),
-                    target: target.clone(),
-                    params: params.clone(),
-                });
-                if def.kind.target() == StepTarget::Site {
-                    let envelope = CommandEnvelope {
-                        command_id: cmd_id.clone(),
-                        kind: def.kind.command_kind().to_owned(),
-                        site_id: node.site_id.clone(),
-                        node_id: Some(node.id),
-                        params,
-                        issued_at: now,
-                    };
-                    writes
-                        .events
-                        .push(outbox::command(ctx.bus.subjects(), node, &envelope));
-                }
-                step.command_id = Some(cmd_id);
-                step.due_at = step.deadline_at;
-                return Ok(None);
-            }
-        }
-    }
-    // Running (or a control-plane step just started). Joins count from the
-    // workflow's start: a ramdisk may join while the power-on step runs.
-    let started = wf.created_at;
-    match &def.kind {
-        StepKind::StoreMacs => {
-            let macs: Vec<String> = steps
-                .iter()
-                .filter(|s| s.name == "inspect-oob")
-                .filter_map(|s| s.output.as_ref())
-                .filter_map(|o| o.get("macs"))
-                .filter_map(|m| serde_json::from_value(m.clone()).ok())
-                .next()
-                .unwrap_or_default();
-            // IPMI cannot see the host's NICs: then the MACs given at
-            // enroll stand.
-            let macs = if macs.is_empty() {
-                node.macs.clone()
-            } else {
-                macs
-            };
-            if macs.is_empty() {
-                return Ok(Some((
-                    StepOutcome::Failed {
-                        retryable: false,
-                        message:
-                            "out-of-band inspection found no PXE MAC and none was given at enroll"
-                                .into(),
-                    },
-                    None,
-                    false,
-                )));
-            }
-            bcm_db::nodes::node_set_macs_in_txn(tx, &node.id.to_string(), &macs).await?;
-            Ok(Some((
-                StepOutcome::Succeeded,
-                Some(serde_json::json!({ "macs": macs })),
-                false,
-            )))
-        }
-        StepKind::RevokeIdentity => {
-            let n = bcm_attestation::revoke(tx, &node.id.to_string()).await?;
-            Ok(Some((
-                StepOutcome::Succeeded,
-                Some(serde_json::json!({ "revokedCerts": n })),
-                false,
-            )))
-        }
-        StepKind::RetiredEnsureRamdisk => Ok(Some((
-            StepOutcome::Failed {
-                retryable: false,
-                message: "metal.ensureRamdisk is a step of profile v1, which no site service \
-                          executes any more; recover the node to run this state with v2"
-                    .into(),
-            },
-            None,
-            false,
-        ))),
-        StepKind::ForgetBmcCredentials => {
-            bcm_db::nodes::node_forget_bmc_secret_in_txn(tx, &node.id.to_string()).await?;
-            Ok(Some((StepOutcome::Succeeded, None, false)))
-        }
-        StepKind::WaitRamdiskJoin | StepKind::WaitOsJoin { .. } => {
-            let (fact, role) = match &def.kind {
-                StepKind::WaitOsJoin { role, .. } => ("agent:provisioned", Some(role.as_str())),
-                _ => ("agent:discovery", None),
-            };
-            let seen =
-                bcm_db::agents::node_fact_since_in_txn(tx, &node.id.to_string(), fact, started)
-                    .await?;
-            let ok = seen.is_some_and(|d| {
-                role.is_none_or(|r| d.get("role").and_then(|v| v.as_str()) == Some(r))
-            });
-            if ok {
-                Ok(Some((StepOutcome::Succeeded, None, false)))
-            } else if deadline_passed {
-                Ok(Some((StepOutcome::TimedOut, None, false)))
-            } else {
-                steps[pos].due_at = Some(now + join_poll);
-                Ok(None)
-            }
-        }
-        kind => {
-            let Some(cmd_id) = steps[pos].command_id.clone() else {
-                return Ok(Some((
-                    StepOutcome::Failed {
-                        retryable: true,
-                        message: "no command recorded".into(),
-                    },
-                    None,
-                    false,
-                )));
-            };
-            let cmd = match writes.commands_read.remove(&cmd_id) {
-                Some(c) => c,
-                None => bcm_db::commands::command_fetch_in_txn(tx, &cmd_id).await?,
-            };
-            if matches!(cmd.status.as_str(), "pending" | "sent") {
-                if deadline_passed {
-                    return Ok(Some((StepOutcome::TimedOut, None, false)));
-                }
-                steps[pos].due_at = steps[pos].deadline_at;
-                return Ok(None);
-            }
-            let verdict = commands::judge(kind, &cmd);
-            Ok(Some((
-                verdict.outcome,
-                verdict.output,
-                verdict.wipe_verified,
-            )))
-        }
-    }
 }
 
 /// Schedules the planner's next step (returned, due now, for the caller to
@@ -691,10 +793,18 @@ fn schedule_next(
     node: &Node,
     events: &mut Vec<bcm_db::outbox::NewOutboxMessage>,
 ) -> Option<i32> {
-    let main: Vec<StepStatus> = steps.iter().filter(|s| !s.cleanup).map(status_of).collect();
-    let cleanup: Vec<StepStatus> = steps.iter().filter(|s| s.cleanup).map(status_of).collect();
+    let main: Vec<StepStatus> = steps
+        .iter()
+        .filter(|s| !s.cleanup)
+        .map(|s| s.status)
+        .collect();
+    let cleanup: Vec<StepStatus> = steps
+        .iter()
+        .filter(|s| s.cleanup)
+        .map(|s| s.status)
+        .collect();
     let main_len = main.len();
-    let mut phase = WorkflowPhase::parse(&wf.status);
+    let mut phase = wf.status;
     if phase == WorkflowPhase::Running && main.contains(&StepStatus::Failed) {
         phase = WorkflowPhase::FailingCleanup;
     }
@@ -702,34 +812,44 @@ fn schedule_next(
         NextStep::Main(i) => i,
         NextStep::Cleanup(i) => main_len + i,
         NextStep::Finish(done) => {
-            let status = done.as_str();
-            wf.status = status.to_owned();
-            events.push(outbox::event(
-                ctx.bus.subjects(),
-                node,
-                &messages::types::workflow(status),
-                WorkflowEvent {
-                    workflow_id: wf.id.clone(),
-                    node_id: node.id,
-                    tenant_id: node.tenant_id.clone(),
-                    profile_id: wf.profile_id.clone(),
-                    status: status.to_owned(),
-                    step: None,
-                    attempt: None,
-                    error: wf.error.clone(),
-                },
-            ));
-            events.push(outbox::reconcile(
-                ctx.bus.subjects(),
-                node,
-                &format!("workflow {status}"),
-            ));
-            metrics::counter!("bcm_workflows_finished_total", "profile" => wf.profile_id.clone(), "status" => status).increment(1);
+            finish(ctx, wf, node, done, events);
             return None;
         }
     };
-    wf.status = phase.as_str().to_owned();
+    wf.status = phase;
     let step = &mut steps[pos];
     step.due_at = Some(Utc::now());
     Some(step.idx)
+}
+
+/// Ends a workflow: `workflow.<status>` and a reconcile request, so the
+/// reconciler applies the state's move.
+fn finish(
+    ctx: &Ctx,
+    wf: &mut WorkflowRow,
+    node: &Node,
+    done: WorkflowPhase,
+    events: &mut Vec<bcm_db::outbox::NewOutboxMessage>,
+) {
+    wf.status = done;
+    events.push(outbox::event(
+        ctx.bus.subjects(),
+        node,
+        &types::workflow(done),
+        WorkflowFinished {
+            workflow_id: wf.id.clone(),
+            node_id: node.id,
+            tenant_id: node.tenant_id.clone(),
+            profile_id: wf.profile_id.clone(),
+            status: done,
+            error: wf.error.clone(),
+        },
+    ));
+    events.push(outbox::reconcile(
+        ctx.bus.subjects(),
+        node,
+        &format!("workflow {}", done.as_str()),
+    ));
+    metrics::counter!("bcm_workflows_finished_total", "profile" => wf.profile_id.clone(), "status" => done.as_str())
+        .increment(1);
 }

@@ -1,14 +1,14 @@
-//! Consumes site command results from JetStream: records each once on its
-//! command row and advances the waiting step in the same transaction (the
-//! results that arrived together share one); acks only after the commit. Undecodable messages are terminated and logged,
-//! never retried forever.
+//! Consumes site command results from JetStream (`result.>`, durable
+//! `engine-results`): records each once on its command row and advances
+//! the waiting step in the same transaction (the results that arrived
+//! together share one); acked only after the commit. A result that breaks
+//! its contract, answers no command, or answers it with another kind is
+//! dead-lettered and changes nothing.
 
-use async_nats::jetstream::consumer::{pull, AckPolicy};
-use async_nats::jetstream::AckKind;
-use bcm_bus::messages::{CloudEvent, CommandResult};
+use bcm_bus::consumer::{ConsumerSpec, Disposition, Handler, Incoming};
 use bcm_bus::subjects::StreamKind;
+use bcm_contracts::{CloudEvent, CommandResult, Output};
 use bcm_core::PowerState;
-use futures::{StreamExt as _, TryStreamExt as _};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -21,24 +21,40 @@ const RESULTS_PER_TXN: usize = 64;
 /// Transactions of results in flight at once.
 const CONCURRENT_TXNS: usize = 4;
 
+/// What became of one result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// Stored on its command; the waiting step advanced.
+    New,
+    /// Its command already had a result (a redelivery): nothing changed.
+    Repeat,
+    /// It answers no command of its kind: nothing changed.
+    Unknown(String),
+}
+
 /// Records one site result and advances the step waiting on it, in one
-/// transaction; true when the result was new (a redelivery changes nothing).
-pub async fn record(ctx: &Ctx, r: &CommandResult) -> Result<bool, bcm_db::DbError> {
-    Ok(record_many(ctx, std::slice::from_ref(r)).await? == 1)
+/// transaction.
+pub async fn record(ctx: &Ctx, r: &CommandResult) -> Result<Recorded, bcm_db::DbError> {
+    let mut out = record_many(ctx, std::slice::from_ref(r)).await?;
+    Ok(out.pop().unwrap_or(Recorded::Repeat))
 }
 
 /// Records site results, each once, and advances the steps waiting on them,
-/// all in one transaction; returns how many were new. Locks are taken as
-/// verbs take them, node before workflow: first the nodes whose power a
-/// result reports (in id order), then every workflow (in id order).
-pub async fn record_many(ctx: &Ctx, results: &[CommandResult]) -> Result<usize, bcm_db::DbError> {
+/// all in one transaction; one [`Recorded`] per result, in order. Locks are
+/// taken as verbs take them, node before workflow: first the nodes whose
+/// power a result reports (in id order), then every workflow (in id order).
+pub async fn record_many(
+    ctx: &Ctx,
+    results: &[CommandResult],
+) -> Result<Vec<Recorded>, bcm_db::DbError> {
     let mut tx = ctx.db.begin().await?;
     let rows: Vec<bcm_db::commands::NewResult<'_>> = results
         .iter()
         .map(|r| bcm_db::commands::NewResult {
             command_id: &r.command_id,
+            kind: r.kind.as_str(),
             succeeded: r.ok,
-            result: serde_json::json!({ "ok": r.ok, "retryable": r.retryable, "output": r.output, "error": r.error }),
+            result: serde_json::json!({ "ok": r.ok, "retryable": r.retryable, "output": r.output_json(), "error": r.error }),
         })
         .collect();
     let mut completed = bcm_db::commands::commands_complete_many_in_txn(&mut tx, &rows).await?;
@@ -48,17 +64,16 @@ pub async fn record_many(ctx: &Ctx, results: &[CommandResult]) -> Result<usize, 
         let Some(r) = results.iter().find(|r| r.command_id == *command_id) else {
             continue;
         };
-        if let (true, Some(node)) = (r.ok, &done.node_id) {
-            if let Some(power) = r
-                .output
-                .get("power")
-                .and_then(|p| p.as_str())
-                .and_then(PowerState::parse)
-            {
-                record_power(&mut tx, ctx, node, power, command_id, &mut writes.events).await?;
-            }
+        if let (true, Some(node), Some(power)) = (
+            r.ok,
+            &done.node_id,
+            r.output.as_ref().and_then(Output::power),
+        ) {
+            record_power(&mut tx, ctx, node, power, command_id, &mut writes.events).await?;
         }
-        if let (Some(node), "bmc.rotateCredentials") = (&done.node_id, done.kind.as_str()) {
+        if let (Some(node), bcm_contracts::CommandKind::BmcRotateCredentials) =
+            (&done.node_id, r.kind)
+        {
             crate::rotation::finish(&mut tx, ctx, node, r, &mut writes.events).await?;
         }
     }
@@ -68,8 +83,31 @@ pub async fn record_many(ctx: &Ctx, results: &[CommandResult]) -> Result<usize, 
         .collect();
     crate::engine::drive_many(&mut tx, ctx, &steps, &mut writes).await?;
     writes.flush(&mut tx).await?;
+    // Those that completed nothing: a redelivery, or an answer to no
+    // command of its kind.
+    let missed: Vec<String> = results
+        .iter()
+        .filter(|r| !completed.iter().any(|(id, _)| *id == r.command_id))
+        .map(|r| r.command_id.clone())
+        .collect();
+    let known = bcm_db::commands::command_kinds_in_txn(&mut tx, &missed).await?;
     tx.commit().await?;
-    Ok(completed.len())
+    Ok(results
+        .iter()
+        .map(|r| {
+            if completed.iter().any(|(id, _)| *id == r.command_id) {
+                return Recorded::New;
+            }
+            match known.iter().find(|(id, _)| *id == r.command_id) {
+                Some((_, kind)) if kind == r.kind.as_str() => Recorded::Repeat,
+                Some((_, kind)) => Recorded::Unknown(format!(
+                    "a {} result for command {}, which is a {kind}",
+                    r.kind, r.command_id
+                )),
+                None => Recorded::Unknown(format!("no command {} exists", r.command_id)),
+            }
+        })
+        .collect())
 }
 
 /// Records the power state a BMC reported; a change bumps the node's
@@ -97,8 +135,8 @@ async fn record_power(
     events.push(bcm_metal::outbox::event(
         ctx.bus.subjects(),
         &next,
-        bcm_bus::messages::types::NODE_POWER_CHANGED,
-        bcm_bus::messages::NodePowerChanged {
+        bcm_contracts::events::types::NODE_POWER_CHANGED,
+        bcm_contracts::events::NodePowerChanged {
             node_id: next.id,
             tenant_id: next.tenant_id.clone(),
             power,
@@ -110,171 +148,147 @@ async fn record_power(
     Ok(())
 }
 
+/// The results consumer's handler.
+struct ResultsHandler {
+    ctx: Arc<Ctx>,
+}
+
+impl Handler<CloudEvent<CommandResult>> for ResultsHandler {
+    async fn handle(&self, batch: &[Incoming<CloudEvent<CommandResult>>]) -> Vec<Disposition> {
+        let results: Vec<CommandResult> = batch
+            .iter()
+            .map(|m| without_nul(m.message.data.clone()))
+            .collect();
+        if results.len() > 1 {
+            match record_many(&self.ctx, &results).await {
+                Ok(recorded) => return recorded.into_iter().map(disposition).collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, results = results.len(), "recording a batch of results failed; recording them one by one")
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(results.len());
+        for r in &results {
+            out.push(match record(&self.ctx, r).await {
+                Ok(recorded) => disposition(recorded),
+                Err(e) => {
+                    tracing::warn!(error = %e, command = %r.command_id, "recording a result failed; will retry");
+                    Disposition::Retry(e.to_string())
+                }
+            });
+        }
+        out
+    }
+}
+
+fn disposition(r: Recorded) -> Disposition {
+    match r {
+        Recorded::New | Recorded::Repeat => Disposition::Done,
+        Recorded::Unknown(why) => Disposition::Reject(why),
+    }
+}
+
+/// The consumer's spec: what has arrived together is recorded together.
+pub fn spec(subjects: &bcm_bus::Subjects) -> ConsumerSpec {
+    let mut spec = ConsumerSpec::new(
+        StreamKind::Results,
+        "engine-results",
+        vec![subjects.results_all()],
+    );
+    spec.max_deliver = 20;
+    spec.ack_wait = Duration::from_secs(10);
+    spec.batch = RESULTS_PER_TXN;
+    spec.concurrency = CONCURRENT_TXNS;
+    spec
+}
+
 /// Consumes `result.>` until `shutdown`.
 pub async fn consume(ctx: Arc<Ctx>, shutdown: CancellationToken) {
-    while !shutdown.is_cancelled() {
-        if let Err(e) = consume_once(&ctx, &shutdown).await {
-            tracing::warn!(error = %e, "results consumer failed; restarting");
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-        }
-    }
+    let spec = spec(ctx.bus.subjects());
+    let bus = ctx.bus.clone();
+    bcm_bus::consumer::run(bus, spec, Arc::new(ResultsHandler { ctx }), shutdown).await
 }
 
-async fn consume_once(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> anyhow::Result<()> {
-    let subjects = ctx.bus.subjects();
-    let stream = ctx
-        .bus
-        .jetstream()
-        .get_stream(subjects.stream(StreamKind::Results))
-        .await?;
-    let consumer = stream
-        .get_or_create_consumer(
-            "engine-results",
-            pull::Config {
-                durable_name: Some("engine-results".to_owned()),
-                filter_subject: subjects.results_all(),
-                ack_policy: AckPolicy::Explicit,
-                max_deliver: 20,
-                ack_wait: Duration::from_secs(10),
-                ..Default::default()
-            },
-        )
-        .await?;
-    let messages = consumer.messages().await?;
-    // What has arrived is recorded together: one transaction per batch.
-    let handled = messages
-        .take_until(shutdown.cancelled())
-        .ready_chunks(RESULTS_PER_TXN)
-        .map(Ok::<_, anyhow::Error>)
-        .try_for_each_concurrent(CONCURRENT_TXNS, |chunk| async move {
-            let mut batch = Vec::with_capacity(chunk.len());
-            let mut broken = None;
-            for m in chunk {
-                match m {
-                    Ok(m) => batch.push(m),
-                    Err(e) => broken = Some(anyhow::anyhow!("{e}")),
-                }
-            }
-            handle_batch(ctx, batch).await;
-            broken.map_or(Ok(()), Err)
-        });
-    handled.await
+/// A site result without the NUL characters Postgres's `jsonb` cannot hold
+/// (some BMC firmware pads its strings with them). Results from site
+/// services are not signed, so nothing a signature covers changes.
+fn without_nul(mut r: CommandResult) -> CommandResult {
+    let mut output = r.output_json();
+    let removed = remove_nul(&mut output) + r.error.as_mut().map_or(0, text_without_nul);
+    if removed == 0 {
+        return r;
+    }
+    tracing::warn!(command = %r.command_id, removed, "a result held NUL characters (firmware pads strings with them); removed, as Postgres cannot store them");
+    if let Some(o) = r.output.as_mut() {
+        if let Ok(clean) = Output::decode(r.kind, &output) {
+            *o = clean;
+        }
+    }
+    r
 }
 
-/// Records a batch of delivered results in one transaction, then acks
-/// them; when the batch fails each result is recorded on its own (a
-/// failure naks it for a redelivery). Undecodable ones are terminated.
-async fn handle_batch(ctx: &Ctx, batch: Vec<async_nats::jetstream::Message>) {
-    let mut decoded = Vec::with_capacity(batch.len());
-    for msg in batch {
-        match serde_json::from_slice::<CloudEvent<CommandResult>>(&msg.payload) {
-            Ok(ev) => {
-                let mut r = ev.data;
-                let removed = remove_nul(&mut r);
-                if removed > 0 {
-                    tracing::warn!(command = %r.command_id, removed, "a result held NUL characters (firmware pads strings with them); removed, as Postgres cannot store them");
-                }
-                decoded.push((msg, r))
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, subject = %msg.subject, "dropping an undecodable result");
-                let _ = msg.ack_with(AckKind::Term).await;
-            }
-        }
+fn text_without_nul(s: &mut String) -> usize {
+    let n = s.matches('\0').count();
+    if n > 0 {
+        s.retain(|c| c != '\0');
     }
-    if decoded.is_empty() {
-        return;
-    }
-    if decoded.len() > 1 {
-        let results: Vec<CommandResult> = decoded.iter().map(|(_, r)| r.clone()).collect();
-        match record_many(ctx, &results).await {
-            Ok(_) => {
-                for (msg, r) in &decoded {
-                    ack(msg, r).await;
-                }
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, results = decoded.len(), "recording a batch of results failed; recording them one by one");
-            }
-        }
-    }
-    for (msg, r) in &decoded {
-        match record(ctx, r).await {
-            Ok(_) => ack(msg, r).await,
-            Err(e) => {
-                tracing::warn!(error = %e, command = %r.command_id, "recording a result failed; will retry");
-                let _ = msg
-                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                    .await;
-            }
-        }
-    }
+    n
 }
 
-async fn ack(msg: &async_nats::jetstream::Message, r: &CommandResult) {
-    if let Err(e) = msg.ack().await {
-        tracing::warn!(error = %e, command = %r.command_id, "acking a result failed; it will be redelivered and deduplicated");
-    }
-}
-
-/// Removes NUL characters from a site result's output and error, which
-/// Postgres's `jsonb` cannot hold (some BMC firmware pads its strings with
-/// them); returns how many went. Results from site services are not
-/// signed, so nothing a signature covers changes.
-fn remove_nul(r: &mut CommandResult) -> usize {
-    fn text(s: &mut String) -> usize {
-        let n = s.matches('\0').count();
-        if n > 0 {
-            s.retain(|c| c != '\0');
-        }
-        n
-    }
-    fn value(v: &mut serde_json::Value) -> usize {
-        match v {
-            serde_json::Value::String(s) => text(s),
-            serde_json::Value::Array(items) => items.iter_mut().map(value).sum(),
-            serde_json::Value::Object(map) => {
-                let mut n = 0;
-                if map.keys().any(|k| k.contains('\0')) {
-                    let old = std::mem::take(map);
-                    for (mut k, v) in old {
-                        n += text(&mut k);
-                        map.insert(k, v);
-                    }
+/// Removes NUL characters from every string and key of `v`; how many went.
+fn remove_nul(v: &mut serde_json::Value) -> usize {
+    match v {
+        serde_json::Value::String(s) => text_without_nul(s),
+        serde_json::Value::Array(items) => items.iter_mut().map(remove_nul).sum(),
+        serde_json::Value::Object(map) => {
+            let mut n = 0;
+            if map.keys().any(|k| k.contains('\0')) {
+                let old = std::mem::take(map);
+                for (mut k, v) in old {
+                    n += text_without_nul(&mut k);
+                    map.insert(k, v);
                 }
-                n + map.values_mut().map(value).sum::<usize>()
             }
-            _ => 0,
+            n + map.values_mut().map(remove_nul).sum::<usize>()
         }
+        _ => 0,
     }
-    value(&mut r.output) + r.error.as_mut().map_or(0, text)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bcm_contracts::outputs::OobInventory;
 
     #[test]
     fn nul_characters_leave_strings_keys_and_the_error() {
-        let mut r = CommandResult {
-            command_id: "c1".into(),
-            ok: true,
-            retryable: false,
-            output: serde_json::json!({
-                "serial": "SIM01\0\0", "disks": [{"model": "\0X\0"}], "k\0": 1, "n": 3
-            }),
-            error: Some("bad\0".into()),
-        };
-        assert_eq!(remove_nul(&mut r), 6);
+        let mut v = serde_json::json!({
+            "serial": "SIM01\0\0", "disks": [{"model": "\0X\0"}], "k\0": 1, "n": 3
+        });
+        assert_eq!(remove_nul(&mut v), 5);
         assert_eq!(
-            r.output,
+            v,
             serde_json::json!({"serial": "SIM01", "disks": [{"model": "X"}], "k": 1, "n": 3})
         );
-        assert_eq!(r.error.as_deref(), Some("bad"));
-        assert_eq!(remove_nul(&mut r), 0, "a clean result is left as it is");
+        assert_eq!(remove_nul(&mut v), 0, "a clean value is left as it is");
+
+        let r = CommandResult {
+            command_id: "c1".into(),
+            kind: bcm_contracts::CommandKind::BmcInspect,
+            ok: true,
+            retryable: false,
+            output: Some(Output::BmcInspect(OobInventory {
+                serial: Some("SIM01\0\0".into()),
+                macs: vec!["52:54:00:00:00:01".into()],
+                ..Default::default()
+            })),
+            error: Some("bad\0".into()),
+        };
+        let clean = without_nul(r);
+        assert_eq!(clean.error.as_deref(), Some("bad"));
+        let Some(Output::BmcInspect(i)) = clean.output else {
+            panic!("the output's kind changed")
+        };
+        assert_eq!(i.serial.as_deref(), Some("SIM01"));
     }
 }

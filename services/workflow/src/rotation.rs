@@ -8,37 +8,30 @@
 //! nothing. Nothing here can open a credential.
 
 use base64::Engine as _;
-use bcm_bus::messages::{self, CommandResult, RotationOutcome};
+use bcm_contracts::commands::SealedValue;
+use bcm_contracts::events::RotationOutcome;
+use bcm_contracts::outputs::{RotationReport, RotationStep};
+use bcm_contracts::{CommandResult, Output};
 use bcm_db::outbox::NewOutboxMessage;
 use bcm_db::secrets::SealedSecretRow;
 use bcm_db::{DbError, Tx};
-use serde::Deserialize;
 
 use crate::engine::Ctx;
 
-/// The sealed credentials a committed rotation returns.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SealedWire {
-    key_id: String,
-    nonce: String,
-    ciphertext: String,
-    owner: String,
-}
-
-fn sealed_row(output: &serde_json::Value, node_id: &str) -> Option<SealedSecretRow> {
-    let w: SealedWire = serde_json::from_value(output.get("sealedCredentials")?.clone()).ok()?;
+/// The new credentials a committed rotation returned, as a secret row to
+/// store; `None` when they are not the node's or not decodable.
+fn sealed_row(w: &SealedValue, node_id: &str) -> Option<SealedSecretRow> {
     if w.owner != node_id || w.key_id.is_empty() {
         return None;
     }
     let b64 = base64::engine::general_purpose::STANDARD;
     Some(SealedSecretRow {
         id: format!("sec_{}", ulid::Ulid::new().to_string().to_lowercase()),
-        owner: w.owner,
+        owner: w.owner.clone(),
         purpose: "bmc-credentials".to_owned(),
-        key_id: w.key_id,
-        nonce: b64.decode(w.nonce).ok()?,
-        ciphertext: b64.decode(w.ciphertext).ok()?,
+        key_id: w.key_id.clone(),
+        nonce: b64.decode(&w.nonce).ok()?,
+        ciphertext: b64.decode(&w.ciphertext).ok()?,
     })
 }
 
@@ -61,23 +54,30 @@ pub async fn finish(
     let mut next = node.clone();
     next.bmc_rotation_command_id = None;
     let mut forget: Vec<String> = vec![];
-    let said = r.output.get("outcome").and_then(|o| o.as_str());
+    let report = match &r.output {
+        Some(Output::BmcRotateCredentials(report)) => Some(report),
+        _ => None,
+    };
+    let said = report.map(|p| p.outcome);
+    let sealed = report.and_then(|p: &RotationReport| p.sealed_credentials.as_ref());
     let (outcome, error) = match (r.ok, said) {
-        (true, Some("committed")) => match sealed_row(&r.output, node_id) {
-            Some(row) => {
-                bcm_db::secrets::secret_insert_in_txn(tx, &row).await?;
-                forget.extend(node.bmc_secret_id.clone());
-                forget.extend(node.bmc_pending_secret_id.clone());
-                next.bmc_secret_id = Some(row.id);
-                next.bmc_pending_secret_id = None;
-                (RotationOutcome::Committed, None)
+        (true, Some(RotationStep::Committed)) => {
+            match sealed.and_then(|w| sealed_row(w, node_id)) {
+                Some(row) => {
+                    bcm_db::secrets::secret_insert_in_txn(tx, &row).await?;
+                    forget.extend(node.bmc_secret_id.clone());
+                    forget.extend(node.bmc_pending_secret_id.clone());
+                    next.bmc_secret_id = Some(row.id);
+                    next.bmc_pending_secret_id = None;
+                    (RotationOutcome::Committed, None)
+                }
+                None => (
+                    RotationOutcome::Unresolved,
+                    Some("the rotation's result carried no usable sealed credentials".to_owned()),
+                ),
             }
-            None => (
-                RotationOutcome::Unresolved,
-                Some("the rotation's result carried no usable sealed credentials".to_owned()),
-            ),
-        },
-        (false, Some("rolled-back")) => {
+        }
+        (false, Some(RotationStep::RolledBack)) => {
             forget.extend(node.bmc_pending_secret_id.clone());
             next.bmc_pending_secret_id = None;
             (RotationOutcome::RolledBack, r.error.clone())
@@ -99,8 +99,8 @@ pub async fn finish(
     events.push(bcm_metal::outbox::event(
         ctx.bus.subjects(),
         &next,
-        messages::types::NODE_CREDENTIALS_ROTATION,
-        messages::NodeCredentialsRotation {
+        bcm_contracts::events::types::NODE_CREDENTIALS_ROTATION,
+        bcm_contracts::events::NodeCredentialsRotation {
             node_id: next.id,
             tenant_id: next.tenant_id.clone(),
             outcome,

@@ -1,18 +1,20 @@
 //! The bus: NATS JetStream for events, work and commands.
 //!
 //! This crate owns every subject string ([`subjects`]), every stream
-//! configuration ([`streams`]), the CloudEvents envelope and the closed set
-//! of message types ([`messages`]), and W3C trace-context propagation
-//! through NATS headers. No other crate spells a subject.
+//! configuration ([`streams`]), the AsyncAPI document of the subjects
+//! ([`asyncapi`]), and W3C trace-context propagation through NATS headers.
+//! No other crate spells a subject. The messages themselves are
+//! `bcm-contracts`' types.
 
-pub mod contracts;
-pub mod messages;
+pub mod asyncapi;
+pub mod consumer;
 pub mod outgoing;
 pub mod streams;
 pub mod subjects;
 
 use async_nats::jetstream;
 use async_nats::HeaderMap;
+use bcm_contracts::{CloudEvent, CommandEnvelope, CommandResult};
 use bytes::Bytes;
 
 pub use async_nats::connection::State as ConnectionState;
@@ -122,14 +124,14 @@ impl Bus {
     /// JetStream stored it: only then may the executor ack the command.
     pub async fn publish_result(
         &self,
-        cmd: &messages::CommandEnvelope,
-        result: messages::CommandResult,
+        cmd: &CommandEnvelope,
+        result: CommandResult,
     ) -> Result<(), BusError> {
         let subject = self.subjects().result(&cmd.site_id, &cmd.command_id);
         let id = format!("result-{}", cmd.command_id);
-        let event = messages::CloudEvent::new(
+        let event = CloudEvent::new(
             id.clone(),
-            messages::types::COMMAND_RESULT.to_owned(),
+            bcm_contracts::events::types::COMMAND_RESULT.to_owned(),
             cmd.node_id.map(|n| n.to_string()),
             None,
             result,

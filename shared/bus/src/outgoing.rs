@@ -4,8 +4,10 @@
 
 use serde::Serialize;
 
-use crate::messages::{self, CloudEvent, ReconcileRequest};
 use crate::Subjects;
+use bcm_contracts::events::types;
+use bcm_contracts::work::ReconcileRequest;
+use bcm_contracts::{CloudEvent, CommandEnvelope};
 use bcm_core::{NodeId, ProvisionState, TenantId};
 
 /// A message to commit with a change.
@@ -62,7 +64,7 @@ pub fn reconcile(subjects: &Subjects, about: About<'_>, reason: &str) -> Outgoin
     build(
         subjects.reconcile(about.node),
         about,
-        messages::types::WORK_RECONCILE,
+        types::WORK_RECONCILE,
         ReconcileRequest {
             node_id: *about.node,
             version: about.version,
@@ -72,16 +74,16 @@ pub fn reconcile(subjects: &Subjects, about: About<'_>, reason: &str) -> Outgoin
 }
 
 /// A command to the node's site.
-pub fn command(subjects: &Subjects, about: About<'_>, cmd: &messages::CommandEnvelope) -> Outgoing {
+pub fn command(subjects: &Subjects, about: About<'_>, cmd: &CommandEnvelope) -> Outgoing {
     build(
-        subjects.command(&cmd.site_id, &cmd.kind),
+        subjects.command(&cmd.site_id, cmd.kind().as_str()),
         about,
-        &messages::types::command(&cmd.kind),
+        &types::command(cmd.kind()),
         cmd.clone(),
     )
 }
 
 /// The `node.provision.<state>` type for a state.
 pub fn provision_type(state: ProvisionState) -> String {
-    messages::types::node_provision(state)
+    types::node_provision(state)
 }

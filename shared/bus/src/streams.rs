@@ -35,6 +35,12 @@ pub fn config(bus_subjects: &crate::Subjects, kind: StreamKind) -> Config {
             max_age: Duration::from_secs(7 * 24 * 3600),
             ..base
         },
+        StreamKind::DeadLetter => Config {
+            retention: RetentionPolicy::Limits,
+            max_age: Duration::from_secs(30 * 24 * 3600),
+            discard: DiscardPolicy::Old,
+            ..base
+        },
     }
 }
 

@@ -18,15 +18,19 @@ pub enum StreamKind {
     Commands,
     /// Results of commands.
     Results,
+    /// Messages durable consumers gave up on (`dlq.<consumer>`): limits
+    /// retention, for an operator to read.
+    DeadLetter,
 }
 
 impl StreamKind {
     /// Every stream.
-    pub const ALL: [StreamKind; 4] = [
+    pub const ALL: [StreamKind; 5] = [
         StreamKind::Events,
         StreamKind::Work,
         StreamKind::Commands,
         StreamKind::Results,
+        StreamKind::DeadLetter,
     ];
 
     const fn base_name(self) -> &'static str {
@@ -35,6 +39,7 @@ impl StreamKind {
             StreamKind::Work => "WORK",
             StreamKind::Commands => "COMMANDS",
             StreamKind::Results => "RESULTS",
+            StreamKind::DeadLetter => "DEADLETTER",
         }
     }
 
@@ -44,6 +49,7 @@ impl StreamKind {
             StreamKind::Work => "work",
             StreamKind::Commands => "cmd",
             StreamKind::Results => "result",
+            StreamKind::DeadLetter => "dlq",
         }
     }
 }
@@ -178,6 +184,11 @@ impl Subjects {
     /// The result of a command.
     pub fn result(&self, site: &SiteId, command: &str) -> String {
         self.p(format!("result.{site}.{command}"))
+    }
+
+    /// Where the durable consumer `consumer` puts what it gave up on.
+    pub fn dead_letter(&self, consumer: &str) -> String {
+        self.p(format!("dlq.{consumer}"))
     }
 }
 

@@ -9,7 +9,9 @@ use crate::BmcDriver;
 /// How the bmc service checks a Redfish BMC's TLS certificate, per node.
 /// Without one, the service's own setting applies (system roots, its CA, or
 /// insecure when its configuration says so).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, schemars::JsonSchema,
+)]
 #[serde(tag = "mode", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum BmcTls {
     /// Verify the chain against this CA (PEM) instead of the system roots.

@@ -64,3 +64,30 @@ pub async fn stats_refresh(db: &crate::Db) -> Result<(), DbError> {
         .await?;
     Ok(())
 }
+
+/// Runs `sql` as it is (several statements allowed). For harnesses that
+/// damage or shape a throwaway database on purpose; nothing a service runs
+/// calls it.
+pub async fn execute_raw(db: &crate::Db, sql: &str) -> Result<(), DbError> {
+    sqlx::raw_sql(sql).execute(db.pool()).await?;
+    Ok(())
+}
+
+/// The tables of the public schema, sorted.
+pub async fn tables(db: &crate::Db) -> Result<Vec<String>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1",
+    )
+    .fetch_all(db.pool())
+    .await?)
+}
+
+/// The columns of `table`, sorted.
+pub async fn columns(db: &crate::Db, table: &str) -> Result<Vec<String>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT column_name::text FROM information_schema.columns WHERE table_schema = 'public' AND table_name = $1 ORDER BY 1",
+    )
+    .bind(table)
+    .fetch_all(db.pool())
+    .await?)
+}

@@ -2,6 +2,7 @@
 //! key of (workflow, step, attempt), so a restarted engine never sends it
 //! twice and executors dedupe by command id.
 
+use bcm_core::workflow::CommandStatus;
 use chrono::{DateTime, Utc};
 
 use crate::{Db, DbError, Tx};
@@ -30,7 +31,9 @@ pub struct CommandRow {
     pub kind: String,
     pub target: String,
     pub params: serde_json::Value,
-    pub status: String,
+    /// An unknown stored status fails the read ([`DbError::Corrupt`]).
+    #[sqlx(try_from = "String")]
+    pub status: CommandStatus,
     pub result: Option<serde_json::Value>,
     pub signature: Option<Vec<u8>>,
     /// The certificate serial the attestation service verified the
@@ -179,11 +182,19 @@ pub async fn command_complete_returning_in_txn(
     ))
     .bind(id)
     .bind(node_id)
-    .bind(if succeeded { "succeeded" } else { "failed" })
+    .bind(done_status(succeeded))
     .bind(result)
     .bind(signature)
     .fetch_optional(&mut **tx)
     .await?)
+}
+
+fn done_status(succeeded: bool) -> &'static str {
+    if succeeded {
+        CommandStatus::Succeeded.as_str()
+    } else {
+        CommandStatus::Failed.as_str()
+    }
 }
 
 /// Records that a command's signature verified against certificate `serial`.
@@ -236,7 +247,7 @@ pub async fn command_complete_in_txn(
          WHERE id = $1 AND status IN ('pending', 'sent') RETURNING workflow_id, step_idx, kind, node_id",
     )
     .bind(id)
-    .bind(if succeeded { "succeeded" } else { "failed" })
+    .bind(done_status(succeeded))
     .bind(result)
     .bind(signature)
     .fetch_optional(&mut **tx)
@@ -252,13 +263,17 @@ pub async fn command_complete_in_txn(
 #[derive(Debug, Clone)]
 pub struct NewResult<'a> {
     pub command_id: &'a str,
+    /// The kind the result says it answers: a command of another kind is
+    /// left alone.
+    pub kind: &'a str,
     pub succeeded: bool,
     pub result: serde_json::Value,
 }
 
 /// Records unsigned results (a site service's) once each, in one round
 /// trip; returns the commands that had none yet, with their command id (a
-/// redelivered result changes nothing and is left out).
+/// redelivered result, or one whose kind is not its command's, changes
+/// nothing and is left out).
 pub async fn commands_complete_many_in_txn(
     tx: &mut Tx<'_>,
     results: &[NewResult<'_>],
@@ -275,20 +290,19 @@ pub async fn commands_complete_many_in_txn(
         return Ok(vec![]);
     }
     let ids: Vec<&str> = results.iter().map(|r| r.command_id).collect();
-    let status: Vec<&str> = results
-        .iter()
-        .map(|r| if r.succeeded { "succeeded" } else { "failed" })
-        .collect();
+    let kinds: Vec<&str> = results.iter().map(|r| r.kind).collect();
+    let status: Vec<&str> = results.iter().map(|r| done_status(r.succeeded)).collect();
     let bodies: Vec<&serde_json::Value> = results.iter().map(|r| &r.result).collect();
     let rows: Vec<Done> = sqlx::query_as(
         "UPDATE commands c SET status = t.status, result = t.result, completed_at = now() \
-         FROM (SELECT DISTINCT ON (id) id, status, result FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS u(id, status, result)) AS t \
-         WHERE c.id = t.id AND c.status IN ('pending', 'sent') \
+         FROM (SELECT DISTINCT ON (id) id, kind, status, result FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[]) AS u(id, status, result, kind)) AS t \
+         WHERE c.id = t.id AND c.kind = t.kind AND c.status IN ('pending', 'sent') \
          RETURNING c.id, c.workflow_id, c.step_idx, c.kind, c.node_id",
     )
     .bind(&ids)
     .bind(&status)
     .bind(&bodies)
+    .bind(&kinds)
     .fetch_all(&mut **tx)
     .await?;
     Ok(rows
@@ -304,6 +318,22 @@ pub async fn commands_complete_many_in_txn(
             )
         })
         .collect())
+}
+
+/// The kind of each command of `ids` that exists: `(id, kind)`.
+pub async fn command_kinds_in_txn(
+    tx: &mut Tx<'_>,
+    ids: &[String],
+) -> Result<Vec<(String, String)>, DbError> {
+    if ids.is_empty() {
+        return Ok(vec![]);
+    }
+    Ok(
+        sqlx::query_as("SELECT id, kind FROM commands WHERE id = ANY($1)")
+            .bind(ids)
+            .fetch_all(&mut **tx)
+            .await?,
+    )
 }
 
 /// Hands the pending ramdisk commands of a node to its agent, marking them

@@ -39,15 +39,21 @@ pub async fn deploy_profile_fetch_in_txn(
     tenant: &str,
     id: &str,
     version: i32,
-) -> Result<Option<serde_json::Value>, DbError> {
-    Ok(sqlx::query_scalar(
+) -> Result<Option<bcm_core::deploy::DeployProfile>, DbError> {
+    let stored: Option<serde_json::Value> = sqlx::query_scalar(
         "SELECT definition FROM deploy_profiles WHERE tenant_id = $1 AND id = $2 AND version = $3",
     )
     .bind(tenant)
     .bind(id)
     .bind(version)
     .fetch_optional(&mut **tx)
-    .await?)
+    .await?;
+    stored
+        .map(|v| {
+            serde_json::from_value(v)
+                .map_err(|e| DbError::Corrupt(format!("deploy profile {id} v{version}: {e}")))
+        })
+        .transpose()
 }
 
 /// Every profile version of a tenant, by id then version.

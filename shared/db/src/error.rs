@@ -31,8 +31,13 @@ pub enum DbError {
 
 impl From<sqlx::Error> for DbError {
     fn from(e: sqlx::Error) -> Self {
-        if let sqlx::Error::RowNotFound = e {
-            return DbError::NotFound;
+        match &e {
+            sqlx::Error::RowNotFound => return DbError::NotFound,
+            // A stored value this code cannot read (an unknown status).
+            sqlx::Error::ColumnDecode { index, source } => {
+                return DbError::Corrupt(format!("column {index}: {source}"))
+            }
+            _ => {}
         }
         if let Some(db) = e.as_database_error() {
             let constraint = db.constraint().unwrap_or_default().to_owned();

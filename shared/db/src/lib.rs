@@ -32,6 +32,57 @@ pub type Tx<'a> = Transaction<'a, Postgres>;
 /// The migrations embedded in every binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// A migration that was changed after it landed (migrations are
+/// append-only now; `tests/migrations.rs` holds every landed one to its
+/// checksum): `(version, SHA-384 of the text that landed first, the
+/// statement that brings a database that ran it to the current text)`.
+/// Such a database has its recorded checksum updated after the statement
+/// ran, in one transaction, so sqlx accepts it.
+pub const EDITED_MIGRATIONS: &[(i64, &str, &str)] = &[(
+    7,
+    "82f0a3662fde2a5a4ece4464525dc5faa6ed0183f13f202fdf3896c771bd0209a41185f4ace2f58362a5f4eac8fce321",
+    "ALTER TABLE pools ADD COLUMN IF NOT EXISTS accept_unsupported_diag BOOLEAN NOT NULL DEFAULT false",
+)];
+
+async fn repair_edited_migrations(pool: &PgPool) -> Result<(), DbError> {
+    let applied: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if !applied {
+        return Ok(());
+    }
+    for (version, first, repair) in EDITED_MIGRATIONS {
+        let Some(now) = MIGRATOR.iter().find(|m| m.version == *version) else {
+            continue;
+        };
+        let mut tx = pool.begin().await?;
+        let recorded: Option<Vec<u8>> = sqlx::query_scalar(
+            "SELECT checksum FROM _sqlx_migrations WHERE version = $1 FOR UPDATE",
+        )
+        .bind(version)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if recorded.as_deref().map(hex_of).as_deref() == Some(*first) {
+            sqlx::query(repair).execute(&mut *tx).await?;
+            sqlx::query("UPDATE _sqlx_migrations SET checksum = $2 WHERE version = $1")
+                .bind(version)
+                .bind(now.checksum.as_ref())
+                .execute(&mut *tx)
+                .await?;
+            tracing::warn!(
+                version,
+                "repaired a database that ran migration {version} before it was edited"
+            );
+        }
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+fn hex_of(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// The record: a pool of connections to one Postgres database.
 #[derive(Clone, Debug)]
 pub struct Db {
@@ -51,8 +102,11 @@ impl Db {
     }
 
     /// Applies every pending migration. Safe to run from several processes
-    /// at once (sqlx takes an advisory lock).
+    /// at once (sqlx takes an advisory lock). A database that applied a
+    /// migration which was edited after it landed is repaired first
+    /// ([`EDITED_MIGRATIONS`]).
     pub async fn migrate(&self) -> Result<(), DbError> {
+        repair_edited_migrations(&self.pool).await?;
         MIGRATOR
             .run(&self.pool)
             .await

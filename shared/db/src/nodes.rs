@@ -37,14 +37,61 @@ pub struct Node {
     pub macs: Vec<String>,
     pub hardware_profile: String,
     pub workflow_id: Option<WorkflowId>,
-    /// The profile a `deploy` asked for (id, version, user data inputs).
-    pub deploy_profile: Option<serde_json::Value>,
+    /// The profile version a `deploy` asked for, as it was then (versions
+    /// are immutable).
+    pub deploy_profile: Option<bcm_core::deploy::DeployProfile>,
     /// The wipe mode of the current release.
     pub release_wipe: Option<WipeMode>,
     pub unrescue_pending: bool,
     pub version: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+impl Node {
+    /// A node as it is first stored (version 1): where it belongs, the
+    /// state it starts in and its BMC; no workflow, no credentials, power
+    /// unknown. Enroll and adopt set what else they know on the result.
+    #[allow(clippy::too_many_arguments)]
+    pub fn first(
+        id: NodeId,
+        tenant_id: TenantId,
+        pool_id: PoolId,
+        site_id: SiteId,
+        provision_state: ProvisionState,
+        bmc_driver: BmcDriver,
+        bmc_address: String,
+        hardware_profile: String,
+    ) -> Node {
+        let now = Utc::now();
+        Node {
+            id,
+            tenant_id,
+            pool_id,
+            site_id,
+            provision_state,
+            failed_from: None,
+            last_error: None,
+            maintenance: false,
+            power: PowerState::Unknown,
+            role: None,
+            bmc_driver,
+            bmc_address,
+            bmc_secret_id: None,
+            bmc_tls: None,
+            bmc_pending_secret_id: None,
+            bmc_rotation_command_id: None,
+            macs: vec![],
+            hardware_profile,
+            workflow_id: None,
+            deploy_profile: None,
+            release_wipe: None,
+            unrescue_pending: false,
+            version: 1,
+            created_at: now,
+            updated_at: now,
+        }
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -127,7 +174,13 @@ impl TryFrom<NodeRow> for Node {
                 .as_deref()
                 .map(|w| w.parse().map_err(|_| corrupt("workflow id", w)))
                 .transpose()?,
-            deploy_profile: r.deploy_profile,
+            deploy_profile: r
+                .deploy_profile
+                .map(|v| {
+                    serde_json::from_value(v.clone())
+                        .map_err(|e| corrupt("deploy profile", &e.to_string()))
+                })
+                .transpose()?,
             release_wipe: r
                 .release_wipe
                 .as_deref()
@@ -219,7 +272,11 @@ pub async fn node_update_guarded_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<i64
     .bind(&n.bmc_secret_id)
     .bind(&n.macs)
     .bind(n.workflow_id.map(|w| w.to_string()))
-    .bind(&n.deploy_profile)
+    .bind(
+        n.deploy_profile
+            .as_ref()
+            .and_then(|p| serde_json::to_value(p).ok()),
+    )
     .bind(n.release_wipe.map(|w| w.as_str()))
     .bind(n.unrescue_pending)
     .bind(n.version)

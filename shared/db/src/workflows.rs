@@ -3,6 +3,7 @@
 //! handled by one of them at a time; every change is persisted before the
 //! next step runs, so a restarted engine resumes where the last one stopped.
 
+use bcm_core::workflow::{StepStatus, WorkflowPhase};
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgListener;
 
@@ -44,7 +45,9 @@ pub struct WorkflowRow {
     pub profile_version: i32,
     pub for_state: String,
     pub for_version: i64,
-    pub status: String,
+    /// An unknown stored status fails the read ([`DbError::Corrupt`]).
+    #[sqlx(try_from = "String")]
+    pub status: WorkflowPhase,
     pub error: Option<String>,
     pub cancel_requested: bool,
     pub wipe_verified: bool,
@@ -60,7 +63,10 @@ pub struct StepRow {
     pub name: String,
     pub target: String,
     pub cleanup: bool,
-    pub status: String,
+    /// An unknown stored status fails the read ([`DbError::Corrupt`]):
+    /// read as `pending` it would run the step again.
+    #[sqlx(try_from = "String")]
+    pub status: StepStatus,
     pub attempt: i32,
     pub output: Option<serde_json::Value>,
     pub error: Option<String>,
@@ -422,13 +428,16 @@ pub async fn steps_wake_for_node_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Resul
 }
 
 /// Status of a workflow, or `None` when it does not exist.
-pub async fn workflow_status_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<Option<String>, DbError> {
-    Ok(
-        sqlx::query_scalar("SELECT status FROM workflows WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut **tx)
-            .await?,
-    )
+pub async fn workflow_status_in_txn(
+    tx: &mut Tx<'_>,
+    id: &str,
+) -> Result<Option<WorkflowPhase>, DbError> {
+    let s: Option<String> = sqlx::query_scalar("SELECT status FROM workflows WHERE id = $1")
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    s.map(|s| WorkflowPhase::try_from(s).map_err(|e| DbError::Corrupt(e.to_string())))
+        .transpose()
 }
 
 /// Wakes engines when a step becomes due.

@@ -1,60 +1,56 @@
-//! The `bmc` parameters every BMC command carries: driver, address and the
-//! node's credentials still sealed (only the bmc service opens them).
+//! The BMC a command acts on, as every `bmc.*` command carries it (driver,
+//! address, TLS policy, the node's credentials still sealed: only the bmc
+//! service opens them), and one-leaf BMC commands outside workflows
+//! (`metal.power`, the power sync, a password rotation).
 
 use base64::Engine as _;
+use bcm_contracts::commands::{BmcTarget, Command, SealedValue};
+use bcm_contracts::CommandEnvelope;
 use bcm_db::nodes::Node;
 use bcm_db::{DbError, Tx};
-use serde_json::{json, Value};
 
-/// `{"driver", "address", "tls": BmcTls | null, "sealedCredentials": {keyId, nonce, ciphertext, owner} | null}`.
-pub async fn params_in_txn(tx: &mut Tx<'_>, node: &Node) -> Result<Value, DbError> {
-    let sealed = match &node.bmc_secret_id {
-        Some(id) => sealed_in_txn(tx, id).await?,
-        None => Value::Null,
+/// The node's BMC as a command carries it.
+pub async fn target_in_txn(tx: &mut Tx<'_>, node: &Node) -> Result<BmcTarget, DbError> {
+    let sealed_credentials = match &node.bmc_secret_id {
+        Some(id) => Some(sealed_in_txn(tx, id).await?),
+        None => None,
     };
-    Ok(json!({
-        "driver": node.bmc_driver,
-        "address": node.bmc_address,
-        "tls": node.bmc_tls,
-        "sealedCredentials": sealed,
-    }))
+    Ok(BmcTarget {
+        driver: node.bmc_driver,
+        address: node.bmc_address.clone(),
+        tls: node.bmc_tls.clone(),
+        sealed_credentials,
+    })
 }
 
-/// A stored sealed value as command parameters carry it:
-/// `{keyId, nonce, ciphertext, owner}` (binary fields in base64).
-pub async fn sealed_in_txn(tx: &mut Tx<'_>, secret_id: &str) -> Result<Value, DbError> {
+/// A stored sealed value as a command carries it (binary fields in base64).
+pub async fn sealed_in_txn(tx: &mut Tx<'_>, secret_id: &str) -> Result<SealedValue, DbError> {
     let s = bcm_db::secrets::secret_fetch_in_txn(tx, secret_id).await?;
     let b64 = base64::engine::general_purpose::STANDARD;
-    Ok(
-        json!({ "keyId": s.key_id, "nonce": b64.encode(&s.nonce), "ciphertext": b64.encode(&s.ciphertext), "owner": s.owner }),
-    )
+    Ok(SealedValue {
+        key_id: s.key_id,
+        nonce: b64.encode(&s.nonce),
+        ciphertext: b64.encode(&s.ciphertext),
+        owner: s.owner,
+    })
 }
 
 /// Records a one-leaf BMC command for `node` (not part of a workflow) and
 /// returns it with its outbox message, for the caller's transaction: the
 /// row exists before the command is sent, and only if the caller commits.
-/// `params` gets the node's `bmc` parameters added.
+/// `command` builds the command from the node's BMC.
 pub async fn leaf_command_in_txn(
     tx: &mut Tx<'_>,
     subjects: &bcm_bus::Subjects,
     node: &Node,
-    kind: &str,
     purpose: &str,
-    mut params: serde_json::Map<String, Value>,
-) -> Result<
-    (
-        bcm_bus::messages::CommandEnvelope,
-        bcm_db::outbox::NewOutboxMessage,
-    ),
-    DbError,
-> {
-    params.insert("bmc".into(), params_in_txn(tx, node).await?);
-    let cmd = bcm_bus::messages::CommandEnvelope {
+    command: impl FnOnce(BmcTarget) -> Command,
+) -> Result<(CommandEnvelope, bcm_db::outbox::NewOutboxMessage), DbError> {
+    let cmd = CommandEnvelope {
         command_id: bcm_core::CommandId::generate().to_string(),
-        kind: kind.to_owned(),
         site_id: node.site_id.clone(),
         node_id: Some(node.id),
-        params: Value::Object(params),
+        command: command(target_in_txn(tx, node).await?),
         issued_at: chrono::Utc::now(),
     };
     bcm_db::commands::command_insert_in_txn(
@@ -67,9 +63,9 @@ pub async fn leaf_command_in_txn(
             attempt: 1,
             node_id: Some(node.id.to_string()),
             site_id: Some(node.site_id.to_string()),
-            kind: cmd.kind.clone(),
+            kind: cmd.kind().as_str().to_owned(),
             target: "site".to_owned(),
-            params: cmd.params.clone(),
+            params: cmd.command.params_json(),
         },
     )
     .await?;

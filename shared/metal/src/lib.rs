@@ -2,11 +2,14 @@
 //! reconciler so a move is committed the same way wherever it is decided:
 //! the node's guarded update, its authorization projection and its outbox
 //! rows in the caller's transaction ([`moves`]); the start of a state's
-//! workflow ([`workflows`]); outbox row building ([`outbox`]).
+//! workflow ([`workflows`]); outbox row building ([`outbox`]); the BMC a
+//! command acts on and one-leaf BMC commands ([`bmc`]); join tokens and
+//! revocation ([`identity`]).
 //!
 //! Legality stays in `bcm-core`; SQL stays in `bcm-db`; subjects in `bcm-bus`.
 
 pub mod bmc;
+pub mod identity;
 pub mod moves;
 pub mod outbox;
 pub mod workflows;

@@ -2,7 +2,7 @@
 //! stored by `bcm_db::outbox` in the verb's transaction.
 
 use bcm_bus::outgoing::{self, About, Outgoing};
-use bcm_bus::{messages, Subjects};
+use bcm_bus::Subjects;
 use bcm_db::nodes::Node;
 use bcm_db::outbox::NewOutboxMessage;
 use serde::Serialize;
@@ -42,8 +42,8 @@ pub fn created(subjects: &Subjects, node: &Node, move_name: &str) -> Vec<NewOutb
     let enrolled = event(
         subjects,
         node,
-        messages::types::NODE_ENROLLED,
-        messages::NodeEnrolled {
+        bcm_contracts::events::types::NODE_ENROLLED,
+        bcm_contracts::events::NodeEnrolled {
             node_id: node.id,
             tenant_id: node.tenant_id.clone(),
             pool_id: node.pool_id.clone(),
@@ -72,7 +72,7 @@ pub fn provision_event(
         subjects,
         node,
         &outgoing::provision_type(node.provision_state),
-        messages::NodeProvisionChanged {
+        bcm_contracts::events::NodeProvisionChanged {
             node_id: node.id,
             tenant_id: node.tenant_id.clone(),
             pool_id: node.pool_id.clone(),
@@ -97,7 +97,7 @@ pub fn reconcile(subjects: &Subjects, node: &Node, reason: &str) -> NewOutboxMes
 pub fn command(
     subjects: &Subjects,
     node: &Node,
-    cmd: &messages::CommandEnvelope,
+    cmd: &bcm_contracts::CommandEnvelope,
 ) -> NewOutboxMessage {
     row(outgoing::command(subjects, about(node), cmd))
 }

@@ -3,8 +3,8 @@
 //! caller's transaction. The unique index on (node, state, version) means a
 //! node state entry never gets two workflows, whoever races.
 
-use bcm_bus::messages::{self, NodeWorkflowStarted};
 use bcm_bus::Subjects;
+use bcm_contracts::events::NodeWorkflowStarted;
 use bcm_core::workflow::Profile;
 use bcm_core::WorkflowId;
 use bcm_db::nodes::{self, Node};
@@ -58,7 +58,7 @@ pub async fn start_in_txn(
     let started = outbox::event(
         subjects,
         &next,
-        messages::types::NODE_PROVISION_WORKFLOW,
+        bcm_contracts::events::types::NODE_PROVISION_WORKFLOW,
         NodeWorkflowStarted {
             node_id: next.id,
             tenant_id: next.tenant_id.clone(),

@@ -4,15 +4,22 @@
 //! provisioned token from user data, heartbeat with role `node`).
 
 use base64::Engine as _;
-use bcm_bus::messages::{AgentCommand, AgentResult, Heartbeat, JoinRequest, JoinResponse};
+use bcm_contracts::agent::{
+    AgentCommand, AgentResult, AgentRole, Heartbeat, JoinRequest, JoinResponse,
+};
+use bcm_contracts::commands::Command;
+use bcm_contracts::outputs::{
+    CheckedRegion, DcgmReport, DcgmStatus, DeployReport, DiskInfo, DiskWipe, Inventory, NicInfo,
+    Region, SeedReport, SystemInfo, Transport, WipeOutcome, WipeReport,
+};
+use bcm_contracts::{CommandKind, Output};
 use ed25519_dalek::{Signer, SigningKey};
-use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::site::Machines;
-use crate::{Fault, Faults, SimConfig};
+use crate::{Fault, Faults, SimConfig, SimError};
 
 /// The boot parameters a ramdisk reads from `/proc/cmdline`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,27 +49,31 @@ async fn join(
     api: &str,
     token: &str,
     key: &SigningKey,
-    role: &str,
-) -> anyhow::Result<JoinResponse> {
+    role: AgentRole,
+) -> Result<JoinResponse, SimError> {
     let req = JoinRequest {
         token: token.to_owned(),
-        csr: bcm_pki::csr_pem(key, role)?,
-        role: role.to_owned(),
+        csr: bcm_pki::csr_pem(key, role.as_str())
+            .map_err(|e| SimError::JoinRefused(e.to_string()))?,
+        role,
         hostname: None,
     };
     let res = http
         .post(format!("{api}/api/agent/join"))
         .json(&req)
         .send()
-        .await?;
+        .await
+        .map_err(|e| SimError::Unreachable(e.to_string()))?;
     if !res.status().is_success() {
-        anyhow::bail!(
-            "join refused: {} {}",
+        return Err(SimError::JoinRefused(format!(
+            "{} {}",
             res.status(),
             res.text().await.unwrap_or_default()
-        );
+        )));
     }
-    Ok(res.json().await?)
+    res.json()
+        .await
+        .map_err(|e| SimError::JoinRefused(format!("malformed answer: {e}")))
 }
 
 /// Runs the ramdisk agent of the machine at `address` until `stop`.
@@ -83,7 +94,7 @@ pub async fn ramdisk(
         return external_ramdisk(&command, &address, &boot, stop).await;
     }
     let key = SigningKey::generate(&mut rand::rngs::OsRng);
-    let session = match join(&http, &boot.api, &boot.join, &key, "ramdisk").await {
+    let session = match join(&http, &boot.api, &boot.join, &key, AgentRole::Ramdisk).await {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(%address, error = %e, "sim ramdisk: join failed");
@@ -107,14 +118,18 @@ pub async fn ramdisk(
             if cfg.latency_ms > 0 {
                 tokio::time::sleep(Duration::from_millis(cfg.latency_ms)).await;
             }
-            let (ok, output, error) = execute(&faults, &machines, &address, &boot, &cmd);
-            let unsigned = cmd.kind == "disk.wipe" && faults.has(&address, Fault::UnsignedWipe);
+            let (ok, output, error) = match execute(&faults, &machines, &address, &boot, &cmd) {
+                Ok(output) => (true, output.to_json(), None),
+                Err(e) => (false, serde_json::json!({}), Some(e)),
+            };
+            let unsigned =
+                cmd.kind == CommandKind::DiskWipe && faults.has(&address, Fault::UnsignedWipe);
             let finished_at = chrono::Utc::now();
             let signature = (!unsigned).then(|| {
                 let input = bcm_pki::signing_input(&bcm_pki::SignedFacts {
                     command_id: &cmd.command_id,
                     node_id: &boot.node,
-                    kind: &cmd.kind,
+                    kind: cmd.kind.as_str(),
                     params: &cmd.params,
                     issued_at: cmd.issued_at,
                     ok,
@@ -185,73 +200,131 @@ async fn external_ramdisk(
     }
 }
 
+/// What the simulated ramdisk does with a command: the output the real
+/// `bcd` would report, or why it failed.
 fn execute(
     faults: &Faults,
     machines: &Machines,
     address: &str,
     boot: &BootParams,
     cmd: &AgentCommand,
-) -> (bool, Value, Option<String>) {
+) -> Result<Output, String> {
     let serial = format!("SIM{:08X}", crate::site::fnv(address));
-    match cmd.kind.as_str() {
-        "inventory" => (
-            true,
-            json!({
-                "sim": true,
-                "system": { "vendor": "Better Compute Sim", "model": "sim-1", "serial": serial, "uuid": boot.node },
-                "cpus": 64,
-                "memoryMiB": 524_288,
-                "disks": [{ "name": "nvme0n1", "serial": format!("{serial}-D0"), "sizeBytes": 3_840_755_982_336u64, "rotational": false, "transport": "nvme" }],
-                "nics": [{ "mac": crate::site::mac_of(address), "link": "up" }],
-            }),
-            None,
-        ),
-        "diag.dcgm" => (
-            true,
-            json!({ "sim": true, "status": "pass", "level": cmd.params.get("level") }),
-            None,
-        ),
-        "disk.wipe" => {
-            let method = cmd.params.get("mode").cloned().unwrap_or(Value::Null);
+    let disk = DiskInfo {
+        name: "nvme0n1".to_owned(),
+        path: "/dev/nvme0n1".to_owned(),
+        size_bytes: 3_840_755_982_336,
+        model: "Better Compute Sim NVMe".to_owned(),
+        serial: format!("{serial}-D0"),
+        rotational: false,
+        transport: Transport::Nvme,
+    };
+    let command = cmd
+        .command()
+        .map_err(|e| format!("the command breaks its contract: {e}"))?;
+    Ok(match command {
+        Command::Inventory(_) => Output::Inventory(Inventory {
+            system: SystemInfo {
+                vendor: Some("Better Compute Sim".to_owned()),
+                model: Some("sim-1".to_owned()),
+                serial: Some(serial),
+                uuid: Some(boot.node.clone()),
+            },
+            cpus: 64,
+            cpu_model: "Better Compute Sim CPU".to_owned(),
+            memory_mib: 524_288,
+            disks: vec![disk],
+            nics: vec![NicInfo {
+                name: "eth0".to_owned(),
+                mac: crate::site::mac_of(address),
+                link: "up".to_owned(),
+                speed_mbps: Some(100_000),
+                driver: Some("sim".to_owned()),
+            }],
+            kernel: None,
+            sim: true,
+        }),
+        Command::DiagDcgm(p) => Output::DiagDcgm(DcgmReport {
+            status: DcgmStatus::Pass,
+            level: p.level,
+            reason: None,
+            exit_code: Some(0),
+            report: None,
+            sim: true,
+        }),
+        Command::DiskWipe(p) => {
             let failed = faults.has(address, Fault::WipeFailsReadBack);
-            (
-                true,
-                json!({
-                    "sim": true,
-                    "disks": [{
-                        "serial": format!("{serial}-D0"),
-                        "method": method,
-                        "verifiedRegions": ["head", "tail", "stripe-1", "stripe-2", "stripe-3"],
-                        "outcome": if failed { "failed" } else { "verified" },
-                    }],
-                }),
-                None,
-            )
+            let head = Region {
+                offset: 0,
+                len: 64 << 20,
+            };
+            let tail = Region {
+                offset: disk.size_bytes - (64 << 20),
+                len: 64 << 20,
+            };
+            let checked = |name: &str, r: Region, ok: bool| CheckedRegion {
+                name: name.to_owned(),
+                offset: r.offset,
+                len: r.len,
+                ok,
+            };
+            Output::DiskWipe(WipeReport {
+                disks: vec![DiskWipe {
+                    name: disk.name,
+                    serial: disk.serial,
+                    model: disk.model,
+                    size_bytes: disk.size_bytes,
+                    transport: disk.transport,
+                    method: p.mode,
+                    wiped_regions: vec![head, tail],
+                    verified_regions: vec![
+                        checked("head", head, true),
+                        checked("tail", tail, !failed),
+                    ],
+                    outcome: if failed {
+                        WipeOutcome::Failed
+                    } else {
+                        WipeOutcome::Verified
+                    },
+                    reason: failed.then(|| "sim: the tail did not read back as zeros".to_owned()),
+                    millis: 0,
+                }],
+                sim: true,
+            })
         }
-        "deploy.image" => {
+        Command::DeployImage(p) => {
             // The installed OS's bcd reads its join parameters from the
             // file the rendered user data writes (/etc/bcd/join.env).
-            let user_data = cmd.params.get("userData").and_then(Value::as_str);
-            match user_data.and_then(join_env) {
-                Some((token, api)) => {
-                    machines.install(address, token, api);
-                    (true, json!({ "sim": true, "written": true }), None)
-                }
-                None => (
-                    false,
-                    json!({}),
-                    Some(
-                        "the user data gives the installed OS no BCD_JOIN_TOKEN and BCD_API".into(),
-                    ),
-                ),
-            }
+            let Some((token, api)) = p.user_data.as_deref().and_then(join_env) else {
+                return Err(
+                    "the user data gives the installed OS no BCD_JOIN_TOKEN and BCD_API".into(),
+                );
+            };
+            let user_data_bytes = p.user_data.as_deref().map_or(0, str::len);
+            machines.install(address, token, api);
+            Output::DeployImage(DeployReport {
+                disk: disk.name,
+                serial: disk.serial,
+                format: p.image.format,
+                image_sha256: p.image.sha256.clone(),
+                bytes_downloaded: 0,
+                virtual_size_bytes: p.image.size_bytes,
+                bytes_written: 0,
+                target_sha256: p.image.sha256,
+                millis: 0,
+                bytes_per_sec: 0,
+                signed_by_key: 0,
+                user_data: Some(SeedReport {
+                    partition: "nvme0n1p1".to_owned(),
+                    fs_type: "vfat".to_owned(),
+                    path: "var/lib/cloud/seed/nocloud".to_owned(),
+                    user_data_bytes,
+                }),
+                sim: true,
+            })
         }
-        other => (
-            false,
-            json!({}),
-            Some(format!("unsupported command {other}")),
-        ),
-    }
+        other => return Err(format!("unsupported command {}", other.kind())),
+    })
 }
 
 /// `BCD_JOIN_TOKEN` and `BCD_API` from rendered user data.
@@ -286,7 +359,7 @@ pub async fn os(
         Some(s) => s,
         None => {
             let key = SigningKey::generate(&mut rand::rngs::OsRng);
-            match join(&http, &disk.api, &disk.join_token, &key, "node").await {
+            match join(&http, &disk.api, &disk.join_token, &key, AgentRole::Node).await {
                 Ok(s) => {
                     machines.set_session(&address, s.session_token.clone());
                     s.session_token
@@ -303,7 +376,7 @@ pub async fn os(
             .post(format!("{}/api/agent/heartbeat", disk.api))
             .bearer_auth(&session)
             .json(&Heartbeat {
-                role: "node".into(),
+                role: AgentRole::Node,
             })
             .send()
             .await;

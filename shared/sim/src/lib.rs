@@ -19,6 +19,17 @@ use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
+/// Why the simulated site cannot run or an agent of it gave up.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("sim configuration: {0}")]
+    Config(String),
+    #[error("join refused: {0}")]
+    JoinRefused(String),
+    #[error("the control plane did not answer: {0}")]
+    Unreachable(String),
+}
+
 /// A fault a simulated machine shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -1,19 +1,23 @@
 //! The simulated site services: BMCs and boot, answering the real site
 //! commands.
 
-use async_nats::jetstream::consumer::{pull, AckPolicy};
-use bcm_bus::messages::{CloudEvent, CommandEnvelope, CommandResult};
+use bcm_bus::consumer::{ConsumerSpec, Disposition, Handler, Incoming};
 use bcm_bus::subjects::StreamKind;
 use bcm_bus::Bus;
-use futures::StreamExt as _;
-use serde_json::{json, Value};
+use bcm_contracts::commands::{BootDevice, BootDeviceParams, Command, Family};
+use bcm_contracts::outputs::{
+    BootEntryCleared, BootEntryStored, BootOverride, OobInventory, PowerChanged, PowerRead,
+    Verified,
+};
+use bcm_contracts::{CloudEvent, CommandEnvelope, CommandKind, CommandResult, Output};
+use bcm_core::PowerAction;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{self, parse_cmdline};
-use crate::{Fault, Faults, SimConfig};
+use crate::{Fault, Faults, SimConfig, SimError};
 
 /// FNV-1a of a string, for stable simulated serials and MACs.
 pub fn fnv(s: &str) -> u32 {
@@ -122,7 +126,56 @@ struct Site {
     http: reqwest::Client,
     results: Mutex<HashMap<String, CommandResult>>,
     /// Commands seen per (address, kind), for `BmcFlaky`.
-    flaky: Mutex<HashMap<(String, String), u32>>,
+    flaky: Mutex<HashMap<(String, CommandKind), u32>>,
+}
+
+/// The sim's consumer of the command families no real service serves.
+struct SiteHandler {
+    site: Arc<Site>,
+    bus: Bus,
+    shutdown: CancellationToken,
+}
+
+impl Handler<CloudEvent<CommandEnvelope>> for SiteHandler {
+    async fn handle(&self, batch: &[Incoming<CloudEvent<CommandEnvelope>>]) -> Vec<Disposition> {
+        let mut out = Vec::with_capacity(batch.len());
+        for m in batch {
+            out.push(self.one(&m.message.data).await);
+        }
+        out
+    }
+}
+
+impl SiteHandler {
+    /// Executes a command once (a redelivery gets the recorded result
+    /// again) and publishes its result.
+    async fn one(&self, cmd: &CommandEnvelope) -> Disposition {
+        let site = &self.site;
+        let known = site
+            .results
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&cmd.command_id)
+            .cloned();
+        let result = match known {
+            Some(r) => r,
+            None => {
+                if site.cfg.latency_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(site.cfg.latency_ms)).await;
+                }
+                let r = execute(site, cmd, &self.shutdown);
+                site.results
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(cmd.command_id.clone(), r.clone());
+                r
+            }
+        };
+        match self.bus.publish_result(cmd, result).await {
+            Ok(()) => Disposition::Done,
+            Err(e) => Disposition::Retry(format!("publishing the result: {e}")),
+        }
+    }
 }
 
 /// Runs the simulated site until `shutdown`.
@@ -132,34 +185,15 @@ pub async fn run(
     machines: Machines,
     faults: Faults,
     shutdown: CancellationToken,
-) {
-    let site = Arc::new(Site {
-        cfg: Arc::new(cfg),
-        faults,
-        machines,
-        http: reqwest::Client::new(),
-        results: Mutex::new(HashMap::new()),
-        flaky: Mutex::new(HashMap::new()),
-    });
-    while !shutdown.is_cancelled() {
-        if let Err(e) = consume(&bus, &site, &shutdown).await {
-            tracing::warn!(error = %e, "sim site consumer failed; restarting");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
-}
-
-async fn consume(bus: &Bus, site: &Arc<Site>, shutdown: &CancellationToken) -> anyhow::Result<()> {
-    let subjects = bus.subjects();
-    let site_id: bcm_core::SiteId = site.cfg.site.parse()?;
-    let stream = bus
-        .jetstream()
-        .get_stream(subjects.stream(StreamKind::Commands))
-        .await?;
+) -> Result<(), SimError> {
+    let site_id: bcm_core::SiteId = cfg
+        .site
+        .parse()
+        .map_err(|e| SimError::Config(format!("site {:?}: {e}", cfg.site)))?;
     // The sim consumes every family a real service does not.
     let families: Vec<&str> = [
-        (!site.cfg.bmc_service).then_some("bmc"),
-        (!site.cfg.boot_service).then_some("site"),
+        (!cfg.bmc_service).then_some("bmc"),
+        (!cfg.boot_service).then_some("site"),
     ]
     .into_iter()
     .flatten()
@@ -170,11 +204,11 @@ async fn consume(bus: &Bus, site: &Arc<Site>, shutdown: &CancellationToken) -> a
         shutdown.cancelled().await;
         return Ok(());
     }
-    let (name, filter_subject, filter_subjects) = if families.len() == 2 {
+    let subjects = bus.subjects();
+    let (name, filters) = if families.len() == 2 {
         (
             format!("site-{site_id}"),
-            subjects.commands_of_site(&site_id),
-            vec![],
+            vec![subjects.commands_of_site(&site_id)],
         )
     } else {
         (
@@ -186,116 +220,66 @@ async fn consume(bus: &Bus, site: &Arc<Site>, shutdown: &CancellationToken) -> a
             } else {
                 format!("site-{site_id}-{}-metal", families.join("-"))
             },
-            String::new(),
             families
                 .iter()
                 .map(|f| subjects.commands_of_site_family(&site_id, f))
                 .collect(),
         )
     };
-    let consumer = stream
-        .get_or_create_consumer(
-            &name,
-            pull::Config {
-                durable_name: Some(name.clone()),
-                filter_subject,
-                filter_subjects,
-                ack_policy: AckPolicy::Explicit,
-                max_deliver: 20,
-                ack_wait: Duration::from_secs(30),
-                max_ack_pending: 10_000,
-                ..Default::default()
-            },
-        )
-        .await?;
-    let mut messages = consumer.messages().await?;
-    let gate = Arc::new(tokio::sync::Semaphore::new(site.cfg.concurrency.max(1)));
-    loop {
-        let msg = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            m = messages.next() => match m {
-                Some(m) => m.map_err(|e| anyhow::anyhow!("{e}"))?,
-                None => return Ok(()),
-            },
-        };
-        let permit = gate.clone().acquire_owned().await?;
-        let (site, bus, shutdown) = (site.clone(), bus.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
-            let cmd: CloudEvent<CommandEnvelope> = match serde_json::from_slice(&msg.payload) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "sim site: dropping an undecodable command");
-                    let _ = msg.ack_with(async_nats::jetstream::AckKind::Term).await;
-                    return;
-                }
-            };
-            let cmd = cmd.data;
-            let known = site
-                .results
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&cmd.command_id)
-                .cloned();
-            let result = match known {
-                Some(r) => r,
-                None => {
-                    if site.cfg.latency_ms > 0 {
-                        tokio::time::sleep(Duration::from_millis(site.cfg.latency_ms)).await;
-                    }
-                    let r = execute(&site, &cmd, &shutdown);
-                    site.results
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(cmd.command_id.clone(), r.clone());
-                    r
-                }
-            };
-            match bus.publish_result(&cmd, result).await {
-                Ok(()) => {
-                    let _ = msg.ack().await;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "sim site: publishing a result failed; redelivery retries")
-                }
-            }
-        });
-    }
-}
-
-fn ok(cmd: &CommandEnvelope, output: Value) -> CommandResult {
-    CommandResult {
-        command_id: cmd.command_id.clone(),
-        ok: true,
-        retryable: false,
-        output,
-        error: None,
-    }
+    let mut spec = ConsumerSpec::new(StreamKind::Commands, name, filters);
+    spec.max_deliver = 20;
+    spec.concurrency = cfg.concurrency.max(1);
+    let handler = Arc::new(SiteHandler {
+        site: Arc::new(Site {
+            cfg: Arc::new(cfg),
+            faults,
+            machines,
+            http: reqwest::Client::new(),
+            results: Mutex::new(HashMap::new()),
+            flaky: Mutex::new(HashMap::new()),
+        }),
+        bus: bus.clone(),
+        shutdown: shutdown.clone(),
+    });
+    bcm_bus::consumer::run(bus, spec, handler, shutdown).await;
+    Ok(())
 }
 
 fn err(cmd: &CommandEnvelope, retryable: bool, e: &str) -> CommandResult {
-    CommandResult {
-        command_id: cmd.command_id.clone(),
-        ok: false,
-        retryable,
-        output: json!({}),
-        error: Some(e.to_owned()),
+    CommandResult::failed(cmd, retryable, e)
+}
+
+/// What the BMC's boot override reads back as, Redfish-style.
+fn boot_override(p: &BootDeviceParams) -> BootOverride {
+    let enabled = if p.persistent { "Continuous" } else { "Once" };
+    BootOverride {
+        device: p.device,
+        persistent: p.persistent,
+        target: match p.device {
+            BootDevice::Pxe => "Pxe",
+            BootDevice::Disk => "Hdd",
+            BootDevice::UefiHttp => "UefiHttp",
+        }
+        .to_owned(),
+        enabled_requested: enabled.to_owned(),
+        enabled_read_back: Some(enabled.to_owned()),
+        mode_read_back: None,
+        sim: true,
     }
 }
 
 fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken) -> CommandResult {
     let node = cmd.node_id.map(|n| n.to_string()).unwrap_or_default();
     let address = cmd
-        .params
-        .pointer("/bmc/address")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
+        .command
+        .bmc()
+        .map(|b| b.address.clone())
         .or_else(|| site.machines.address_of(&node));
     let Some(address) = address else {
         return err(cmd, false, "sim: no machine is known for this node");
     };
     site.machines.remember(&node, &address);
-    let uses_bmc = cmd.kind.starts_with("bmc.");
+    let uses_bmc = cmd.kind().family() == Family::Bmc;
     if uses_bmc && site.faults.has(&address, Fault::BmcRejects) {
         return err(
             cmd,
@@ -305,7 +289,7 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
     }
     if uses_bmc && site.faults.has(&address, Fault::BmcFlaky) {
         let mut seen = site.flaky.lock().unwrap_or_else(|p| p.into_inner());
-        let n = seen.entry((address.clone(), cmd.kind.clone())).or_default();
+        let n = seen.entry((address.clone(), cmd.kind())).or_default();
         *n += 1;
         if *n % 2 == 1 {
             return err(
@@ -316,78 +300,85 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
         }
     }
     let m = &site.machines;
-    match cmd.kind.as_str() {
-        "bmc.powerStatus" => ok(cmd, json!({ "sim": true, "power": m.power(&address) })),
-        "bmc.verify" => ok(cmd, json!({ "sim": true, "redfishVersion": "1.17.0" })),
-        "bmc.inspect" => {
+    let output = match &cmd.command {
+        Command::BmcPowerStatus(_) => Output::BmcPowerStatus(PowerRead {
+            power: m.power(&address),
+            sim: true,
+        }),
+        Command::BmcVerify(_) => Output::BmcVerify(Verified {
+            protocol_version: Some("1.17.0".to_owned()),
+            system_id: "sim".to_owned(),
+            power: m.power(&address),
+            sim: true,
+        }),
+        Command::BmcInspect(_) => {
             let pad = if site.faults.has(&address, Fault::BmcPadsWithNul) {
                 "\0\0\0"
             } else {
                 ""
             };
-            ok(
-                cmd,
-                json!({ "sim": true, "manufacturer": format!("Better Compute Sim{pad}"), "model": "sim-1",
-                        "serial": format!("SIM{:08X}{pad}", fnv(&address)), "macs": [mac_of(&address)] }),
-            )
+            Output::BmcInspect(OobInventory {
+                manufacturer: Some(format!("Better Compute Sim{pad}")),
+                model: Some("sim-1".to_owned()),
+                serial: Some(format!("SIM{:08X}{pad}", fnv(&address))),
+                macs: vec![mac_of(&address)],
+                sim: true,
+                ..Default::default()
+            })
         }
-        "bmc.bootDevice" => {
-            let pxe = cmd.params.get("device").and_then(Value::as_str) == Some("pxe");
-            let persistent = cmd
-                .params
-                .get("persistent")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
+        Command::BmcBootDevice(p) => {
+            let pxe = p.device == BootDevice::Pxe;
             m.with(&address, |mm| {
                 mm.pxe = pxe;
-                mm.pxe_persistent = pxe && persistent;
+                mm.pxe_persistent = pxe && p.persistent;
             });
-            ok(
-                cmd,
-                json!({ "sim": true, "device": if pxe { "pxe" } else { "disk" }, "persistent": persistent }),
-            )
+            Output::BmcBootDevice(boot_override(p))
         }
-        "bmc.power" => {
-            let action = cmd
-                .params
-                .get("action")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            match action {
-                "off" => power_off(site, &address),
-                "on" | "cycle" | "reset" => power_on(site, &address, shutdown),
-                other => {
-                    return err(
-                        cmd,
-                        false,
-                        &format!("sim BMC: unsupported power action {other:?}"),
-                    )
+        Command::BmcPower(p) => {
+            match p.action {
+                PowerAction::Off => power_off(site, &address),
+                PowerAction::On | PowerAction::Cycle | PowerAction::Reset => {
+                    power_on(site, &address, shutdown)
                 }
             }
-            ok(
+            Output::BmcPower(PowerChanged {
+                action: p.action,
+                power: m.power(&address),
+                sim: true,
+            })
+        }
+        Command::BootEntrySet(p) => {
+            let cmdline = p.boot_entry.cmdline.clone();
+            m.with(&address, |mm| mm.cmdline = Some(cmdline));
+            Output::BootEntrySet(BootEntryStored {
+                macs: p.boot_entry.macs.clone(),
+                expires_at: now_secs() + p.boot_entry.expires_in_secs,
+                sim: true,
+            })
+        }
+        Command::BootEntryClear(p) => {
+            m.with(&address, |mm| mm.cmdline = None);
+            Output::BootEntryClear(BootEntryCleared {
+                cleared: p.macs.clone(),
+                sim: true,
+            })
+        }
+        other => {
+            return err(
                 cmd,
-                json!({ "sim": true, "action": action, "power": m.power(&address) }),
+                false,
+                &format!("sim: unsupported command kind {}", other.kind()),
             )
         }
-        "site.bootEntry.set" => {
-            let cmdline = cmd
-                .params
-                .pointer("/bootEntry/cmdline")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            m.with(&address, |mm| mm.cmdline = cmdline);
-            ok(cmd, json!({ "sim": true }))
-        }
-        "site.bootEntry.clear" => {
-            m.with(&address, |mm| mm.cmdline = None);
-            ok(cmd, json!({ "sim": true }))
-        }
-        other => err(
-            cmd,
-            false,
-            &format!("sim: unsupported command kind {other}"),
-        ),
-    }
+    };
+    CommandResult::succeeded(cmd, output)
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn power_off(site: &Arc<Site>, address: &str) {

@@ -241,7 +241,7 @@ async fn main() -> anyhow::Result<()> {
             };
             while let Some(Ok(m)) = messages.next().await {
                 if let Ok(ev) =
-                    serde_json::from_slice::<bcm_bus::messages::CloudEvent<Value>>(&m.payload)
+                    serde_json::from_slice::<bcm_contracts::CloudEvent<Value>>(&m.payload)
                 {
                     let ms = (chrono::Utc::now() - ev.time)
                         .num_microseconds()

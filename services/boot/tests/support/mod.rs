@@ -4,7 +4,8 @@
 //! made through the real `site.bootEntry.set` command subject.
 #![allow(dead_code)] // each test binary uses a part
 
-use bcm_bus::messages::{CloudEvent, CommandEnvelope};
+use bcm_contracts::CloudEvent;
+use bcm_contracts::CommandEnvelope;
 use bcm_testkit::TestEnv;
 use dhcproto::v4::{
     Architecture, DhcpOption, DhcpOptions, HType, Message, MessageType, Opcode, OptionCode,
@@ -140,17 +141,17 @@ impl Drop for Boot {
 pub async fn command(env: &TestEnv, kind: &str, params: serde_json::Value) -> String {
     let bus = &env.state.inner.bus;
     let site: bcm_core::SiteId = "s1".parse().expect("site");
+    let command = bcm_contracts::Command::from_parts(kind, params).expect("a valid command");
     let cmd = CommandEnvelope {
         command_id: bcm_core::CommandId::generate().to_string(),
-        kind: kind.to_owned(),
         site_id: site.clone(),
         node_id: None,
-        params,
+        command,
         issued_at: chrono::Utc::now(),
     };
     let ev = CloudEvent::new(
         format!("cmd-{}", cmd.command_id),
-        bcm_bus::messages::types::command(kind),
+        bcm_contracts::events::types::command(cmd.kind()),
         None,
         None,
         cmd.clone(),

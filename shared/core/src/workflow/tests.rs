@@ -267,16 +267,32 @@ proptest! {
 
 #[test]
 fn only_a_signed_wipe_with_every_disk_verified_counts() {
-    assert_eq!(wipe_verdict(true, &["verified", "verified"]), Ok(()));
-    assert_eq!(
-        wipe_verdict(false, &["verified"]),
-        Err(UnverifiedWipe::Unsigned)
-    );
+    assert_eq!(wipe_verdict(true, &[true, true]), Ok(()));
+    assert_eq!(wipe_verdict(false, &[true]), Err(UnverifiedWipe::Unsigned));
     assert_eq!(wipe_verdict(true, &[]), Err(UnverifiedWipe::NoDisk));
     assert_eq!(
-        wipe_verdict(true, &["verified", "failed"]),
+        wipe_verdict(true, &[true, false]),
         Err(UnverifiedWipe::ReadBackFailed)
     );
+}
+
+#[test]
+fn an_unknown_stored_status_is_an_error_never_a_default() {
+    for s in StepStatus::ALL {
+        assert_eq!(StepStatus::parse(s.as_str()), Some(s));
+        assert_eq!(StepStatus::try_from(s.as_str().to_owned()), Ok(s));
+    }
+    for p in WorkflowPhase::ALL {
+        assert_eq!(WorkflowPhase::parse(p.as_str()), Some(p));
+    }
+    for c in CommandStatus::ALL {
+        assert_eq!(CommandStatus::parse(c.as_str()), Some(c));
+    }
+    // A typo once read as `pending`, which ran the step again.
+    assert!(StepStatus::try_from("suceeded".to_owned()).is_err());
+    assert!(StepStatus::parse("").is_none());
+    assert!(WorkflowPhase::try_from("finished".to_owned()).is_err());
+    assert!(CommandStatus::try_from("done".to_owned()).is_err());
 }
 
 #[test]

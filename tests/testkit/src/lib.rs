@@ -9,14 +9,16 @@ use anyhow::{bail, Context as _};
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use bcm_api::relay::{RelayConfig, RelayFaults};
 use bcm_api::{ApiConfig, AppState};
-use bcm_bus::messages::CloudEvent;
 use bcm_bus::subjects::StreamKind;
 use bcm_bus::BusConfig;
+use bcm_contracts::CloudEvent;
 use bcm_core::{NodeId, ProvisionState};
 use futures::StreamExt as _;
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+pub use bcm_reconciler::ReconcilerConfig;
 
 /// Options of a test environment.
 #[derive(Debug, Clone)]
@@ -183,13 +185,18 @@ impl TestEnv {
             for _ in 0..opts.reconcilers {
                 env.spawn_reconciler();
             }
-            tokio::spawn(bcm_sim::site::run(
+            let site = bcm_sim::site::run(
                 env.state.inner.bus.clone(),
                 sim,
                 bcm_sim::site::Machines::default(),
                 env.faults.clone(),
                 env.shutdown.child_token(),
-            ));
+            );
+            tokio::spawn(async move {
+                if let Err(e) = site.await {
+                    tracing::error!(error = %e, "the simulated site stopped");
+                }
+            });
         }
         Ok(env)
     }
@@ -228,14 +235,19 @@ impl TestEnv {
 
     /// Starts a reconciler worker; returns its stop token.
     pub fn spawn_reconciler(&self) -> CancellationToken {
-        let stop = self.shutdown.child_token();
-        let cfg = bcm_reconciler::ReconcilerConfig {
+        self.spawn_reconciler_with(ReconcilerConfig {
             poll_ms: 5000,
             lease_ttl_ms: 3000,
             holder: None,
             lock_timeout_ms: 2000,
             ..Default::default()
-        };
+        })
+    }
+
+    /// Starts a reconciler worker with `cfg` (a test's own poll and power
+    /// sync settings).
+    pub fn spawn_reconciler_with(&self, cfg: ReconcilerConfig) -> CancellationToken {
+        let stop = self.shutdown.child_token();
         tokio::spawn(bcm_reconciler::run(
             self.db.clone(),
             self.state.inner.bus.clone(),
@@ -522,7 +534,7 @@ impl TestEnv {
             let mut wf =
                 bcm_db::workflows::workflow_fetch_for_update_in_txn(&mut tx, &id.to_string())
                     .await?;
-            wf.status = "succeeded".into();
+            wf.status = bcm_core::workflow::WorkflowPhase::Succeeded;
             bcm_db::workflows::workflow_update_in_txn(&mut tx, &wf, true).await?;
             next.workflow_id = Some(id);
         }
@@ -569,6 +581,38 @@ impl TestEnv {
             )
             .await?;
         Ok(EventReader { consumer })
+    }
+
+    /// Publishes `payload` as it is on `subject` (a stream subject of this
+    /// env's namespace), as a peer that breaks the contracts would.
+    pub async fn publish_raw(&self, subject: &str, payload: &[u8]) -> anyhow::Result<()> {
+        let id = format!("raw-{}", random_suffix());
+        self.state
+            .inner
+            .bus
+            .publish_durable(subject, &id, &[], payload.to_vec().into())
+            .await?;
+        Ok(())
+    }
+
+    /// Waits until the durable consumer `consumer` has dead-lettered at
+    /// least `n` messages, and returns them.
+    pub async fn dead_letters(
+        &self,
+        consumer: &str,
+        n: usize,
+        within: Duration,
+    ) -> anyhow::Result<Vec<bcm_bus::consumer::DeadLetter>> {
+        let bus = self.state.inner.bus.clone();
+        eventually(within, || {
+            let bus = bus.clone();
+            async move {
+                let got = bcm_bus::consumer::dead_letters(&bus, consumer).await?;
+                Ok((got.len() >= n).then_some(got))
+            }
+        })
+        .await
+        .with_context(|| format!("{consumer} dead-lettered fewer than {n} messages"))
     }
 
     /// Stops the api and its relays.

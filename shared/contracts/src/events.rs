@@ -1,0 +1,282 @@
+//! The payload of every event the control plane publishes (on
+//! `events.<tenantId>.<type>`), each with its type name, and [`Event`], the
+//! closed set a subscriber decodes an envelope into.
+
+use bcm_core::workflow::{StepStatus, WorkflowPhase};
+use bcm_core::{
+    BmcDriver, NodeId, PoolId, PowerAction, PowerState, ProvisionState, SiteId, TenantId,
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::CloudEvent;
+use crate::ContractError;
+
+/// Event type names.
+pub mod types {
+    use bcm_core::workflow::{StepStatus, WorkflowPhase};
+    use bcm_core::ProvisionState;
+
+    /// `node.enrolled`.
+    pub const NODE_ENROLLED: &str = "node.enrolled";
+    /// The prefix of `node.provision.<state>`.
+    pub const NODE_PROVISION_PREFIX: &str = "node.provision.";
+    /// `node.provision.workflow`.
+    pub const NODE_PROVISION_WORKFLOW: &str = "node.provision.workflow";
+    /// `node.provision.unrescuing`.
+    pub const NODE_UNRESCUING: &str = "node.provision.unrescuing";
+    /// `node.power.requested`.
+    pub const NODE_POWER_REQUESTED: &str = "node.power.requested";
+    /// `node.power.changed`.
+    pub const NODE_POWER_CHANGED: &str = "node.power.changed";
+    /// `node.credentials.rotation`.
+    pub const NODE_CREDENTIALS_ROTATION: &str = "node.credentials.rotation";
+    /// The prefix of `workflow.<status>`.
+    pub const WORKFLOW_PREFIX: &str = "workflow.";
+    /// The prefix of `workflow.step.<status>`.
+    pub const WORKFLOW_STEP_PREFIX: &str = "workflow.step.";
+    /// The type of a reconcile request.
+    pub const WORK_RECONCILE: &str = "work.reconcile";
+    /// The type of a command result.
+    pub const COMMAND_RESULT: &str = "command.result";
+
+    /// `node.provision.<state>`.
+    pub fn node_provision(state: ProvisionState) -> String {
+        format!("{NODE_PROVISION_PREFIX}{state}")
+    }
+
+    /// `workflow.<status>` of a finished workflow.
+    pub fn workflow(status: WorkflowPhase) -> String {
+        format!("{WORKFLOW_PREFIX}{}", status.as_str())
+    }
+
+    /// `workflow.step.<status>` of a finished step.
+    pub fn workflow_step(status: StepStatus) -> String {
+        format!("{WORKFLOW_STEP_PREFIX}{}", status.as_str())
+    }
+
+    /// The type of a command of `kind`, e.g. `cmd.bmc.power`.
+    pub fn command(kind: crate::CommandKind) -> String {
+        format!("cmd.{kind}")
+    }
+}
+
+/// `node.enrolled`: a node was created by `metal.enroll` (or an adopt join).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeEnrolled {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub pool_id: PoolId,
+    pub site_id: SiteId,
+    pub bmc_driver: BmcDriver,
+    pub bmc_address: String,
+    pub hardware_profile: String,
+    pub version: i64,
+}
+
+/// `node.provision.<state>`: the node moved to `provisionState`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeProvisionChanged {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub pool_id: PoolId,
+    pub site_id: SiteId,
+    pub provision_state: ProvisionState,
+    /// The state before the move; absent for the first state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_state: Option<ProvisionState>,
+    /// The verb or internal move (`complete`, `fail`) that made it.
+    #[serde(rename = "move")]
+    pub move_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_from: Option<ProvisionState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    pub maintenance: bool,
+    pub version: i64,
+}
+
+/// `node.provision.workflow`: a state's workflow started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeWorkflowStarted {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub workflow_id: String,
+    pub profile_id: String,
+    pub profile_version: u32,
+    pub provision_state: ProvisionState,
+    pub version: i64,
+}
+
+/// `node.provision.unrescuing`: `metal.unrescue` started its workflow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeUnrescuing {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_id: Option<String>,
+    pub version: i64,
+}
+
+/// `node.power.requested`: `metal.power` queued a BMC power command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodePowerRequested {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub action: PowerAction,
+    pub command_id: String,
+    pub version: i64,
+}
+
+/// `node.power.changed`: the power state a BMC reported differs from the
+/// node's record (after `metal.power`, a workflow's power step, or drift
+/// found by a power read).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodePowerChanged {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub power: PowerState,
+    pub previous: PowerState,
+    /// The command whose result reported it.
+    pub command_id: String,
+    pub version: i64,
+}
+
+/// How a BMC password rotation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RotationOutcome {
+    /// `metal.rotateCredentials` recorded the new password as pending and
+    /// queued the command.
+    Started,
+    /// The BMC took the new password and it logs in: it is now the only one
+    /// on record.
+    Committed,
+    /// The new password was not taken (or did not log in) and the current
+    /// one still does: the pending one is forgotten.
+    RolledBack,
+    /// Neither password could be confirmed (the BMC did not answer): the
+    /// record keeps both; the next rotation resumes with the same pending one.
+    Unresolved,
+}
+
+/// `node.credentials.rotation`: a two-phase BMC password rotation moved on.
+/// It never carries a password, sealed or not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeCredentialsRotation {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub outcome: RotationOutcome,
+    pub command_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub version: i64,
+}
+
+/// `workflow.<status>`: a workflow ended (`succeeded`, `failed` or
+/// `cancelled`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkflowFinished {
+    pub workflow_id: String,
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub profile_id: String,
+    pub status: WorkflowPhase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `workflow.step.<status>`: a step ended (`succeeded` or `failed`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepFinished {
+    pub workflow_id: String,
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub profile_id: String,
+    pub step: String,
+    pub attempt: i32,
+    pub status: StepStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Every event, decoded by its type.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    NodeEnrolled(NodeEnrolled),
+    NodeProvision(NodeProvisionChanged),
+    NodeWorkflow(NodeWorkflowStarted),
+    NodeUnrescuing(NodeUnrescuing),
+    NodePowerRequested(NodePowerRequested),
+    NodePowerChanged(NodePowerChanged),
+    NodeCredentialsRotation(NodeCredentialsRotation),
+    Workflow(WorkflowFinished),
+    Step(StepFinished),
+}
+
+impl Event {
+    /// Decodes an envelope's data by its type; an unknown type or a payload
+    /// that is not its type's is an error.
+    pub fn decode(ev: &CloudEvent<serde_json::Value>) -> Result<Event, ContractError> {
+        fn data<T: serde::de::DeserializeOwned>(
+            ev: &CloudEvent<serde_json::Value>,
+        ) -> Result<T, ContractError> {
+            serde_json::from_value(ev.data.clone()).map_err(|e| ContractError::Undecodable {
+                what: "event data",
+                why: format!("{}: {e}", ev.ty),
+            })
+        }
+        use types::*;
+        let ty = ev.ty.as_str();
+        Ok(match ty {
+            NODE_ENROLLED => Event::NodeEnrolled(data(ev)?),
+            NODE_PROVISION_WORKFLOW => Event::NodeWorkflow(data(ev)?),
+            NODE_UNRESCUING => Event::NodeUnrescuing(data(ev)?),
+            NODE_POWER_REQUESTED => Event::NodePowerRequested(data(ev)?),
+            NODE_POWER_CHANGED => Event::NodePowerChanged(data(ev)?),
+            NODE_CREDENTIALS_ROTATION => Event::NodeCredentialsRotation(data(ev)?),
+            _ if ty.starts_with(WORKFLOW_STEP_PREFIX) => Event::Step(data(ev)?),
+            _ if ty.starts_with(WORKFLOW_PREFIX) => Event::Workflow(data(ev)?),
+            _ if ty.starts_with(NODE_PROVISION_PREFIX) => {
+                let changed: NodeProvisionChanged = data(ev)?;
+                if ty != types::node_provision(changed.provision_state) {
+                    return Err(ContractError::Undecodable {
+                        what: "event",
+                        why: format!("{ty} carries state {}", changed.provision_state),
+                    });
+                }
+                Event::NodeProvision(changed)
+            }
+            other => {
+                return Err(ContractError::Undecodable {
+                    what: "event",
+                    why: format!("unknown event type {other:?}"),
+                })
+            }
+        })
+    }
+
+    /// The node the event is about.
+    pub fn node_id(&self) -> NodeId {
+        match self {
+            Event::NodeEnrolled(e) => e.node_id,
+            Event::NodeProvision(e) => e.node_id,
+            Event::NodeWorkflow(e) => e.node_id,
+            Event::NodeUnrescuing(e) => e.node_id,
+            Event::NodePowerRequested(e) => e.node_id,
+            Event::NodePowerChanged(e) => e.node_id,
+            Event::NodeCredentialsRotation(e) => e.node_id,
+            Event::Workflow(e) => e.node_id,
+            Event::Step(e) => e.node_id,
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! A node's agent identity as the engine and the API change it in their own
+//! transactions: one-time join tokens minted with the command or answer
+//! that carries them (only the hash is stored), and the revocation that
+//! ends every certificate and session of a node. Issuing certificates is
+//! the attestation service's alone (it holds the CA key).
+
+use bcm_db::agents::TokenScope;
+use bcm_db::{DbError, Tx};
+use chrono::{DateTime, Utc};
+
+/// Mints a token of `purpose` for `scope`, live until `expires_at`;
+/// returns the token (its hash is what is stored).
+pub async fn mint_join_token_in_txn(
+    tx: &mut Tx<'_>,
+    purpose: &str,
+    scope: &TokenScope,
+    expires_at: DateTime<Utc>,
+) -> Result<String, DbError> {
+    let (token, hash) = bcm_pki::tokens::mint();
+    let id = format!("jt_{}", ulid::Ulid::new().to_string().to_lowercase());
+    bcm_db::agents::join_token_insert_in_txn(tx, &id, &hash, purpose, scope, expires_at).await?;
+    Ok(token)
+}
+
+/// Revokes every certificate and session of a node and expires its unused
+/// join tokens (retire); returns how many certificates were revoked.
+pub async fn revoke_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<u64, DbError> {
+    bcm_db::agents::certs_revoke_in_txn(tx, node_id).await
+}
