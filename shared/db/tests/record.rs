@@ -1,0 +1,335 @@
+//! The record's queries against a real Postgres: each guarded update's
+//! version check and lock wait, the not-found, duplicate and missing
+//! reference paths as typed errors, results recorded once, and a stored
+//! value this code cannot read reported as damage instead of a default.
+
+mod support;
+
+use bcm_core::workflow::{CommandStatus, StepStatus, WorkflowPhase};
+use bcm_core::ProvisionState;
+use bcm_db::commands::{NewCommand, NewResult};
+use bcm_db::workflows::{NewStep, NewWorkflow};
+use bcm_db::DbError;
+
+fn workflow(node: &str, version: i64) -> NewWorkflow {
+    NewWorkflow {
+        id: format!("wf_{}", bcm_core::WorkflowId::generate()),
+        node_id: node.to_owned(),
+        owner: "metal".into(),
+        profile_id: "metal-enroll".into(),
+        profile_version: 1,
+        for_state: ProvisionState::Enrolling.as_str().into(),
+        for_version: version,
+        definition: serde_json::json!({}),
+        steps: vec![NewStep {
+            name: "verify-bmc".into(),
+            target: "site".into(),
+            cleanup: false,
+            definition: serde_json::json!({"name": "verify-bmc", "kind": "bmcVerify", "timeoutSecs": 120,
+                "retry": {"maxAttempts": 5, "initialBackoffMs": 1000, "maxBackoffMs": 60000}}),
+        }],
+    }
+}
+
+fn command(node: &str, key: &str, kind: &str) -> NewCommand {
+    NewCommand {
+        id: bcm_core::CommandId::generate().to_string(),
+        idempotency_key: key.to_owned(),
+        workflow_id: None,
+        step_idx: None,
+        attempt: 1,
+        node_id: Some(node.to_owned()),
+        site_id: Some("s".into()),
+        kind: kind.to_owned(),
+        target: "site".into(),
+        params: serde_json::json!({}),
+    }
+}
+
+#[tokio::test]
+async fn the_guarded_update_takes_only_the_version_it_read() {
+    let db = support::fresh_db("guard").await;
+    let n = support::node(&db).await;
+    let mut tx = db.begin().await.expect("tx");
+    let read = bcm_db::nodes::node_fetch_for_update_in_txn(&mut tx, &n.id)
+        .await
+        .expect("read");
+    assert_eq!(read.version, 1);
+    let mut next = read.clone();
+    next.provision_state = ProvisionState::Inspecting;
+    assert_eq!(
+        bcm_db::nodes::node_update_guarded_in_txn(&mut tx, &next)
+            .await
+            .expect("update"),
+        2
+    );
+    // Written from the version read before: someone else's write is not lost.
+    assert!(matches!(
+        bcm_db::nodes::node_update_guarded_in_txn(&mut tx, &next).await,
+        Err(DbError::Stale)
+    ));
+    tx.rollback().await.expect("rollback");
+    // The projection moves with the row, and nothing of the rolled back
+    // transaction stayed.
+    let stored = bcm_db::nodes::node_fetch(&db, &n.id).await.expect("fetch");
+    assert_eq!(
+        (stored.version, stored.provision_state),
+        (1, ProvisionState::Enrolling)
+    );
+}
+
+#[tokio::test]
+async fn a_held_node_lock_makes_a_second_writer_give_up_stale_after_its_timeout() {
+    let db = support::fresh_db("lock").await;
+    let n = support::node(&db).await;
+    let mut first = db.begin().await.expect("tx");
+    bcm_db::nodes::node_fetch_for_update_in_txn(&mut first, &n.id)
+        .await
+        .expect("lock");
+    let mut second = db.begin().await.expect("tx");
+    bcm_db::lock_timeout_in_txn(&mut second, 100)
+        .await
+        .expect("timeout");
+    let started = std::time::Instant::now();
+    let waited = bcm_db::nodes::node_fetch_for_update_in_txn(&mut second, &n.id).await;
+    assert!(matches!(waited, Err(DbError::Stale)), "{waited:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    drop(second);
+    first.commit().await.expect("commit");
+}
+
+#[tokio::test]
+async fn missing_rows_are_not_found() {
+    let db = support::fresh_db("missing").await;
+    assert!(matches!(
+        bcm_db::nodes::node_fetch(&db, &bcm_core::NodeId::generate()).await,
+        Err(DbError::NotFound)
+    ));
+    assert!(matches!(
+        bcm_db::tenancy::pool_fetch(&db, &"nope".parse().expect("pool")).await,
+        Err(DbError::NotFound)
+    ));
+    assert!(matches!(
+        bcm_db::commands::command_fetch(&db, "cmd_none").await,
+        Err(DbError::NotFound)
+    ));
+    assert!(matches!(
+        bcm_db::workflows::workflow_fetch(&db, "wf_none").await,
+        Err(DbError::NotFound)
+    ));
+}
+
+#[tokio::test]
+async fn unique_and_foreign_keys_come_back_as_typed_errors() {
+    let db = support::fresh_db("keys").await;
+    let n = support::node(&db).await;
+    let id = n.id.to_string();
+
+    // The same node twice.
+    let mut tx = db.begin().await.expect("tx");
+    assert!(matches!(
+        bcm_db::nodes::node_insert_in_txn(&mut tx, &n).await,
+        Err(DbError::Duplicate { .. })
+    ));
+    drop(tx);
+
+    // A node of a pool that does not exist.
+    let (t, s, _) = support::tenancy(&db).await;
+    let orphan = support::new_node(&t, &s, &"ghost".parse().expect("pool"));
+    let mut tx = db.begin().await.expect("tx");
+    assert!(matches!(
+        bcm_db::nodes::node_insert_in_txn(&mut tx, &orphan).await,
+        Err(DbError::MissingReference { .. })
+    ));
+    drop(tx);
+
+    // A command's idempotency key is used once: a restarted engine cannot
+    // record the same step's attempt twice.
+    let mut tx = db.begin().await.expect("tx");
+    bcm_db::commands::command_insert_in_txn(&mut tx, &command(&id, "wf/0/1", "bmc.verify"))
+        .await
+        .expect("first");
+    assert!(matches!(
+        bcm_db::commands::command_insert_in_txn(&mut tx, &command(&id, "wf/0/1", "bmc.verify"))
+            .await,
+        Err(DbError::Duplicate { .. })
+    ));
+    drop(tx);
+
+    // One workflow per node state entry, whoever races.
+    let mut tx = db.begin().await.expect("tx");
+    bcm_db::workflows::workflow_insert_in_txn(&mut tx, &workflow(&id, 1))
+        .await
+        .expect("first");
+    assert!(matches!(
+        bcm_db::workflows::workflow_insert_in_txn(&mut tx, &workflow(&id, 1)).await,
+        Err(DbError::Duplicate { .. })
+    ));
+    drop(tx);
+
+    // A pool never changes tenant.
+    let other: bcm_core::TenantId = "u".parse().expect("tenant");
+    bcm_db::tenancy::tenant_upsert(&db, &other, "U")
+        .await
+        .expect("tenant");
+    let mut pool = bcm_db::tenancy::pool_fetch(&db, &"p".parse().expect("pool"))
+        .await
+        .expect("pool");
+    pool.tenant_id = other;
+    assert!(matches!(
+        bcm_db::tenancy::pool_upsert(&db, &pool).await,
+        Err(DbError::Duplicate { .. })
+    ));
+
+    // A profile version is immutable: the same content again is a no-op,
+    // other content is refused.
+    let v1 = serde_json::json!({"id": "x", "version": 1});
+    bcm_db::deploy_profiles::deploy_profile_insert(&db, "t", "x", 1, &v1)
+        .await
+        .expect("stored");
+    bcm_db::deploy_profiles::deploy_profile_insert(&db, "t", "x", 1, &v1)
+        .await
+        .expect("no-op");
+    assert!(matches!(
+        bcm_db::deploy_profiles::deploy_profile_insert(
+            &db,
+            "t",
+            "x",
+            1,
+            &serde_json::json!({"id": "x", "version": 1, "role": "dedicated"})
+        )
+        .await,
+        Err(DbError::Duplicate { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_result_is_recorded_once_and_only_on_a_command_of_its_kind() {
+    let db = support::fresh_db("results").await;
+    let n = support::node(&db).await;
+    let id = n.id.to_string();
+    let c = command(&id, "leaf/1", "bmc.power");
+    let mut tx = db.begin().await.expect("tx");
+    bcm_db::commands::command_insert_in_txn(&mut tx, &c)
+        .await
+        .expect("insert");
+    let result = |kind: &'static str| NewResult {
+        command_id: &c.id,
+        kind,
+        succeeded: true,
+        result: serde_json::json!({"ok": true}),
+    };
+    // Another kind's result does not land on it.
+    let done = bcm_db::commands::commands_complete_many_in_txn(&mut tx, &[result("bmc.verify")])
+        .await
+        .expect("complete");
+    assert!(done.is_empty());
+    let done = bcm_db::commands::commands_complete_many_in_txn(&mut tx, &[result("bmc.power")])
+        .await
+        .expect("complete");
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].1.kind, "bmc.power");
+    // A redelivery changes nothing.
+    let again = bcm_db::commands::commands_complete_many_in_txn(&mut tx, &[result("bmc.power")])
+        .await
+        .expect("again");
+    assert!(again.is_empty());
+    let kinds = bcm_db::commands::command_kinds_in_txn(&mut tx, &[c.id.clone(), "cmd_none".into()])
+        .await
+        .expect("kinds");
+    assert_eq!(kinds, vec![(c.id.clone(), "bmc.power".to_owned())]);
+    tx.commit().await.expect("commit");
+    let row = bcm_db::commands::command_fetch(&db, &c.id)
+        .await
+        .expect("row");
+    assert_eq!(row.status, CommandStatus::Succeeded);
+}
+
+#[tokio::test]
+async fn a_stored_status_this_code_does_not_know_is_damage_never_a_default() {
+    let db = support::fresh_db("status").await;
+    let n = support::node(&db).await;
+    let wf = workflow(&n.id.to_string(), 1);
+    let mut tx = db.begin().await.expect("tx");
+    bcm_db::workflows::workflow_insert_in_txn(&mut tx, &wf)
+        .await
+        .expect("insert");
+    tx.commit().await.expect("commit");
+    let steps = bcm_db::workflows::steps_fetch(&db, &wf.id)
+        .await
+        .expect("steps");
+    assert_eq!(steps[0].status, StepStatus::Pending);
+    assert_eq!(
+        bcm_db::workflows::workflow_fetch(&db, &wf.id)
+            .await
+            .expect("wf")
+            .status,
+        WorkflowPhase::Running
+    );
+
+    // A typo once read as `pending` and ran the step again.
+    support::exec(
+        &db,
+        &format!(
+            "UPDATE workflow_steps SET status = 'suceeded' WHERE workflow_id = '{}'",
+            wf.id
+        ),
+    )
+    .await;
+    assert!(matches!(
+        bcm_db::workflows::steps_fetch(&db, &wf.id).await,
+        Err(DbError::Corrupt(_))
+    ));
+    // The record refuses an unknown workflow status itself; a newer
+    // version's migration may relax that, and this code must still not
+    // guess.
+    support::exec(
+        &db,
+        "ALTER TABLE workflows DROP CONSTRAINT workflows_status_check",
+    )
+    .await;
+    support::exec(
+        &db,
+        &format!(
+            "UPDATE workflows SET status = 'finished' WHERE id = '{}'",
+            wf.id
+        ),
+    )
+    .await;
+    assert!(matches!(
+        bcm_db::workflows::workflow_fetch(&db, &wf.id).await,
+        Err(DbError::Corrupt(_))
+    ));
+    let mut tx = db.begin().await.expect("tx");
+    assert!(matches!(
+        bcm_db::workflows::workflow_status_in_txn(&mut tx, &wf.id).await,
+        Err(DbError::Corrupt(_))
+    ));
+}
+
+#[tokio::test]
+async fn the_workflow_step_claim_hands_a_due_step_to_one_transaction_at_a_time() {
+    let db = support::fresh_db("claim").await;
+    let n = support::node(&db).await;
+    let wf = workflow(&n.id.to_string(), 1);
+    let mut tx = db.begin().await.expect("tx");
+    bcm_db::workflows::workflow_insert_in_txn(&mut tx, &wf)
+        .await
+        .expect("insert");
+    tx.commit().await.expect("commit");
+    let mut first = db.begin().await.expect("tx");
+    let claimed = bcm_db::workflows::steps_claim_due_many_in_txn(&mut first, 10)
+        .await
+        .expect("claim");
+    assert_eq!(claimed, vec![(wf.id.clone(), 0)]);
+    let mut second = db.begin().await.expect("tx");
+    let none = bcm_db::workflows::steps_claim_due_many_in_txn(&mut second, 10)
+        .await
+        .expect("claim");
+    assert!(
+        none.is_empty(),
+        "a claimed step is skipped, not waited for: {none:?}"
+    );
+    drop(second);
+    drop(first);
+}
