@@ -14,6 +14,7 @@ pub mod node;
 pub mod reconcile;
 pub mod state;
 pub mod table;
+pub mod wire;
 pub mod workflow;
 
 pub use bmc::BmcTls;

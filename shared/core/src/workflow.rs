@@ -473,44 +473,18 @@ pub fn wipe_verdict(signed: bool, disks_verified: &[bool]) -> Result<(), Unverif
     }
 }
 
-/// The state of one step as the engine records it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum StepStatus {
-    Pending,
-    Running,
-    Succeeded,
-    Failed,
-    Skipped,
+crate::wire_enum! {
+    /// The state of one step as the engine records it.
+    pub enum StepStatus "step status" {
+        Pending = "pending",
+        Running = "running",
+        Succeeded = "succeeded",
+        Failed = "failed",
+        Skipped = "skipped",
+    }
 }
 
 impl StepStatus {
-    /// Every status.
-    pub const ALL: [StepStatus; 5] = [
-        StepStatus::Pending,
-        StepStatus::Running,
-        StepStatus::Succeeded,
-        StepStatus::Failed,
-        StepStatus::Skipped,
-    ];
-
-    /// The wire name, as stored in `workflow_steps.status`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            StepStatus::Pending => "pending",
-            StepStatus::Running => "running",
-            StepStatus::Succeeded => "succeeded",
-            StepStatus::Failed => "failed",
-            StepStatus::Skipped => "skipped",
-        }
-    }
-
-    /// Parses the wire name. An unknown name is `None`, never a default:
-    /// reading it as `pending` would run the step again.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|v| v.as_str() == s)
-    }
-
     /// Whether the step still has to run or is running.
     pub const fn is_open(self) -> bool {
         matches!(self, StepStatus::Pending | StepStatus::Running)
@@ -522,75 +496,23 @@ impl StepStatus {
     }
 }
 
-/// A stored status name this code does not know (damage, or a newer
-/// version's value): an error for the reader, never a default.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} {value:?}")]
-pub struct UnknownStatus {
-    pub what: &'static str,
-    pub value: String,
-}
-
-impl TryFrom<String> for StepStatus {
-    type Error = UnknownStatus;
-    fn try_from(s: String) -> Result<Self, UnknownStatus> {
-        StepStatus::parse(&s).ok_or(UnknownStatus {
-            what: "step status",
-            value: s,
-        })
+crate::wire_enum! {
+    /// The state of a command row.
+    pub enum CommandStatus "command status" {
+        /// Recorded; a site command is on its way through the outbox, an
+        /// agent command waits for the agent's poll.
+        Pending = "pending",
+        /// Handed to the agent by a poll.
+        Sent = "sent",
+        Succeeded = "succeeded",
+        Failed = "failed",
     }
-}
-
-/// The state of a command row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum CommandStatus {
-    /// Recorded; a site command is on its way through the outbox, an agent
-    /// command waits for the agent's poll.
-    Pending,
-    /// Handed to the agent by a poll.
-    Sent,
-    Succeeded,
-    Failed,
 }
 
 impl CommandStatus {
-    /// Every status.
-    pub const ALL: [CommandStatus; 4] = [
-        CommandStatus::Pending,
-        CommandStatus::Sent,
-        CommandStatus::Succeeded,
-        CommandStatus::Failed,
-    ];
-
-    /// The wire name, as stored in `commands.status`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            CommandStatus::Pending => "pending",
-            CommandStatus::Sent => "sent",
-            CommandStatus::Succeeded => "succeeded",
-            CommandStatus::Failed => "failed",
-        }
-    }
-
-    /// Parses the wire name.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|v| v.as_str() == s)
-    }
-
     /// Whether a result arrived.
     pub const fn is_done(self) -> bool {
         matches!(self, CommandStatus::Succeeded | CommandStatus::Failed)
-    }
-}
-
-impl TryFrom<String> for CommandStatus {
-    type Error = UnknownStatus;
-    fn try_from(s: String) -> Result<Self, UnknownStatus> {
-        CommandStatus::parse(&s).ok_or(UnknownStatus {
-            what: "command status",
-            value: s,
-        })
     }
 }
 
@@ -648,51 +570,22 @@ pub fn after_outcome(
     }
 }
 
-/// The phase of a workflow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum WorkflowPhase {
-    /// Main steps run.
-    Running,
-    /// A main step failed for good: cleanup steps run, then `Failed`.
-    FailingCleanup,
-    /// Cancelled: cleanup steps run, then `Cancelled`.
-    CancellingCleanup,
-    Succeeded,
-    Failed,
-    Cancelled,
+crate::wire_enum! {
+    /// The phase of a workflow, as stored in `workflows.status`.
+    pub enum WorkflowPhase "workflow status" {
+        /// Main steps run.
+        Running = "running",
+        /// A main step failed for good: cleanup steps run, then `Failed`.
+        FailingCleanup = "failing-cleanup",
+        /// Cancelled: cleanup steps run, then `Cancelled`.
+        CancellingCleanup = "cancelling-cleanup",
+        Succeeded = "succeeded",
+        Failed = "failed",
+        Cancelled = "cancelled",
+    }
 }
 
 impl WorkflowPhase {
-    /// The wire name, as stored in `workflows.status`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            WorkflowPhase::Running => "running",
-            WorkflowPhase::FailingCleanup => "failing-cleanup",
-            WorkflowPhase::CancellingCleanup => "cancelling-cleanup",
-            WorkflowPhase::Succeeded => "succeeded",
-            WorkflowPhase::Failed => "failed",
-            WorkflowPhase::Cancelled => "cancelled",
-        }
-    }
-
-    /// Every phase.
-    pub const ALL: [WorkflowPhase; 6] = [
-        WorkflowPhase::Running,
-        WorkflowPhase::FailingCleanup,
-        WorkflowPhase::CancellingCleanup,
-        WorkflowPhase::Succeeded,
-        WorkflowPhase::Failed,
-        WorkflowPhase::Cancelled,
-    ];
-
-    /// Parses the wire name. An unknown name is `None`, never a default:
-    /// the reader treats it as damage (or a newer engine's phase) and acts
-    /// on nothing.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.as_str() == s)
-    }
-
     /// Whether a cancel may still stop it (it has not ended or begun its
     /// cancel).
     pub const fn cancellable(self) -> bool {
@@ -747,28 +640,6 @@ pub fn next_step(phase: WorkflowPhase, main: &[StepStatus], cleanup: &[StepStatu
         done => NextStep::Finish(done),
     }
 }
-
-impl TryFrom<String> for WorkflowPhase {
-    type Error = UnknownStatus;
-    fn try_from(s: String) -> Result<Self, UnknownStatus> {
-        WorkflowPhase::parse(&s).ok_or(UnknownStatus {
-            what: "workflow status",
-            value: s,
-        })
-    }
-}
-
-macro_rules! display_as_str {
-    ($($t:ty),+) => {$(
-        impl std::fmt::Display for $t {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    )+};
-}
-
-display_as_str!(StepStatus, WorkflowPhase, CommandStatus);
 
 #[cfg(test)]
 mod tests;
