@@ -45,16 +45,17 @@ struct Machine {
     power_on: bool,
     pxe: bool,
     pxe_persistent: bool,
-    cmdline: Option<String>,
     disk: Option<Disk>,
     running: Option<CancellationToken>,
 }
 
-/// Every simulated machine, by BMC address.
+/// Every simulated machine, by BMC address, and the simulated boot
+/// service's entries, by MAC (as a real boot service keys them).
 #[derive(Clone, Default)]
 pub struct Machines {
     inner: Arc<Mutex<HashMap<String, Machine>>>,
     by_node: Arc<Mutex<HashMap<String, String>>>,
+    boot_entries: Arc<Mutex<HashMap<String, String>>>,
 }
 
 impl Machines {
@@ -100,6 +101,25 @@ impl Machines {
             bcm_core::PowerState::On
         } else {
             bcm_core::PowerState::Off
+        }
+    }
+
+    /// The kernel command line the boot entry of `mac` boots, if any.
+    fn boot_entry(&self, mac: &str) -> Option<String> {
+        self.boot_entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&mac.to_ascii_lowercase())
+            .cloned()
+    }
+
+    fn set_boot_entries(&self, macs: &[String], cmdline: Option<&str>) {
+        let mut entries = self.boot_entries.lock().unwrap_or_else(|p| p.into_inner());
+        for mac in macs {
+            match cmdline {
+                Some(c) => entries.insert(mac.to_ascii_lowercase(), c.to_owned()),
+                None => entries.remove(&mac.to_ascii_lowercase()),
+            };
         }
     }
 
@@ -269,6 +289,32 @@ fn boot_override(p: &BootDeviceParams) -> BootOverride {
 }
 
 fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken) -> CommandResult {
+    // The boot service keys its entries by MAC: it needs no machine.
+    match &cmd.command {
+        Command::BootEntrySet(p) => {
+            site.machines
+                .set_boot_entries(&p.boot_entry.macs, Some(&p.boot_entry.cmdline));
+            return CommandResult::succeeded(
+                cmd,
+                Output::BootEntrySet(BootEntryStored {
+                    macs: p.boot_entry.macs.clone(),
+                    expires_at: now_secs() + p.boot_entry.expires_in_secs,
+                    sim: true,
+                }),
+            );
+        }
+        Command::BootEntryClear(p) => {
+            site.machines.set_boot_entries(&p.macs, None);
+            return CommandResult::succeeded(
+                cmd,
+                Output::BootEntryClear(BootEntryCleared {
+                    cleared: p.macs.clone(),
+                    sim: true,
+                }),
+            );
+        }
+        _ => {}
+    }
     let node = cmd.node_id.map(|n| n.to_string()).unwrap_or_default();
     let address = cmd
         .command
@@ -347,22 +393,6 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
                 sim: true,
             })
         }
-        Command::BootEntrySet(p) => {
-            let cmdline = p.boot_entry.cmdline.clone();
-            m.with(&address, |mm| mm.cmdline = Some(cmdline));
-            Output::BootEntrySet(BootEntryStored {
-                macs: p.boot_entry.macs.clone(),
-                expires_at: now_secs() + p.boot_entry.expires_in_secs,
-                sim: true,
-            })
-        }
-        Command::BootEntryClear(p) => {
-            m.with(&address, |mm| mm.cmdline = None);
-            Output::BootEntryClear(BootEntryCleared {
-                cleared: p.macs.clone(),
-                sim: true,
-            })
-        }
         other => {
             return err(
                 cmd,
@@ -411,7 +441,7 @@ fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
         let cmdline = if site.cfg.boot_service {
             None
         } else {
-            m.cmdline.clone()
+            site.machines.boot_entry(&mac_of(address))
         };
         match cmdline.as_deref().and_then(parse_cmdline) {
             Some(params) => Some(Boot::Ramdisk(params)),
