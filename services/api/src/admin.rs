@@ -68,6 +68,18 @@ fn check_name(n: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// What every named-resource upsert checks first: an admin, a valid id of
+/// its kind and a valid name.
+fn named<T: std::str::FromStr<Err = bcm_core::IdError>>(
+    who: &Principal,
+    id: &str,
+    req: &NamedRequest,
+) -> Result<T, ApiError> {
+    who.require_admin()?;
+    check_name(&req.name)?;
+    parse::<T>(id)
+}
+
 /// `PUT /api/compute/admin/tenants/{id}`.
 #[utoipa::path(put, path = "/api/compute/admin/tenants/{id}", tag = "admin", request_body = NamedRequest,
     params(("id" = String, Path)), responses((status = 204), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
@@ -77,9 +89,8 @@ pub async fn put_tenant(
     Path(id): Path<String>,
     Body(req): Body<NamedRequest>,
 ) -> Result<axum::http::StatusCode, ApiError> {
-    who.require_admin()?;
-    check_name(&req.name)?;
-    bcm_db::tenancy::tenant_upsert(&app.inner.db, &parse::<TenantId>(&id)?, &req.name).await?;
+    let id = named(&who, &id, &req)?;
+    bcm_db::tenancy::tenant_upsert(&app.inner.db, &id, &req.name).await?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 
@@ -92,9 +103,8 @@ pub async fn put_site(
     Path(id): Path<String>,
     Body(req): Body<NamedRequest>,
 ) -> Result<axum::http::StatusCode, ApiError> {
-    who.require_admin()?;
-    check_name(&req.name)?;
-    bcm_db::tenancy::site_upsert(&app.inner.db, &parse::<SiteId>(&id)?, &req.name).await?;
+    let id = named(&who, &id, &req)?;
+    bcm_db::tenancy::site_upsert(&app.inner.db, &id, &req.name).await?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 

@@ -509,16 +509,96 @@ async fn begin_rotation(
     Ok((next, vec![cmd_row, started]))
 }
 
+/// A verb's request body: the node it names, and what else it carries once
+/// checked.
+trait VerbRequest {
+    fn into_parts(self) -> Result<(TenantId, NodeId, Extra), ApiError>;
+}
+
+impl VerbRequest for NodeRequest {
+    fn into_parts(self) -> Result<(TenantId, NodeId, Extra), ApiError> {
+        Ok((self.tenant_id, self.node_id, Extra::None))
+    }
+}
+
+impl VerbRequest for DeployRequest {
+    fn into_parts(self) -> Result<(TenantId, NodeId, Extra), ApiError> {
+        check_text("profileId", &self.profile_id, 128)?;
+        if self.profile_version == 0 {
+            return Err(ApiError::invalid("profileVersion must be 1 or more"));
+        }
+        let extra = Extra::Deploy {
+            profile_id: self.profile_id,
+            profile_version: self.profile_version,
+        };
+        Ok((self.tenant_id, self.node_id, extra))
+    }
+}
+
+impl VerbRequest for UndeployRequest {
+    fn into_parts(self) -> Result<(TenantId, NodeId, Extra), ApiError> {
+        Ok((
+            self.tenant_id,
+            self.node_id,
+            Extra::Release { wipe: self.wipe },
+        ))
+    }
+}
+
+impl VerbRequest for AbortRequest {
+    fn into_parts(self) -> Result<(TenantId, NodeId, Extra), ApiError> {
+        if self
+            .reason
+            .as_ref()
+            .is_some_and(|r| r.chars().count() > MAX_REASON)
+        {
+            return Err(ApiError::invalid(format!(
+                "reason must be at most {MAX_REASON} characters"
+            )));
+        }
+        Ok((
+            self.tenant_id,
+            self.node_id,
+            Extra::Abort {
+                reason: self.reason,
+            },
+        ))
+    }
+}
+
+impl VerbRequest for PowerRequest {
+    fn into_parts(self) -> Result<(TenantId, NodeId, Extra), ApiError> {
+        Ok((
+            self.tenant_id,
+            self.node_id,
+            Extra::Power {
+                action: self.action,
+            },
+        ))
+    }
+}
+
+impl VerbRequest for RotateCredentialsRequest {
+    fn into_parts(self) -> Result<(TenantId, NodeId, Extra), ApiError> {
+        let extra = Extra::Rotate {
+            password: self.password,
+        };
+        Ok((self.tenant_id, self.node_id, extra))
+    }
+}
+
+/// Runs `verb` for a request, counting and timing it.
 async fn verb_endpoint(
     app: AppState,
     who: Principal,
-    tenant: TenantId,
-    node: NodeId,
     verb: Verb,
-    extra: Extra,
+    req: impl VerbRequest,
 ) -> Result<Json<NodeView>, ApiError> {
     let started = std::time::Instant::now();
-    let out = run_verb(&app, &who, &tenant, &node, verb, extra).await;
+    let out = match req.into_parts() {
+        Ok((tenant, node, extra)) => run_verb(&app, &who, &tenant, &node, verb, extra).await,
+        Err(e) => Err(e),
+    };
     let outcome = match &out {
         Ok(_) => "ok".to_owned(),
         Err(e) => format!("{:?}", e.code),
@@ -537,7 +617,7 @@ macro_rules! node_verb {
             responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)),
             security(("bearer" = [])))]
         pub async fn $name(State(app): State<AppState>, who: Principal, Body(req): Body<NodeRequest>) -> Result<Json<NodeView>, ApiError> {
-            verb_endpoint(app, who, req.tenant_id, req.node_id, $verb, Extra::None).await
+            verb_endpoint(app, who, $verb, req).await
         }
     };
 }
@@ -593,15 +673,7 @@ pub async fn deploy(
     who: Principal,
     Body(req): Body<DeployRequest>,
 ) -> Result<Json<NodeView>, ApiError> {
-    check_text("profileId", &req.profile_id, 128)?;
-    if req.profile_version == 0 {
-        return Err(ApiError::invalid("profileVersion must be 1 or more"));
-    }
-    let extra = Extra::Deploy {
-        profile_id: req.profile_id,
-        profile_version: req.profile_version,
-    };
-    verb_endpoint(app, who, req.tenant_id, req.node_id, Verb::Deploy, extra).await
+    verb_endpoint(app, who, Verb::Deploy, req).await
 }
 
 /// `metal.undeploy` (verb `release`): `deployed`/`rescue` → `releasing`.
@@ -612,15 +684,7 @@ pub async fn undeploy(
     who: Principal,
     Body(req): Body<UndeployRequest>,
 ) -> Result<Json<NodeView>, ApiError> {
-    verb_endpoint(
-        app,
-        who,
-        req.tenant_id,
-        req.node_id,
-        Verb::Release,
-        Extra::Release { wipe: req.wipe },
-    )
-    .await
+    verb_endpoint(app, who, Verb::Release, req).await
 }
 
 /// `metal.abort`: a running workflow's state → `failed`.
@@ -631,22 +695,7 @@ pub async fn abort(
     who: Principal,
     Body(req): Body<AbortRequest>,
 ) -> Result<Json<NodeView>, ApiError> {
-    if let Some(r) = &req.reason {
-        if r.chars().count() > MAX_REASON {
-            return Err(ApiError::invalid(format!(
-                "reason must be at most {MAX_REASON} characters"
-            )));
-        }
-    }
-    verb_endpoint(
-        app,
-        who,
-        req.tenant_id,
-        req.node_id,
-        Verb::Abort,
-        Extra::Abort { reason: req.reason },
-    )
-    .await
+    verb_endpoint(app, who, Verb::Abort, req).await
 }
 
 /// `metal.power`: queues a BMC power command; the provision state is unchanged.
@@ -657,15 +706,7 @@ pub async fn power(
     who: Principal,
     Body(req): Body<PowerRequest>,
 ) -> Result<Json<NodeView>, ApiError> {
-    verb_endpoint(
-        app,
-        who,
-        req.tenant_id,
-        req.node_id,
-        Verb::Power,
-        Extra::Power { action: req.action },
-    )
-    .await
+    verb_endpoint(app, who, Verb::Power, req).await
 }
 
 /// `metal.rotateCredentials`: a two-phase BMC password rotation. The new
@@ -680,15 +721,5 @@ pub async fn rotate_credentials(
     who: Principal,
     Body(req): Body<RotateCredentialsRequest>,
 ) -> Result<Json<NodeView>, ApiError> {
-    verb_endpoint(
-        app,
-        who,
-        req.tenant_id,
-        req.node_id,
-        Verb::RotateCredentials,
-        Extra::Rotate {
-            password: req.password,
-        },
-    )
-    .await
+    verb_endpoint(app, who, Verb::RotateCredentials, req).await
 }

@@ -112,7 +112,10 @@ pub struct DeployOptions {
     pub max_held_bytes: Option<u64>,
 }
 
-/// Deploys the image the manifest names onto `disk`.
+/// Deploys the image the manifest names onto `disk`: the manifest checked
+/// before anything is opened, the image streamed, hashed and (qcow2)
+/// converted as it arrives, its holes zeroed, the disk flushed and read
+/// back. Anything wrong after the first write zeroes what was written.
 pub fn deploy(
     m: &Manifest,
     keys: &[VerifyingKey],
@@ -128,6 +131,47 @@ pub fn deploy(
             need: m.size_bytes,
         });
     }
+    let mut source = fetch(m, opts)?;
+    let started = std::time::Instant::now();
+    let file = disks::open_write(disk)
+        .map_err(|e| ImageError::Io(format!("open {}: {e}", disk.path.display())))?;
+    let mut sink = Sink::new(m, disk, &file, opts);
+    let streamed = stream(&mut source, &mut sink, progress)
+        .and_then(|()| sink.finish())
+        .and_then(|(virtual_size, sha)| {
+            zero_holes(&file, disk, &sink.written, virtual_size)?;
+            disks::flush(&file, disk.is_block).map_err(|e| format!("flush: {e}"))?;
+            // Read back around the page cache, chunk by chunk.
+            let target_sha = read_back(disk, &sink.written, virtual_size)?;
+            Ok((virtual_size, sha, target_sha))
+        });
+    let (virtual_size, sha, target_sha) = match streamed {
+        Ok(done) => done,
+        Err(why) => {
+            sink.written.zero_all(&file, u64::MAX);
+            return Err(ImageError::Rejected(why, sink.written.bytes));
+        }
+    };
+    let millis = started.elapsed().as_millis() as u64;
+    Ok(DeployReport {
+        disk: disk.name.clone(),
+        serial: disk.serial.clone(),
+        format: m.format,
+        image_sha256: sha,
+        bytes_downloaded: sink.downloaded,
+        virtual_size_bytes: virtual_size,
+        bytes_written: sink.written.bytes,
+        target_sha256: target_sha,
+        millis,
+        bytes_per_sec: sink.downloaded * 1000 / millis.max(1),
+        signed_by_key,
+        user_data: None,
+        sim: false,
+    })
+}
+
+/// The image's HTTP(S) response (through `site.httpProxy` when set).
+fn fetch(m: &Manifest, opts: &DeployOptions) -> Result<reqwest::blocking::Response, ImageError> {
     let fetch_err = |why: String| ImageError::Fetch {
         url: m.url.clone(),
         why,
@@ -139,131 +183,179 @@ pub fn deploy(
         client = client.proxy(reqwest::Proxy::all(p).map_err(|e| fetch_err(e.to_string()))?);
     }
     let client = client.build().map_err(|e| fetch_err(e.to_string()))?;
-    let mut resp = client
+    let resp = client
         .get(&m.url)
         .send()
         .map_err(|e| fetch_err(e.to_string()))?;
     if !resp.status().is_success() {
         return Err(fetch_err(format!("HTTP {}", resp.status())));
     }
-    let started = std::time::Instant::now();
-    let file = disks::open_write(disk)
-        .map_err(|e| ImageError::Io(format!("open {}: {e}", disk.path.display())))?;
-    let chunk = 1u64 << 20;
-    let mut written = Written {
-        chunk,
-        digests: HashMap::new(),
-        bytes: 0,
-    };
-    let mut hasher = Sha256::new();
-    let mut downloaded = 0u64;
+    Ok(resp)
+}
+
+/// Reads the whole image into the sink, reporting progress.
+fn stream(
+    source: &mut impl Read,
+    sink: &mut Sink<'_>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), String> {
     let mut buf = vec![0u8; 1 << 20];
-    let mut raw_fill: Vec<u8> = Vec::with_capacity(chunk as usize);
-    let mut raw_at = 0u64;
-    let mut conv = qcow2::Converter::new(opts.max_held_bytes.unwrap_or(256 << 20));
-    let mut qcow_chunk = 0u64;
-    let fail = |written: &Written, why: String| -> ImageError {
-        written.zero_all(&file, u64::MAX);
-        ImageError::Rejected(why, written.bytes)
-    };
     loop {
-        let n = match resp.read(&mut buf) {
-            Ok(0) => break,
+        let n = match source.read(&mut buf) {
+            Ok(0) => return Ok(()),
             Ok(n) => n,
-            Err(e) => return Err(fail(&written, format!("reading the image: {e}"))),
+            Err(e) => return Err(format!("reading the image: {e}")),
         };
-        downloaded += n as u64;
-        if downloaded > m.size_bytes {
-            return Err(fail(
-                &written,
-                format!(
-                    "the image is longer than the manifest's {} bytes",
-                    m.size_bytes
-                ),
+        sink.feed(&buf[..n])?;
+        progress(sink.downloaded, sink.manifest.size_bytes);
+    }
+}
+
+/// Where the image's bytes go as they arrive: hashed, counted, and written
+/// to the disk chunk by chunk (raw) or cluster by cluster (qcow2, converted
+/// on the fly).
+struct Sink<'a> {
+    manifest: &'a Manifest,
+    disk: &'a Disk,
+    file: &'a std::fs::File,
+    written: Written,
+    hasher: Sha256,
+    downloaded: u64,
+    /// A raw image's chunk being filled, and where it goes.
+    raw_fill: Vec<u8>,
+    raw_at: u64,
+    conv: qcow2::Converter,
+    /// The qcow2 cluster size, once its header arrived.
+    qcow_chunk: u64,
+}
+
+/// The granularity of a raw image's writes and read-back.
+const RAW_CHUNK: u64 = 1 << 20;
+
+impl<'a> Sink<'a> {
+    fn new(
+        manifest: &'a Manifest,
+        disk: &'a Disk,
+        file: &'a std::fs::File,
+        opts: &DeployOptions,
+    ) -> Self {
+        Self {
+            manifest,
+            disk,
+            file,
+            written: Written {
+                chunk: RAW_CHUNK,
+                digests: HashMap::new(),
+                bytes: 0,
+            },
+            hasher: Sha256::new(),
+            downloaded: 0,
+            raw_fill: Vec::with_capacity(RAW_CHUNK as usize),
+            raw_at: 0,
+            conv: qcow2::Converter::new(opts.max_held_bytes.unwrap_or(256 << 20)),
+            qcow_chunk: 0,
+        }
+    }
+
+    fn feed(&mut self, data: &[u8]) -> Result<(), String> {
+        self.downloaded += data.len() as u64;
+        if self.downloaded > self.manifest.size_bytes {
+            return Err(format!(
+                "the image is longer than the manifest's {} bytes",
+                self.manifest.size_bytes
             ));
         }
-        let data = &buf[..n];
-        hasher.update(data);
-        match m.format {
-            Format::Raw => {
-                let mut rest = data;
-                while !rest.is_empty() {
-                    let take = (chunk as usize - raw_fill.len()).min(rest.len());
-                    raw_fill.extend_from_slice(&rest[..take]);
-                    rest = &rest[take..];
-                    if raw_fill.len() as u64 == chunk {
-                        if let Err(e) = written.record(&file, raw_at, &raw_fill) {
-                            return Err(fail(&written, format!("writing: {e}")));
-                        }
-                        raw_at += chunk;
-                        raw_fill.clear();
-                    }
-                }
+        self.hasher.update(data);
+        match self.manifest.format {
+            Format::Raw => self.feed_raw(data),
+            Format::Qcow2 => self.feed_qcow2(data),
+        }
+    }
+
+    fn feed_raw(&mut self, mut rest: &[u8]) -> Result<(), String> {
+        while !rest.is_empty() {
+            let take = (RAW_CHUNK as usize - self.raw_fill.len()).min(rest.len());
+            self.raw_fill.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if self.raw_fill.len() as u64 == RAW_CHUNK {
+                self.written
+                    .record(self.file, self.raw_at, &self.raw_fill)
+                    .map_err(|e| format!("writing: {e}"))?;
+                self.raw_at += RAW_CHUNK;
+                self.raw_fill.clear();
             }
-            Format::Qcow2 => {
-                let mut sink = |o: qcow2::Output<'_>| -> std::io::Result<()> {
-                    let qcow2::Output::Data { guest, data } = o;
-                    // Every output is one whole cluster at a cluster-aligned
-                    // guest offset: record at cluster granularity.
-                    written.chunk = data.len() as u64;
-                    written.record(&file, guest, data)
-                };
-                if let Err(e) = conv.feed(data, &mut sink) {
-                    return Err(fail(&written, format!("qcow2: {e}")));
-                }
-                if qcow_chunk == 0 {
-                    if let Some(h) = conv.header() {
-                        qcow_chunk = h.cluster_size;
-                        if h.virtual_size > disk.size_bytes {
-                            return Err(fail(
-                                &written,
-                                format!(
-                                    "the target {} ({} bytes) is smaller than the image ({} bytes)",
-                                    disk.name, disk.size_bytes, h.virtual_size
-                                ),
-                            ));
-                        }
-                    }
+        }
+        Ok(())
+    }
+
+    fn feed_qcow2(&mut self, data: &[u8]) -> Result<(), String> {
+        let (file, written) = (self.file, &mut self.written);
+        let mut sink = |o: qcow2::Output<'_>| -> std::io::Result<()> {
+            let qcow2::Output::Data { guest, data } = o;
+            // Every output is one whole cluster at a cluster-aligned guest
+            // offset: record at cluster granularity.
+            written.chunk = data.len() as u64;
+            written.record(file, guest, data)
+        };
+        self.conv
+            .feed(data, &mut sink)
+            .map_err(|e| format!("qcow2: {e}"))?;
+        if self.qcow_chunk == 0 {
+            if let Some(h) = self.conv.header() {
+                self.qcow_chunk = h.cluster_size;
+                if h.virtual_size > self.disk.size_bytes {
+                    return Err(format!(
+                        "the target {} ({} bytes) is smaller than the image ({} bytes)",
+                        self.disk.name, self.disk.size_bytes, h.virtual_size
+                    ));
                 }
             }
         }
-        progress(downloaded, m.size_bytes);
+        Ok(())
     }
-    if !raw_fill.is_empty() {
-        if let Err(e) = written.record(&file, raw_at, &raw_fill) {
-            return Err(fail(&written, format!("writing: {e}")));
+
+    /// After the last byte: the image's virtual size and its sha256, once
+    /// its length and hash are the manifest's.
+    fn finish(&mut self) -> Result<(u64, String), String> {
+        if !self.raw_fill.is_empty() {
+            self.written
+                .record(self.file, self.raw_at, &self.raw_fill)
+                .map_err(|e| format!("writing: {e}"))?;
         }
-    }
-    if downloaded != m.size_bytes {
-        return Err(fail(
-            &written,
-            format!(
-                "the image is {downloaded} bytes, the manifest says {}",
-                m.size_bytes
-            ),
-        ));
-    }
-    let sha = hex::encode(hasher.finalize());
-    if sha != m.sha256 {
-        return Err(fail(
-            &written,
-            format!(
+        let m = self.manifest;
+        if self.downloaded != m.size_bytes {
+            return Err(format!(
+                "the image is {} bytes, the manifest says {}",
+                self.downloaded, m.size_bytes
+            ));
+        }
+        let sha = hex::encode(std::mem::take(&mut self.hasher).finalize());
+        if sha != m.sha256 {
+            return Err(format!(
                 "image sha256 {sha} does not match the manifest's {}",
                 m.sha256
-            ),
-        ));
+            ));
+        }
+        let virtual_size = match m.format {
+            Format::Raw => m.size_bytes,
+            Format::Qcow2 => {
+                let conv = std::mem::replace(&mut self.conv, qcow2::Converter::new(0));
+                let h = conv.finish().map_err(|e| format!("qcow2: {e}"))?;
+                self.written.chunk = self.qcow_chunk;
+                h.virtual_size
+            }
+        };
+        Ok((virtual_size, sha))
     }
-    let virtual_size = match m.format {
-        Format::Raw => m.size_bytes,
-        Format::Qcow2 => match conv.finish() {
-            Ok(h) => h.virtual_size,
-            Err(e) => return Err(fail(&written, format!("qcow2: {e}"))),
-        },
-    };
-    if m.format == Format::Qcow2 {
-        written.chunk = qcow_chunk;
-    }
-    // Zero what the image leaves unallocated, in runs.
+}
+
+/// Zeroes, in runs, what the image leaves unallocated.
+fn zero_holes(
+    file: &std::fs::File,
+    disk: &Disk,
+    written: &Written,
+    virtual_size: u64,
+) -> Result<(), String> {
     let chunks = virtual_size.div_ceil(written.chunk);
     let mut run: Option<u64> = None;
     for idx in 0..=chunks {
@@ -273,38 +365,14 @@ pub fn deploy(
             (false, Some(start)) => {
                 let off = start * written.chunk;
                 let end = (idx * written.chunk).min(virtual_size);
-                if let Err(e) = disks::zero_fast(&file, disk.is_block, off, end - off) {
-                    return Err(fail(&written, format!("zeroing unallocated ranges: {e}")));
-                }
+                disks::zero_fast(file, disk.is_block, off, end - off)
+                    .map_err(|e| format!("zeroing unallocated ranges: {e}"))?;
                 run = None;
             }
             _ => {}
         }
     }
-    if let Err(e) = disks::flush(&file, disk.is_block) {
-        return Err(fail(&written, format!("flush: {e}")));
-    }
-    // Read back around the page cache, chunk by chunk.
-    let target_sha = match read_back(disk, &written, virtual_size) {
-        Ok(s) => s,
-        Err(why) => return Err(fail(&written, why)),
-    };
-    let millis = started.elapsed().as_millis() as u64;
-    Ok(DeployReport {
-        disk: disk.name.clone(),
-        serial: disk.serial.clone(),
-        format: m.format,
-        image_sha256: sha,
-        bytes_downloaded: downloaded,
-        virtual_size_bytes: virtual_size,
-        bytes_written: written.bytes,
-        target_sha256: target_sha,
-        millis,
-        bytes_per_sec: downloaded * 1000 / millis.max(1),
-        signed_by_key,
-        user_data: None,
-        sim: false,
-    })
+    Ok(())
 }
 
 fn read_back(disk: &Disk, written: &Written, virtual_size: u64) -> Result<String, String> {

@@ -337,7 +337,33 @@ async fn run() -> anyhow::Result<()> {
         base: cli.api.trim_end_matches('/').to_owned(),
         token: cli.token.clone(),
     };
-    let tenant = cli.tenant.clone();
+    let tenant = cli.tenant.as_str();
+    match &cli.cmd {
+        Cmd::Image { cmd } => image_cmd(cmd, cli.output),
+        Cmd::JoinToken { pool, ttl_secs } => {
+            join_token(&api, cli.output, tenant, pool, *ttl_secs).await
+        }
+        Cmd::List { pool, state } => {
+            list(&api, cli.output, tenant, pool.as_deref(), state.as_deref()).await
+        }
+        Cmd::Show { node } => show(&api, cli.output, node).await,
+        Cmd::Watch {
+            node,
+            nats,
+            namespace,
+        } => watch(tenant, node, nats, namespace.clone(), cli.output).await,
+        cmd => {
+            let (path, body) = mutation(tenant, cmd)?;
+            let v = api.call(reqwest::Method::POST, &path, Some(body)).await?;
+            print(cli.output, &v);
+            Ok(())
+        }
+    }
+}
+
+/// The path and body of a command that changes something: `enroll` and
+/// every verb.
+fn mutation(tenant: &str, cmd: &Cmd) -> anyhow::Result<(String, Value)> {
     let verb = |name: &str, node: &str, extra: Value| {
         let mut body = json!({ "tenantId": tenant, "nodeId": node });
         if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
@@ -345,8 +371,7 @@ async fn run() -> anyhow::Result<()> {
         }
         (format!("/api/compute/metal/{name}"), body)
     };
-    let post = reqwest::Method::POST;
-    let (path, body) = match &cli.cmd {
+    Ok(match cmd {
         Cmd::Enroll {
             pool,
             driver,
@@ -358,17 +383,10 @@ async fn run() -> anyhow::Result<()> {
             tls_insecure,
         } => {
             let mut bmc = json!({"driver": driver, "address": address, "username": username, "password": password});
-            let tls = match (tls_ca_file, tls_pin, tls_insecure) {
-                (Some(file), _, _) => {
-                    let pem = std::fs::read_to_string(file)
-                        .with_context(|| format!("reading {}", file.display()))?;
-                    Some(json!({"mode": "ca", "caPem": pem}))
-                }
-                (None, Some(pin), _) => Some(json!({"mode": "pinned", "sha256": pin})),
-                (None, None, true) => Some(json!({"mode": "insecure"})),
-                _ => None,
-            };
-            if let (Some(t), Some(b)) = (tls, bmc.as_object_mut()) {
+            if let (Some(t), Some(b)) = (
+                tls_policy(tls_ca_file.as_deref(), tls_pin.as_deref(), *tls_insecure)?,
+                bmc.as_object_mut(),
+            ) {
                 b.insert("tls".into(), t);
             }
             (
@@ -378,92 +396,6 @@ async fn run() -> anyhow::Result<()> {
         }
         Cmd::RotateCredentials { node, password } => {
             verb("rotateCredentials", node, json!({"password": password}))
-        }
-        Cmd::Image { cmd } => {
-            match cmd {
-                ImageCmd::Keygen { key_file } => {
-                    let public = image::keygen(key_file)?;
-                    match cli.output {
-                        Output::Json => emit(json!({ "publicKey": public })),
-                        Output::Table => emit(format!(
-                            "public key {public}\n(private key in {}; add the public key to the attestation service's image_keys)",
-                            key_file.display()
-                        )),
-                    }
-                }
-                ImageCmd::Sign {
-                    key_file,
-                    url,
-                    format,
-                    image: file,
-                } => {
-                    let r = image::sign(key_file, file, url, format)?;
-                    // Both outputs are the reference itself: it is meant
-                    // to be pasted into a profile.
-                    emit(serde_json::to_string_pretty(&r).unwrap_or_default());
-                }
-            }
-            return Ok(());
-        }
-        Cmd::JoinToken { pool, ttl_secs } => {
-            let body = json!({"tenantId": tenant, "poolId": pool, "ttlSecs": ttl_secs});
-            let v = api
-                .call(
-                    reqwest::Method::POST,
-                    "/api/compute/metal/joinTokens",
-                    Some(body),
-                )
-                .await?;
-            match cli.output {
-                Output::Json => emit(serde_json::to_string_pretty(&v).unwrap_or_default()),
-                Output::Table => emit(format!(
-                    "token {}\npool {}\nexpires {}\n(shown once; run `bcd node --api <control plane> --token <token>` on the machine)",
-                    v["token"].as_str().unwrap_or_default(),
-                    v["poolId"].as_str().unwrap_or_default(),
-                    v["expiresAt"].as_str().unwrap_or_default()
-                )),
-            }
-            return Ok(());
-        }
-        Cmd::List { pool, state } => {
-            let mut items = vec![];
-            let mut page: Option<String> = None;
-            loop {
-                let mut q = format!("/api/compute/metal/nodes?tenantId={tenant}&limit=1000");
-                if let Some(p) = pool {
-                    q.push_str(&format!("&poolId={p}"));
-                }
-                if let Some(s) = state {
-                    q.push_str(&format!("&state={s}"));
-                }
-                if let Some(p) = &page {
-                    q.push_str(&format!("&pageToken={p}"));
-                }
-                let v = api.call(reqwest::Method::GET, &q, None).await?;
-                items.extend(v["items"].as_array().cloned().unwrap_or_default());
-                match v["nextPageToken"].as_str() {
-                    Some(t) => page = Some(t.to_owned()),
-                    None => break,
-                }
-            }
-            print(cli.output, &json!({ "items": items }));
-            return Ok(());
-        }
-        Cmd::Show { node } => {
-            let v = api
-                .call(
-                    reqwest::Method::GET,
-                    &format!("/api/compute/metal/nodes/{node}"),
-                    None,
-                )
-                .await?;
-            print(cli.output, &v);
-            if cli.output == Output::Table {
-                if let Some(inv) = v.get("inventory") {
-                    emit(inventory_summary(inv));
-                }
-            }
-            return Ok(());
         }
         Cmd::Manage { node } => verb("manage", node, json!({})),
         Cmd::Inspect { node } => verb("inspect", node, json!({})),
@@ -484,14 +416,137 @@ async fn run() -> anyhow::Result<()> {
         Cmd::Recover { node } => verb("recover", node, json!({})),
         Cmd::Retire { node } => verb("retire", node, json!({})),
         Cmd::Power { node, action } => verb("power", node, json!({"action": action})),
-        Cmd::Watch {
-            node,
-            nats,
-            namespace,
-        } => return watch(&tenant, node, nats, namespace.clone(), cli.output).await,
-    };
-    let v = api.call(post, &path, Some(body)).await?;
-    print(cli.output, &v);
+        Cmd::Image { .. }
+        | Cmd::JoinToken { .. }
+        | Cmd::List { .. }
+        | Cmd::Show { .. }
+        | Cmd::Watch { .. } => {
+            anyhow::bail!("not a command that changes anything")
+        }
+    })
+}
+
+/// The `bmc.tls` of an enroll, from the flags.
+fn tls_policy(
+    ca_file: Option<&std::path::Path>,
+    pin: Option<&str>,
+    insecure: bool,
+) -> anyhow::Result<Option<Value>> {
+    Ok(match (ca_file, pin, insecure) {
+        (Some(file), _, _) => {
+            let pem = std::fs::read_to_string(file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            Some(json!({"mode": "ca", "caPem": pem}))
+        }
+        (None, Some(pin), _) => Some(json!({"mode": "pinned", "sha256": pin})),
+        (None, None, true) => Some(json!({"mode": "insecure"})),
+        _ => None,
+    })
+}
+
+/// `metalctl image keygen|sign`: the publisher's side, no API call.
+fn image_cmd(cmd: &ImageCmd, output: Output) -> anyhow::Result<()> {
+    match cmd {
+        ImageCmd::Keygen { key_file } => {
+            let public = image::keygen(key_file)?;
+            match output {
+                Output::Json => emit(json!({ "publicKey": public })),
+                Output::Table => emit(format!(
+                    "public key {public}\n(private key in {}; add the public key to the attestation service's image_keys)",
+                    key_file.display()
+                )),
+            }
+        }
+        ImageCmd::Sign {
+            key_file,
+            url,
+            format,
+            image: file,
+        } => {
+            let r = image::sign(key_file, file, url, format)?;
+            // Both outputs are the reference itself: it is meant to be
+            // pasted into a profile.
+            emit(serde_json::to_string_pretty(&r).unwrap_or_default());
+        }
+    }
+    Ok(())
+}
+
+/// `metalctl join-token`: a pool's one-time adopt token, shown once.
+async fn join_token(
+    api: &Api,
+    output: Output,
+    tenant: &str,
+    pool: &str,
+    ttl_secs: u64,
+) -> anyhow::Result<()> {
+    let body = json!({"tenantId": tenant, "poolId": pool, "ttlSecs": ttl_secs});
+    let v = api
+        .call(
+            reqwest::Method::POST,
+            "/api/compute/metal/joinTokens",
+            Some(body),
+        )
+        .await?;
+    match output {
+        Output::Json => emit(serde_json::to_string_pretty(&v).unwrap_or_default()),
+        Output::Table => emit(format!(
+            "token {}\npool {}\nexpires {}\n(shown once; run `bcd node --api <control plane> --token <token>` on the machine)",
+            v["token"].as_str().unwrap_or_default(),
+            v["poolId"].as_str().unwrap_or_default(),
+            v["expiresAt"].as_str().unwrap_or_default()
+        )),
+    }
+    Ok(())
+}
+
+/// `metalctl list`: every page of the node list.
+async fn list(
+    api: &Api,
+    output: Output,
+    tenant: &str,
+    pool: Option<&str>,
+    state: Option<&str>,
+) -> anyhow::Result<()> {
+    let mut items = vec![];
+    let mut page: Option<String> = None;
+    loop {
+        let mut q = format!("/api/compute/metal/nodes?tenantId={tenant}&limit=1000");
+        if let Some(p) = pool {
+            q.push_str(&format!("&poolId={p}"));
+        }
+        if let Some(s) = state {
+            q.push_str(&format!("&state={s}"));
+        }
+        if let Some(p) = &page {
+            q.push_str(&format!("&pageToken={p}"));
+        }
+        let v = api.call(reqwest::Method::GET, &q, None).await?;
+        items.extend(v["items"].as_array().cloned().unwrap_or_default());
+        match v["nextPageToken"].as_str() {
+            Some(t) => page = Some(t.to_owned()),
+            None => break,
+        }
+    }
+    print(output, &json!({ "items": items }));
+    Ok(())
+}
+
+/// `metalctl show`: one node, with its inventory summarized in a table.
+async fn show(api: &Api, output: Output, node: &str) -> anyhow::Result<()> {
+    let v = api
+        .call(
+            reqwest::Method::GET,
+            &format!("/api/compute/metal/nodes/{node}"),
+            None,
+        )
+        .await?;
+    print(output, &v);
+    if output == Output::Table {
+        if let Some(inv) = v.get("inventory") {
+            emit(inventory_summary(inv));
+        }
+    }
     Ok(())
 }
 

@@ -427,13 +427,27 @@ async fn step_once(
     };
     let wrote_node = def.kind.writes_node();
     let ended = if steps[pos].status == StepStatus::Pending {
-        match start_attempt(tx, ctx, wf, &mut steps[pos], &def, node, now, writes).await? {
+        let at = At {
+            ctx,
+            wf,
+            def: &def,
+            node,
+            now,
+        };
+        match start_attempt(tx, &at, &mut steps[pos], writes).await? {
             Started::Sent => None,
             Started::Ended(e) => Some(e),
-            Started::InEngine => run_in_engine(tx, ctx, wf, steps, pos, &def, node, now).await?,
+            Started::InEngine => run_in_engine(tx, &at, steps, pos).await?,
         }
     } else {
-        check_running(tx, ctx, wf, steps, pos, &def, node, now, writes).await?
+        let at = At {
+            ctx,
+            wf,
+            def: &def,
+            node,
+            now,
+        };
+        check_running(tx, &at, steps, pos, writes).await?
     };
     let Some(ended) = ended else {
         return Ok((None, wrote_node));
@@ -461,6 +475,16 @@ fn begin_cancel(wf: &mut WorkflowRow, steps: &mut [StepRow], now: DateTime<Utc>)
     wf.status = WorkflowPhase::CancellingCleanup;
 }
 
+/// What every part of advancing one step reads: the engine, the step's
+/// workflow and definition, its node, and the time the transaction acts at.
+struct At<'a> {
+    ctx: &'a Ctx,
+    wf: &'a WorkflowRow,
+    def: &'a StepDef,
+    node: &'a Node,
+    now: DateTime<Utc>,
+}
+
 /// What starting an attempt came to.
 enum Started {
     /// Its command is recorded; the step waits for the result.
@@ -473,17 +497,19 @@ enum Started {
 
 /// Starts a pending step's attempt: a step that sends a command records it
 /// (and queues a site command's message) and waits for its result.
-#[allow(clippy::too_many_arguments)]
 async fn start_attempt(
     tx: &mut Tx<'_>,
-    ctx: &Ctx,
-    wf: &WorkflowRow,
+    at: &At<'_>,
     step: &mut StepRow,
-    def: &StepDef,
-    node: &Node,
-    now: DateTime<Utc>,
     writes: &mut Writes,
 ) -> Result<Started, DbError> {
+    let At {
+        ctx,
+        wf,
+        def,
+        node,
+        now,
+    } = *at;
     step.status = StepStatus::Running;
     step.attempt = step.attempt.max(1);
     step.started_at = Some(now);
@@ -528,48 +554,33 @@ async fn start_attempt(
 
 /// Looks at a running step again: a join it waits for, or its command's
 /// result.
-#[allow(clippy::too_many_arguments)]
 async fn check_running(
     tx: &mut Tx<'_>,
-    ctx: &Ctx,
-    wf: &WorkflowRow,
+    at: &At<'_>,
     steps: &mut [StepRow],
     pos: usize,
-    def: &StepDef,
-    node: &Node,
-    now: DateTime<Utc>,
     writes: &mut Writes,
 ) -> Result<Option<Ended>, DbError> {
-    match def.kind {
-        StepKind::WaitRamdiskJoin | StepKind::WaitOsJoin { .. } => {
-            check_join(tx, ctx, wf, &mut steps[pos], def, node, now).await
+    match at.def.kind.target() {
+        // A join it waits for; or an engine step found running (those end
+        // in the transaction that starts them, so only damage leaves one):
+        // run it again (each is idempotent).
+        StepTarget::ControlPlane | StepTarget::Node => run_in_engine(tx, at, steps, pos).await,
+        StepTarget::Site | StepTarget::Ramdisk => {
+            check_command(tx, &mut steps[pos], at.now, writes).await
         }
-        StepKind::StoreMacs
-        | StepKind::RevokeIdentity
-        | StepKind::ForgetBmcCredentials
-        | StepKind::RetiredEnsureRamdisk => {
-            // An engine step found running (it ends in the transaction
-            // that starts it, so only damage leaves one): run it again
-            // (each is idempotent).
-            run_in_engine(tx, ctx, wf, steps, pos, def, node, now).await
-        }
-        _ => check_command(tx, &mut steps[pos], now, writes).await,
     }
 }
 
 /// Runs a step the engine itself carries out, in its transaction.
-#[allow(clippy::too_many_arguments)]
 async fn run_in_engine(
     tx: &mut Tx<'_>,
-    ctx: &Ctx,
-    wf: &WorkflowRow,
+    at: &At<'_>,
     steps: &mut [StepRow],
     pos: usize,
-    def: &StepDef,
-    node: &Node,
-    now: DateTime<Utc>,
 ) -> Result<Option<Ended>, DbError> {
-    match &def.kind {
+    let node = at.node;
+    match &at.def.kind {
         StepKind::StoreMacs => store_macs(tx, steps, node).await.map(Some),
         StepKind::RevokeIdentity => {
             let n = bcm_metal::identity::revoke_in_txn(tx, &node.id.to_string()).await?;
@@ -587,7 +598,7 @@ async fn run_in_engine(
              executes any more; recover the node to run this state with v2",
         ))),
         StepKind::WaitRamdiskJoin | StepKind::WaitOsJoin { .. } => {
-            check_join(tx, ctx, wf, &mut steps[pos], def, node, now).await
+            check_join(tx, at, &mut steps[pos]).await
         }
         other => Ok(Some(Ended::failed(
             false,
@@ -633,13 +644,16 @@ async fn store_macs(tx: &mut Tx<'_>, steps: &[StepRow], node: &Node) -> Result<E
 /// out past the deadline, else looked at again after the join poll.
 async fn check_join(
     tx: &mut Tx<'_>,
-    ctx: &Ctx,
-    wf: &WorkflowRow,
+    at: &At<'_>,
     step: &mut StepRow,
-    def: &StepDef,
-    node: &Node,
-    now: DateTime<Utc>,
 ) -> Result<Option<Ended>, DbError> {
+    let At {
+        ctx,
+        wf,
+        def,
+        node,
+        now,
+    } = *at;
     let (fact, role) = match &def.kind {
         StepKind::WaitOsJoin { role, .. } => ("agent:provisioned", Some(role.as_str())),
         _ => ("agent:discovery", None),

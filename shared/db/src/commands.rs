@@ -126,14 +126,23 @@ pub async fn agent_listener(db: &Db) -> Result<AgentListener, DbError> {
     Ok(AgentListener { inner })
 }
 
+async fn command_by_id<'e>(
+    e: impl sqlx::PgExecutor<'e>,
+    id: &str,
+    for_update: bool,
+) -> Result<CommandRow, DbError> {
+    let lock = if for_update { " FOR UPDATE" } else { "" };
+    Ok(sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM commands WHERE id = $1{lock}"
+    ))
+    .bind(id)
+    .fetch_one(e)
+    .await?)
+}
+
 /// Reads a command.
 pub async fn command_fetch_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<CommandRow, DbError> {
-    Ok(
-        sqlx::query_as(&format!("SELECT {COLUMNS} FROM commands WHERE id = $1"))
-            .bind(id)
-            .fetch_one(&mut **tx)
-            .await?,
-    )
+    command_by_id(&mut **tx, id, false).await
 }
 
 /// Reads commands (those that exist), in one round trip.
@@ -157,12 +166,7 @@ pub async fn command_fetch_for_update_in_txn(
     tx: &mut Tx<'_>,
     id: &str,
 ) -> Result<CommandRow, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM commands WHERE id = $1 FOR UPDATE"
-    ))
-    .bind(id)
-    .fetch_one(&mut **tx)
-    .await?)
+    command_by_id(&mut **tx, id, true).await
 }
 
 /// Records the result of one of `node_id`'s unanswered commands and returns
@@ -209,12 +213,7 @@ pub async fn command_attest_in_txn(tx: &mut Tx<'_>, id: &str, serial: &str) -> R
 
 /// Reads a command.
 pub async fn command_fetch(db: &Db, id: &str) -> Result<CommandRow, DbError> {
-    Ok(
-        sqlx::query_as(&format!("SELECT {COLUMNS} FROM commands WHERE id = $1"))
-            .bind(id)
-            .fetch_one(db.pool())
-            .await?,
-    )
+    command_by_id(db.pool(), id, false).await
 }
 
 /// A command whose result was just recorded.

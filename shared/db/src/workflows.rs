@@ -137,24 +137,58 @@ async fn notify_in_txn(tx: &mut Tx<'_>) -> Result<(), DbError> {
     Ok(())
 }
 
+/// Whether a read locks what it reads for the rest of the transaction.
+#[derive(Clone, Copy)]
+enum Lock {
+    No,
+    ForUpdate,
+}
+
+impl Lock {
+    fn suffix(self) -> &'static str {
+        match self {
+            Lock::No => "",
+            Lock::ForUpdate => " FOR UPDATE",
+        }
+    }
+}
+
+async fn workflow_by_id<'e>(
+    e: impl sqlx::PgExecutor<'e>,
+    id: &str,
+    lock: Lock,
+) -> Result<WorkflowRow, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {WF_COLUMNS} FROM workflows WHERE id = $1{}",
+        lock.suffix()
+    ))
+    .bind(id)
+    .fetch_one(e)
+    .await?)
+}
+
+async fn steps_of<'e>(
+    e: impl sqlx::PgExecutor<'e>,
+    workflow_id: &str,
+    lock: Lock,
+) -> Result<Vec<StepRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {STEP_COLUMNS} FROM workflow_steps WHERE workflow_id = $1 ORDER BY idx{}",
+        lock.suffix()
+    ))
+    .bind(workflow_id)
+    .fetch_all(e)
+    .await?)
+}
+
 /// Reads a workflow.
 pub async fn workflow_fetch(db: &Db, id: &str) -> Result<WorkflowRow, DbError> {
-    Ok(
-        sqlx::query_as(&format!("SELECT {WF_COLUMNS} FROM workflows WHERE id = $1"))
-            .bind(id)
-            .fetch_one(db.pool())
-            .await?,
-    )
+    workflow_by_id(db.pool(), id, Lock::No).await
 }
 
 /// Reads a workflow in a transaction without locking it.
 pub async fn workflow_fetch_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<WorkflowRow, DbError> {
-    Ok(
-        sqlx::query_as(&format!("SELECT {WF_COLUMNS} FROM workflows WHERE id = $1"))
-            .bind(id)
-            .fetch_one(&mut **tx)
-            .await?,
-    )
+    workflow_by_id(&mut **tx, id, Lock::No).await
 }
 
 /// Reads and locks a workflow.
@@ -162,12 +196,7 @@ pub async fn workflow_fetch_for_update_in_txn(
     tx: &mut Tx<'_>,
     id: &str,
 ) -> Result<WorkflowRow, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {WF_COLUMNS} FROM workflows WHERE id = $1 FOR UPDATE"
-    ))
-    .bind(id)
-    .fetch_one(&mut **tx)
-    .await?)
+    workflow_by_id(&mut **tx, id, Lock::ForUpdate).await
 }
 
 /// Every step of a workflow in order, locked for the transaction: a
@@ -176,12 +205,7 @@ pub async fn steps_fetch_for_update_in_txn(
     tx: &mut Tx<'_>,
     workflow_id: &str,
 ) -> Result<Vec<StepRow>, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {STEP_COLUMNS} FROM workflow_steps WHERE workflow_id = $1 ORDER BY idx FOR UPDATE"
-    ))
-    .bind(workflow_id)
-    .fetch_all(&mut **tx)
-    .await?)
+    steps_of(&mut **tx, workflow_id, Lock::ForUpdate).await
 }
 
 /// Every step of a workflow in order.
@@ -189,22 +213,12 @@ pub async fn steps_fetch_in_txn(
     tx: &mut Tx<'_>,
     workflow_id: &str,
 ) -> Result<Vec<StepRow>, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {STEP_COLUMNS} FROM workflow_steps WHERE workflow_id = $1 ORDER BY idx"
-    ))
-    .bind(workflow_id)
-    .fetch_all(&mut **tx)
-    .await?)
+    steps_of(&mut **tx, workflow_id, Lock::No).await
 }
 
 /// Every step of a workflow in order.
 pub async fn steps_fetch(db: &Db, workflow_id: &str) -> Result<Vec<StepRow>, DbError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {STEP_COLUMNS} FROM workflow_steps WHERE workflow_id = $1 ORDER BY idx"
-    ))
-    .bind(workflow_id)
-    .fetch_all(db.pool())
-    .await?)
+    steps_of(db.pool(), workflow_id, Lock::No).await
 }
 
 /// Claims up to `limit` due steps of distinct workflows, locked for the
