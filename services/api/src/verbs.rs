@@ -342,7 +342,6 @@ async fn run_verb(
         rows.push(outbox::event(
             s,
             &node,
-            bcm_contracts::events::types::NODE_POWER_REQUESTED,
             bcm_contracts::events::NodePowerRequested {
                 node_id: node.id,
                 tenant_id: node.tenant_id.clone(),
@@ -496,7 +495,6 @@ async fn begin_rotation(
     let started = outbox::event(
         s,
         &next,
-        bcm_contracts::events::types::NODE_CREDENTIALS_ROTATION,
         bcm_contracts::events::NodeCredentialsRotation {
             node_id: next.id,
             tenant_id: next.tenant_id.clone(),

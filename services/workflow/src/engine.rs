@@ -3,7 +3,7 @@
 
 use bcm_bus::Bus;
 use bcm_contracts::agent::AgentPresence;
-use bcm_contracts::events::{types, StepFinished, WorkflowFinished};
+use bcm_contracts::events::{StepFinished, WorkflowFinished};
 use bcm_contracts::{CommandEnvelope, CommandKind, Output};
 use bcm_core::workflow::{
     self, AfterOutcome, NextStep, StepDef, StepKind, StepOutcome, StepStatus, StepTarget,
@@ -784,7 +784,6 @@ fn step_event(
     outbox::event(
         subjects,
         node,
-        &types::workflow_step(step.status),
         StepFinished {
             workflow_id: wf.id.clone(),
             node_id: node.id,
@@ -849,7 +848,6 @@ fn finish(
     events.push(outbox::event(
         ctx.bus.subjects(),
         node,
-        &types::workflow(done),
         WorkflowFinished {
             workflow_id: wf.id.clone(),
             node_id: node.id,

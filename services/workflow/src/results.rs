@@ -135,7 +135,6 @@ async fn record_power(
     events.push(bcm_metal::outbox::event(
         ctx.bus.subjects(),
         &next,
-        bcm_contracts::events::types::NODE_POWER_CHANGED,
         bcm_contracts::events::NodePowerChanged {
             node_id: next.id,
             tenant_id: next.tenant_id.clone(),

@@ -99,7 +99,6 @@ pub async fn finish(
     events.push(bcm_metal::outbox::event(
         ctx.bus.subjects(),
         &next,
-        bcm_contracts::events::types::NODE_CREDENTIALS_ROTATION,
         bcm_contracts::events::NodeCredentialsRotation {
             node_id: next.id,
             tenant_id: next.tenant_id.clone(),

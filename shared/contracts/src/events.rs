@@ -61,6 +61,36 @@ pub mod types {
     }
 }
 
+/// An event's payload, which knows its type name: the name is never
+/// written apart from the data it names.
+pub trait EventData: Serialize {
+    /// The CloudEvents `type`, e.g. `node.provision.ready`.
+    fn event_type(&self) -> String;
+}
+
+macro_rules! event_types {
+    ($($t:ty => $name:expr),+ $(,)?) => {$(
+        impl EventData for $t {
+            fn event_type(&self) -> String {
+                let name: &dyn Fn(&$t) -> String = &$name;
+                name(self)
+            }
+        }
+    )+};
+}
+
+event_types! {
+    NodeEnrolled => |_| types::NODE_ENROLLED.to_owned(),
+    NodeProvisionChanged => |e| types::node_provision(e.provision_state),
+    NodeWorkflowStarted => |_| types::NODE_PROVISION_WORKFLOW.to_owned(),
+    NodeUnrescuing => |_| types::NODE_UNRESCUING.to_owned(),
+    NodePowerRequested => |_| types::NODE_POWER_REQUESTED.to_owned(),
+    NodePowerChanged => |_| types::NODE_POWER_CHANGED.to_owned(),
+    NodeCredentialsRotation => |_| types::NODE_CREDENTIALS_ROTATION.to_owned(),
+    WorkflowFinished => |e| types::workflow(e.status),
+    StepFinished => |e| types::workflow_step(e.status),
+}
+
 /// `node.enrolled`: a node was created by `metal.enroll` (or an adopt join).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -8,54 +8,17 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{PoolId, TenantId};
 use crate::table::Verb;
 
-/// An action a grant allows.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-    utoipa::ToSchema,
-)]
-pub enum Action {
-    #[serde(rename = "compute:nodes:provision")]
-    NodesProvision,
-    #[serde(rename = "compute:nodes:power")]
-    NodesPower,
-    #[serde(rename = "compute:nodes:read")]
-    NodesRead,
-    #[serde(rename = "compute:pools:enroll")]
-    PoolsEnroll,
+crate::wire_enum! {
+    /// An action a grant allows.
+    pub enum Action "action" {
+        NodesProvision = "compute:nodes:provision",
+        NodesPower = "compute:nodes:power",
+        NodesRead = "compute:nodes:read",
+        PoolsEnroll = "compute:pools:enroll",
+    }
 }
 
 impl Action {
-    /// Every action.
-    pub const ALL: [Action; 4] = [
-        Action::NodesProvision,
-        Action::NodesPower,
-        Action::NodesRead,
-        Action::PoolsEnroll,
-    ];
-
-    /// The wire name, e.g. `compute:nodes:provision`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Action::NodesProvision => "compute:nodes:provision",
-            Action::NodesPower => "compute:nodes:power",
-            Action::NodesRead => "compute:nodes:read",
-            Action::PoolsEnroll => "compute:pools:enroll",
-        }
-    }
-
-    /// Parses the wire name.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| a.as_str() == s)
-    }
-
     /// The action a verb is decided as: `power` is `compute:nodes:power`,
     /// every other verb `compute:nodes:provision` on the node.
     pub const fn for_verb(verb: Verb) -> Action {

@@ -1,42 +1,29 @@
 //! The error codes of the spec and the HTTP status each maps to.
 
-use serde::{Deserialize, Serialize};
-
-/// An error code of the metal API. The wire form is SCREAMING_SNAKE_CASE.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-    utoipa::ToSchema,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum ErrorCode {
-    /// The move is not legal from the node's provision state.
-    InvalidState,
-    /// A concurrent change won, or the resource exists already.
-    Conflict,
-    /// The control plane is not configured for the request.
-    InvalidConfig,
-    /// A release's wipe was not node-signed or failed read-back.
-    UnverifiedWipe,
-    /// No such resource, or not visible to the caller.
-    NotFound,
-    /// The caller sees the resource but lacks the grant.
-    Forbidden,
-    /// The request is malformed.
-    InvalidArgument,
-    /// No or an unknown bearer token.
-    Unauthenticated,
-    /// A dependency is down; retry later.
-    Unavailable,
-    /// A bug or an unexpected failure; the message says no more.
-    Internal,
+crate::wire_enum! {
+    /// An error code of the metal API. The wire form is SCREAMING_SNAKE_CASE.
+    pub enum ErrorCode "error code" {
+        /// The move is not legal from the node's provision state.
+        InvalidState = "INVALID_STATE",
+        /// A concurrent change won, or the resource exists already.
+        Conflict = "CONFLICT",
+        /// The control plane is not configured for the request.
+        InvalidConfig = "INVALID_CONFIG",
+        /// A release's wipe was not node-signed or failed read-back.
+        UnverifiedWipe = "UNVERIFIED_WIPE",
+        /// No such resource, or not visible to the caller.
+        NotFound = "NOT_FOUND",
+        /// The caller sees the resource but lacks the grant.
+        Forbidden = "FORBIDDEN",
+        /// The request is malformed.
+        InvalidArgument = "INVALID_ARGUMENT",
+        /// No or an unknown bearer token.
+        Unauthenticated = "UNAUTHENTICATED",
+        /// A dependency is down; retry later.
+        Unavailable = "UNAVAILABLE",
+        /// A bug or an unexpected failure; the message says no more.
+        Internal = "INTERNAL",
+    }
 }
 
 impl ErrorCode {

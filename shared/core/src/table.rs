@@ -5,79 +5,32 @@
 //! transition it makes, or the error the spec names. The API, the reconciler
 //! and the tests all call it; nothing else decides whether a move is legal.
 
-use serde::{Deserialize, Serialize};
-
 use crate::state::ProvisionState::{self, *};
 
-/// An operator verb of the metal API group (the spec's "Verb" column; `power`
-/// is the power-axis method, which never moves the provision state).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-    utoipa::ToSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Verb {
-    Manage,
-    Inspect,
-    Provide,
-    Deploy,
-    /// `metal.undeploy`.
-    Release,
-    Rescue,
-    Unrescue,
-    Abort,
-    Recover,
-    Retire,
-    Power,
-    /// `metal.rotateCredentials`: a two-phase BMC password rotation; the
-    /// provision state is unchanged.
-    #[serde(rename = "rotateCredentials")]
-    RotateCredentials,
+crate::wire_enum! {
+    /// An operator verb of the metal API group (the spec's "Verb" column;
+    /// `power` is the power-axis method, which never moves the provision
+    /// state). The name is the one the API and the audit trail spell.
+    pub enum Verb "verb" {
+        Manage = "manage",
+        Inspect = "inspect",
+        Provide = "provide",
+        Deploy = "deploy",
+        /// `metal.undeploy`.
+        Release = "release",
+        Rescue = "rescue",
+        Unrescue = "unrescue",
+        Abort = "abort",
+        Recover = "recover",
+        Retire = "retire",
+        Power = "power",
+        /// `metal.rotateCredentials`: a two-phase BMC password rotation; the
+        /// provision state is unchanged.
+        RotateCredentials = "rotateCredentials",
+    }
 }
 
 impl Verb {
-    /// Every verb, for table tests.
-    pub const ALL: [Verb; 12] = [
-        Verb::Manage,
-        Verb::Inspect,
-        Verb::Provide,
-        Verb::Deploy,
-        Verb::Release,
-        Verb::Rescue,
-        Verb::Unrescue,
-        Verb::Abort,
-        Verb::Recover,
-        Verb::Retire,
-        Verb::Power,
-        Verb::RotateCredentials,
-    ];
-
-    /// The verb's name as the API and the audit trail spell it.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Verb::Manage => "manage",
-            Verb::Inspect => "inspect",
-            Verb::Provide => "provide",
-            Verb::Deploy => "deploy",
-            Verb::Release => "release",
-            Verb::Rescue => "rescue",
-            Verb::Unrescue => "unrescue",
-            Verb::Abort => "abort",
-            Verb::Recover => "recover",
-            Verb::Retire => "retire",
-            Verb::Power => "power",
-            Verb::RotateCredentials => "rotateCredentials",
-        }
-    }
-
     /// The states this verb is legal from, exactly as the spec's table says.
     /// `recover` is further decided by `failedFrom` (see [`recover_target`]).
     pub fn legal_from(self) -> &'static [ProvisionState] {

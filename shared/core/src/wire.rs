@@ -31,7 +31,7 @@ macro_rules! wire_enum {
 
         impl $name {
             /// Every value, in declaration order.
-            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+            pub const ALL: [$name; [$($wire),+].len()] = [$($name::$variant),+];
 
             /// The wire name.
             pub const fn as_str(self) -> &'static str {
@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn one_list_of_names_serves_every_form() {
-        assert_eq!(Color::ALL, &[Color::Red, Color::DarkBlue]);
+        assert_eq!(Color::ALL, [Color::Red, Color::DarkBlue]);
         assert_eq!(Color::DarkBlue.as_str(), "dark-blue");
         assert_eq!(Color::DarkBlue.to_string(), "dark-blue");
         assert_eq!("red".parse::<Color>(), Ok(Color::Red));

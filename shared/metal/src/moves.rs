@@ -60,7 +60,6 @@ pub async fn commit_in_txn(
         Some(MoveEvent::Unrescuing) => rows.push(outbox::event(
             subjects,
             &next,
-            bcm_contracts::events::types::NODE_UNRESCUING,
             bcm_contracts::events::NodeUnrescuing {
                 node_id: next.id,
                 tenant_id: next.tenant_id.clone(),

@@ -3,9 +3,9 @@
 
 use bcm_bus::outgoing::{self, About, Outgoing};
 use bcm_bus::Subjects;
+use bcm_contracts::events::EventData;
 use bcm_db::nodes::Node;
 use bcm_db::outbox::NewOutboxMessage;
-use serde::Serialize;
 
 /// Converts a bus message into an outbox row.
 pub fn row(o: Outgoing) -> NewOutboxMessage {
@@ -26,14 +26,10 @@ fn about(node: &Node) -> About<'_> {
     }
 }
 
-/// An event of the node's tenant, of type `ty`.
-pub fn event<T: Serialize>(
-    subjects: &Subjects,
-    node: &Node,
-    ty: &str,
-    data: T,
-) -> NewOutboxMessage {
-    row(outgoing::event(subjects, about(node), ty, data))
+/// An event of the node's tenant; its payload names its type.
+pub fn event<T: EventData>(subjects: &Subjects, node: &Node, data: T) -> NewOutboxMessage {
+    let ty = data.event_type();
+    row(outgoing::event(subjects, about(node), &ty, data))
 }
 
 /// The rows a new node is created with: `node.enrolled`,
@@ -42,7 +38,6 @@ pub fn created(subjects: &Subjects, node: &Node, move_name: &str) -> Vec<NewOutb
     let enrolled = event(
         subjects,
         node,
-        bcm_contracts::events::types::NODE_ENROLLED,
         bcm_contracts::events::NodeEnrolled {
             node_id: node.id,
             tenant_id: node.tenant_id.clone(),
@@ -71,7 +66,6 @@ pub fn provision_event(
     event(
         subjects,
         node,
-        &outgoing::provision_type(node.provision_state),
         bcm_contracts::events::NodeProvisionChanged {
             node_id: node.id,
             tenant_id: node.tenant_id.clone(),

@@ -58,7 +58,6 @@ pub async fn start_in_txn(
     let started = outbox::event(
         subjects,
         &next,
-        bcm_contracts::events::types::NODE_PROVISION_WORKFLOW,
         NodeWorkflowStarted {
             node_id: next.id,
             tenant_id: next.tenant_id.clone(),

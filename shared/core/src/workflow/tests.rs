@@ -279,14 +279,14 @@ fn only_a_signed_wipe_with_every_disk_verified_counts() {
 #[test]
 fn an_unknown_stored_status_is_an_error_never_a_default() {
     for s in StepStatus::ALL {
-        assert_eq!(StepStatus::parse(s.as_str()), Some(*s));
-        assert_eq!(StepStatus::try_from(s.as_str().to_owned()), Ok(*s));
+        assert_eq!(StepStatus::parse(s.as_str()), Some(s));
+        assert_eq!(StepStatus::try_from(s.as_str().to_owned()), Ok(s));
     }
     for p in WorkflowPhase::ALL {
-        assert_eq!(WorkflowPhase::parse(p.as_str()), Some(*p));
+        assert_eq!(WorkflowPhase::parse(p.as_str()), Some(p));
     }
     for c in CommandStatus::ALL {
-        assert_eq!(CommandStatus::parse(c.as_str()), Some(*c));
+        assert_eq!(CommandStatus::parse(c.as_str()), Some(c));
     }
     // A typo once read as `pending`, which ran the step again.
     assert!(StepStatus::try_from("suceeded".to_owned()).is_err());
