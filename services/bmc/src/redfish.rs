@@ -289,7 +289,7 @@ impl Redfish {
             .redirect(reqwest::redirect::Policy::limited(3));
         // The node's own policy wins over the service's setting.
         match tls {
-            Some(BmcTls::Insecure) => builder = builder.danger_accept_invalid_certs(true),
+            Some(BmcTls::Insecure {}) => builder = builder.danger_accept_invalid_certs(true),
             Some(BmcTls::Ca { ca_pem }) => builder = with_ca(builder, ca_pem.as_bytes())?,
             Some(BmcTls::Pinned { sha256 }) => {
                 builder = builder.use_preconfigured_tls(crate::tls::pinned_config(sha256)?)

@@ -326,7 +326,7 @@ async fn redfish_tls_policy_per_node_ca_pinned_insecure_and_refusals() {
         .await
         .is_err());
     // Insecure only when the node says so.
-    redfish_tls(&sushy, Some(BmcTls::Insecure))
+    redfish_tls(&sushy, Some(BmcTls::Insecure {}))
         .verify()
         .await
         .expect("insecure by the node's policy");

@@ -41,7 +41,12 @@ impl Action {
     schemars::JsonSchema,
     utoipa::ToSchema,
 )]
-#[serde(tag = "kind", content = "id", rename_all = "lowercase")]
+#[serde(
+    tag = "kind",
+    content = "id",
+    rename_all = "lowercase",
+    deny_unknown_fields
+)]
 pub enum Scope {
     /// Everything (the bootstrap admin).
     Global,
@@ -63,6 +68,7 @@ pub enum Scope {
     schemars::JsonSchema,
     utoipa::ToSchema,
 )]
+#[serde(deny_unknown_fields)]
 pub struct Grant {
     pub action: Action,
     pub scope: Scope,
@@ -159,5 +165,20 @@ mod tests {
         );
         assert_eq!(Action::for_verb(Verb::Power), Action::NodesPower);
         assert_eq!(Action::for_verb(Verb::Release), Action::NodesProvision);
+    }
+
+    #[test]
+    fn a_grant_names_only_its_action_and_scope() {
+        let ok: Grant = serde_json::from_str(
+            r#"{"action":"compute:nodes:read","scope":{"kind":"pool","id":"p"}}"#,
+        )
+        .expect("grant");
+        assert_eq!(ok.scope, Scope::Pool("p".parse().expect("pool")));
+        for bad in [
+            r#"{"action":"compute:nodes:read","scope":{"kind":"pool","id":"p","x":1}}"#,
+            r#"{"action":"compute:nodes:read","scope":{"kind":"global"},"x":1}"#,
+        ] {
+            assert!(serde_json::from_str::<Grant>(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -17,56 +17,70 @@ pub enum BmcTls {
     /// Verify the chain against this CA (PEM) instead of the system roots.
     Ca {
         #[serde(rename = "caPem")]
+        #[schema(
+            max_length = 65536,
+            pattern = "-----BEGIN CERTIFICATE-----[\\s\\S]*-----END CERTIFICATE-----"
+        )]
         ca_pem: String,
     },
     /// Accept exactly the certificate with this SHA-256 fingerprint (hex,
     /// colons allowed), whoever signed it: the usual answer to a BMC's
     /// self-signed factory certificate.
-    Pinned { sha256: String },
+    Pinned {
+        #[schema(pattern = "^([0-9A-Fa-f]{64}|[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){31})$")]
+        sha256: String,
+    },
     /// Accept any certificate. Only for a lab; it is recorded on the node.
-    Insecure,
+    // A struct variant, so that serde refuses unknown fields beside the tag
+    // as it does for the others (it ignores them for a unit variant).
+    Insecure {},
 }
 
 /// The longest CA bundle accepted.
 pub const MAX_CA_PEM: usize = 64 * 1024;
 
 impl BmcTls {
-    /// Checks the policy's shape and normalizes a fingerprint to lowercase
-    /// hex without separators.
-    pub fn validated(self, driver: BmcDriver) -> Result<Self, String> {
-        if driver != BmcDriver::Redfish {
-            return Err(format!(
-                "bmc.tls applies to the redfish driver only, not {driver}"
-            ));
-        }
+    /// Checks the policy's shape (what the schema's patterns say) and
+    /// normalizes a fingerprint to lowercase hex without separators.
+    pub fn normalized(self) -> Result<Self, String> {
         match self {
             BmcTls::Ca { ca_pem } => {
-                if ca_pem.len() > MAX_CA_PEM
-                    || !ca_pem.contains("-----BEGIN CERTIFICATE-----")
-                    || !ca_pem.contains("-----END CERTIFICATE-----")
-                {
+                let begin = ca_pem.find("-----BEGIN CERTIFICATE-----");
+                let end = ca_pem.rfind("-----END CERTIFICATE-----");
+                let ordered = matches!((begin, end), (Some(b), Some(e)) if b + 27 <= e);
+                if ca_pem.chars().count() > MAX_CA_PEM || !ordered {
                     return Err(format!(
-                        "bmc.tls.caPem must be PEM certificates (at most {MAX_CA_PEM} bytes)"
+                        "bmc.tls.caPem must be PEM certificates (at most {MAX_CA_PEM} characters)"
                     ));
                 }
                 Ok(BmcTls::Ca { ca_pem })
             }
             BmcTls::Pinned { sha256 } => {
-                let hex: String = sha256
-                    .chars()
-                    .filter(|c| *c != ':')
-                    .map(|c| c.to_ascii_lowercase())
-                    .collect();
-                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                let bytes = sha256.as_bytes();
+                let plain = bytes.len() == 64 && bytes.iter().all(u8::is_ascii_hexdigit);
+                let colons = bytes.len() == 95
+                    && bytes.chunks(3).all(|c| {
+                        c[0].is_ascii_hexdigit()
+                            && c[1].is_ascii_hexdigit()
+                            && c.get(2).is_none_or(|s| *s == b':')
+                    });
+                if !(plain || colons) {
                     return Err(
-                        "bmc.tls.sha256 must be a SHA-256 fingerprint: 64 hex digits, colons allowed"
+                        "bmc.tls.sha256 must be a SHA-256 fingerprint: 64 hex digits, or 32 pairs joined by colons"
                             .into(),
                     );
                 }
-                Ok(BmcTls::Pinned { sha256: hex })
+                Ok(BmcTls::Pinned {
+                    sha256: sha256.replace(':', "").to_ascii_lowercase(),
+                })
             }
-            BmcTls::Insecure => Ok(BmcTls::Insecure),
+            BmcTls::Insecure {} => Ok(BmcTls::Insecure {}),
         }
+    }
+
+    /// Whether a policy applies to `driver`: only Redfish speaks TLS.
+    pub fn applies_to(driver: BmcDriver) -> bool {
+        driver == BmcDriver::Redfish
     }
 
     /// The mode's wire name, for views.
@@ -74,7 +88,7 @@ impl BmcTls {
         match self {
             BmcTls::Ca { .. } => "ca",
             BmcTls::Pinned { .. } => "pinned",
-            BmcTls::Insecure => "insecure",
+            BmcTls::Insecure {} => "insecure",
         }
     }
 }
@@ -84,35 +98,64 @@ impl BmcTls {
 /// passes unchanged through IPMI tools and vendor shells.
 pub const PASSWORD_SYMBOLS: &str = "-_.!@%+=,^~";
 
+/// The same symbols as a regular-expression character class's content
+/// (the `-` last, so it is literal).
+pub const PASSWORD_SYMBOLS_CLASS: &str = "_.!@%+=,^~-";
+
 /// The shortest password a rotation sets.
 pub const MIN_PASSWORD: usize = 12;
+
+/// The longest password a rotation sets with any driver.
+pub const MAX_PASSWORD: usize = 64;
 
 /// The longest password a rotation sets with `driver`: IPMI 2.0 stores 20
 /// bytes; Redfish services commonly cap near 127 (we stay well under).
 pub const fn max_password(driver: BmcDriver) -> usize {
     match driver {
         BmcDriver::Ipmi => 20,
-        BmcDriver::Redfish | BmcDriver::Sim => 64,
+        BmcDriver::Redfish | BmcDriver::Sim => MAX_PASSWORD,
         BmcDriver::None => 0,
     }
 }
 
-/// Checks a password a caller chose for a rotation.
-pub fn check_password(driver: BmcDriver, password: &str) -> Result<(), String> {
+/// Why a password a caller chose cannot be set.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PasswordError {
+    /// Not a password of the published rule (any driver).
+    #[error("{0}")]
+    Shape(String),
+    /// A password of the rule that this node's driver cannot store.
+    #[error("password must be {MIN_PASSWORD}-{max} characters for the {driver} driver")]
+    TooLongFor { driver: BmcDriver, max: usize },
+}
+
+/// Checks a password a caller chose for a rotation: the rule the API
+/// publishes (length, characters, classes), then what `driver` can store.
+pub fn check_password(driver: BmcDriver, password: &str) -> Result<(), PasswordError> {
+    check_password_rule(password)?;
     let max = max_password(driver);
+    if password.chars().count() > max {
+        return Err(PasswordError::TooLongFor { driver, max });
+    }
+    Ok(())
+}
+
+/// Checks a password against the rule the API publishes, whatever the
+/// node: what a request is refused for before any node is looked up.
+pub fn check_password_rule(password: &str) -> Result<(), PasswordError> {
     let n = password.chars().count();
-    if n < MIN_PASSWORD || n > max {
-        return Err(format!(
-            "password must be {MIN_PASSWORD}-{max} characters for the {driver} driver"
-        ));
+    if !(MIN_PASSWORD..=MAX_PASSWORD).contains(&n) {
+        return Err(PasswordError::Shape(format!(
+            "password must be {MIN_PASSWORD}-{MAX_PASSWORD} characters"
+        )));
     }
     if !password
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || PASSWORD_SYMBOLS.contains(c))
     {
-        return Err(format!(
+        return Err(PasswordError::Shape(format!(
             "password may use letters, digits and {PASSWORD_SYMBOLS:?} only"
-        ));
+        )));
     }
     let classes = [
         password.chars().any(|c| c.is_ascii_lowercase()),
@@ -120,7 +163,9 @@ pub fn check_password(driver: BmcDriver, password: &str) -> Result<(), String> {
         password.chars().any(|c| c.is_ascii_digit()),
     ];
     if classes.iter().any(|has| !has) {
-        return Err("password needs a lowercase letter, an uppercase letter and a digit".into());
+        return Err(PasswordError::Shape(
+            "password needs a lowercase letter, an uppercase letter and a digit".into(),
+        ));
     }
     Ok(())
 }
@@ -133,7 +178,7 @@ mod tests {
     fn pinned_fingerprints_are_normalized_and_checked() {
         let colons = "AB:".repeat(31) + "AB";
         let t = BmcTls::Pinned { sha256: colons }
-            .validated(BmcDriver::Redfish)
+            .normalized()
             .expect("valid");
         assert_eq!(
             t,
@@ -144,33 +189,66 @@ mod tests {
         assert!(BmcTls::Pinned {
             sha256: "ab".repeat(31)
         }
-        .validated(BmcDriver::Redfish)
+        .normalized()
         .is_err());
         assert!(BmcTls::Pinned {
             sha256: "zz".repeat(32)
         }
-        .validated(BmcDriver::Redfish)
+        .normalized()
         .is_err());
     }
 
     #[test]
+    fn every_tls_policy_refuses_unknown_fields() {
+        for json in [
+            r#"{"mode":"insecure","x":1}"#,
+            r#"{"mode":"pinned","sha256":"ab","x":1}"#,
+            r#"{"mode":"ca","caPem":"p","x":1}"#,
+        ] {
+            assert!(serde_json::from_str::<BmcTls>(json).is_err(), "{json}");
+        }
+        let insecure: BmcTls = serde_json::from_str(r#"{"mode":"insecure"}"#).expect("insecure");
+        assert_eq!(insecure, BmcTls::Insecure {});
+        assert_eq!(
+            serde_json::to_string(&insecure).expect("json"),
+            r#"{"mode":"insecure"}"#
+        );
+    }
+
+    #[test]
     fn tls_is_for_redfish_only_and_a_ca_must_be_pem() {
-        assert!(BmcTls::Insecure.validated(BmcDriver::Ipmi).is_err());
+        assert!(!BmcTls::applies_to(BmcDriver::Ipmi) && BmcTls::applies_to(BmcDriver::Redfish));
+        // A fingerprint whose colons are not between pairs is not one.
+        assert!(BmcTls::Pinned {
+            sha256: format!(":{}", "ab".repeat(32))
+        }
+        .normalized()
+        .is_err());
+        let backwards = "-----END CERTIFICATE-----\n-----BEGIN CERTIFICATE-----\n";
+        assert!(BmcTls::Ca {
+            ca_pem: backwards.into()
+        }
+        .normalized()
+        .is_err());
         assert!(BmcTls::Ca {
             ca_pem: "not pem".into()
         }
-        .validated(BmcDriver::Redfish)
+        .normalized()
         .is_err());
         let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
-        assert!(BmcTls::Ca { ca_pem: pem.into() }
-            .validated(BmcDriver::Redfish)
-            .is_ok());
+        assert!(BmcTls::Ca { ca_pem: pem.into() }.normalized().is_ok());
     }
 
     #[test]
     fn passwords_follow_the_drivers_limits_and_the_character_set() {
         assert!(check_password(BmcDriver::Ipmi, "Abcdefgh1234").is_ok());
-        assert!(check_password(BmcDriver::Ipmi, "Abcdefgh1234567890123").is_err());
+        assert_eq!(
+            check_password(BmcDriver::Ipmi, "Abcdefgh1234567890123"),
+            Err(PasswordError::TooLongFor {
+                driver: BmcDriver::Ipmi,
+                max: 20
+            })
+        );
         assert!(check_password(BmcDriver::Redfish, "Abcdefgh1234567890123").is_ok());
         assert!(check_password(BmcDriver::Redfish, "Abc def gh1234").is_err());
         assert!(check_password(BmcDriver::Redfish, "Abcdefgh#1234").is_err());

@@ -31,7 +31,10 @@ impl ErrorCode {
     pub const fn http_status(self) -> u16 {
         match self {
             ErrorCode::InvalidState | ErrorCode::Conflict | ErrorCode::UnverifiedWipe => 409,
-            ErrorCode::InvalidConfig | ErrorCode::InvalidArgument => 400,
+            // 400 means exactly "the request breaks the published schema";
+            // a well-formed request this configuration cannot serve is 422.
+            ErrorCode::InvalidArgument => 400,
+            ErrorCode::InvalidConfig => 422,
             ErrorCode::NotFound => 404,
             ErrorCode::Forbidden => 403,
             ErrorCode::Unauthenticated => 401,

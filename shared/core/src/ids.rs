@@ -16,6 +16,9 @@ pub struct IdError {
     pub why: &'static str,
 }
 
+/// The digits of a lowercase ULID (Crockford base32: no i, l, o, u).
+const ULID_DIGITS: &[u8] = b"0123456789abcdefghjkmnpqrstvwxyz";
+
 macro_rules! ulid_id {
     ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
         $(#[$doc])*
@@ -43,8 +46,13 @@ macro_rules! ulid_id {
             fn from_str(s: &str) -> Result<Self, IdError> {
                 let err = |why| IdError { kind: stringify!($name), value: s.chars().take(64).collect(), why };
                 let rest = s.strip_prefix($prefix).ok_or_else(|| err(concat!("must start with ", $prefix)))?;
-                if rest.len() != 26 {
-                    return Err(err("must be the prefix and 26 base32 characters"));
+                // Exactly what the published pattern says: the lowercase
+                // Crockford base32 this code writes, a first digit of 0-7.
+                let well_formed = rest.len() == 26
+                    && rest.bytes().all(|b| ULID_DIGITS.contains(&b))
+                    && matches!(rest.as_bytes().first(), Some(b'0'..=b'7'));
+                if !well_formed {
+                    return Err(err("must be the prefix and a lowercase ULID (26 base32 characters, the first 0-7)"));
                 }
                 ulid::Ulid::from_string(&rest.to_uppercase())
                     .map(Self)
@@ -73,7 +81,7 @@ macro_rules! ulid_id {
                 schemars::schema::SchemaObject {
                     instance_type: Some(schemars::schema::InstanceType::String.into()),
                     string: Some(Box::new(schemars::schema::StringValidation {
-                        pattern: Some(concat!("^", $prefix, "[0-9a-hjkmnp-tv-z]{26}$").to_owned()),
+                        pattern: Some(concat!("^", $prefix, "[0-7][0-9a-hjkmnp-tv-z]{25}$").to_owned()),
                         ..Default::default()
                     })),
                     ..Default::default()
@@ -86,7 +94,7 @@ macro_rules! ulid_id {
             fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
                 utoipa::openapi::ObjectBuilder::new()
                     .schema_type(utoipa::openapi::schema::Type::String)
-                    .pattern(Some(concat!("^", $prefix, "[0-9a-hjkmnp-tv-z]{26}$")))
+                    .pattern(Some(concat!("^", $prefix, "[0-7][0-9a-hjkmnp-tv-z]{25}$")))
                     .into()
             }
         }
@@ -231,6 +239,11 @@ mod tests {
             "node_xyz",
             "wf_01jzzzzzzzzzzzzzzzzzzzzzzz",
             "node_01k!zzzzzzzzzzzzzzzzzzzz",
+            // Uppercase, a first digit above 7, and a letter Crockford
+            // leaves out: the published pattern refuses them too.
+            "node_01KZZZZZZZZZZZZZZZZZZZZZZZ",
+            "node_81kzzzzzzzzzzzzzzzzzzzzz",
+            "node_01kzzzzzzzzzzzzzzzzzzzzi",
         ] {
             assert!(bad.parse::<NodeId>().is_err(), "{bad}");
         }

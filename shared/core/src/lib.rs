@@ -14,6 +14,7 @@ pub mod node;
 pub mod reconcile;
 pub mod state;
 pub mod table;
+pub mod text;
 pub mod wire;
 pub mod workflow;
 
