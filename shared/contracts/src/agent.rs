@@ -48,13 +48,52 @@ pub struct JoinRequest {
     pub token: String,
     /// A PKCS#10 certificate signing request (PEM) for the agent's ed25519
     /// key, which never leaves the agent's memory.
-    #[schema(min_length = 1, max_length = 16384)]
+    #[schema(
+        min_length = 1,
+        max_length = 16384,
+        pattern = "-----BEGIN CERTIFICATE REQUEST-----[\\s\\S]*-----END CERTIFICATE REQUEST-----"
+    )]
     pub csr: String,
     pub role: AgentRole,
     /// For an adopt (`node` token of a pool): what the machine calls itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(max_length = 253)]
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,253}$")]
     pub hostname: Option<String>,
+}
+
+const CSR_BEGIN: &str = "-----BEGIN CERTIFICATE REQUEST-----";
+const CSR_END: &str = "-----END CERTIFICATE REQUEST-----";
+
+impl JoinRequest {
+    /// What the schema states beyond the types: lengths and the host name's
+    /// characters.
+    pub fn check(&self) -> Result<(), ContractError> {
+        let bad = |why: &str| ContractError::Undecodable {
+            what: "join request",
+            why: why.to_owned(),
+        };
+        if !(1..=256).contains(&self.token.chars().count()) {
+            return Err(bad("token must be 1-256 characters"));
+        }
+        let begin = self.csr.find(CSR_BEGIN);
+        let end = self.csr.rfind(CSR_END);
+        let ordered = matches!((begin, end), (Some(b), Some(e)) if b + CSR_BEGIN.len() <= e);
+        if !(1..=16384).contains(&self.csr.chars().count()) || !ordered {
+            return Err(bad(
+                "csr must be a PEM certificate signing request of at most 16384 characters",
+            ));
+        }
+        if self
+            .hostname
+            .as_deref()
+            .is_some_and(|h| !bcm_core::text::is_hostname(h))
+        {
+            return Err(bad(
+                "hostname must be 1-253 letters, digits, '.', '_' or '-'",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The answer to a join.
@@ -111,21 +150,65 @@ impl AgentCommand {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentResult {
-    #[schema(min_length = 1, max_length = 64)]
+    #[schema(pattern = "^cmd_[0-7][0-9a-hjkmnp-tv-z]{25}$")]
     pub command_id: String,
     pub ok: bool,
     #[serde(default)]
     pub retryable: bool,
+    /// The kind's output (an object); a failed command may send `null`.
     #[serde(default)]
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub output: serde_json::Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 4096, pattern = "^[^\\u0000]*$")]
     pub error: Option<String>,
     /// When the agent finished; part of the signing input.
     pub finished_at: DateTime<Utc>,
-    /// ed25519 signature, base64; absent when the agent cannot sign.
+    /// ed25519 signature (64 bytes), base64; absent when the agent cannot
+    /// sign.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z0-9+/]{85}[AQgw]==$")]
     pub signature: Option<String>,
+}
+
+impl AgentResult {
+    /// What the schema states beyond the types: the command id's form, the
+    /// error's length and characters, the signature's form.
+    pub fn check(&self) -> Result<(), ContractError> {
+        let bad = |why: &str| ContractError::Undecodable {
+            what: "agent result",
+            why: why.to_owned(),
+        };
+        if self.command_id.parse::<bcm_core::CommandId>().is_err() {
+            return Err(bad("commandId is not a command id"));
+        }
+        if !(self.output.is_object() || self.output.is_null()) {
+            return Err(bad("output must be an object or null"));
+        }
+        if self
+            .error
+            .as_deref()
+            .is_some_and(|e| e.chars().count() > 4096 || e.contains('\0'))
+        {
+            return Err(bad("error must be at most 4096 characters without NUL"));
+        }
+        // 64 bytes are 85 full characters and one holding 4 bits (so one
+        // of A, Q, g, w), then the padding.
+        let sig_ok = |s: &str| {
+            s.len() == 88
+                && s.ends_with("==")
+                && s.as_bytes()[..85]
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || *b == b'+' || *b == b'/')
+                && matches!(s.as_bytes()[85], b'A' | b'Q' | b'g' | b'w')
+        };
+        if self.signature.as_deref().is_some_and(|s| !sig_ok(s)) {
+            return Err(bad(
+                "signature must be an ed25519 signature in base64 (88 characters)",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What made an agent's presence record change.
@@ -164,5 +247,127 @@ impl AgentPresence {
             })
         })
         .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CSR: &str =
+        "-----BEGIN CERTIFICATE REQUEST-----\nMIGV\n-----END CERTIFICATE REQUEST-----\n";
+
+    fn join() -> JoinRequest {
+        JoinRequest {
+            token: "t".into(),
+            csr: CSR.into(),
+            role: AgentRole::Node,
+            hostname: Some("rack1-u3".into()),
+        }
+    }
+
+    fn result() -> AgentResult {
+        AgentResult {
+            command_id: bcm_core::CommandId::generate().to_string(),
+            ok: true,
+            retryable: false,
+            output: serde_json::json!({}),
+            error: None,
+            finished_at: Utc::now(),
+            signature: Some(format!("{}w==", "A".repeat(85))),
+        }
+    }
+
+    #[test]
+    fn a_join_request_is_checked_beyond_its_types() {
+        assert!(join().check().is_ok());
+        let bad = [
+            JoinRequest {
+                token: String::new(),
+                ..join()
+            },
+            JoinRequest {
+                token: "t".repeat(257),
+                ..join()
+            },
+            JoinRequest {
+                csr: "]".into(),
+                ..join()
+            },
+            JoinRequest {
+                csr: "-----END CERTIFICATE REQUEST----------BEGIN CERTIFICATE REQUEST-----".into(),
+                ..join()
+            },
+            JoinRequest {
+                csr: format!("{CSR}{}", "x".repeat(16384)),
+                ..join()
+            },
+            JoinRequest {
+                hostname: Some("a b".into()),
+                ..join()
+            },
+            JoinRequest {
+                hostname: Some(String::new()),
+                ..join()
+            },
+            JoinRequest {
+                hostname: Some("é".into()),
+                ..join()
+            },
+        ];
+        for req in bad {
+            assert!(req.check().is_err(), "{req:?}");
+        }
+    }
+
+    #[test]
+    fn an_agent_result_is_checked_beyond_its_types() {
+        assert!(result().check().is_ok());
+        assert!(AgentResult {
+            output: serde_json::Value::Null,
+            signature: None,
+            ..result()
+        }
+        .check()
+        .is_ok());
+        let bad = [
+            AgentResult {
+                command_id: "cmd_x".into(),
+                ..result()
+            },
+            AgentResult {
+                output: serde_json::json!([1]),
+                ..result()
+            },
+            AgentResult {
+                output: serde_json::json!("x"),
+                ..result()
+            },
+            AgentResult {
+                error: Some("a\0b".into()),
+                ..result()
+            },
+            AgentResult {
+                error: Some("e".repeat(4097)),
+                ..result()
+            },
+            // Padding bits set: not the base64 of 64 bytes.
+            AgentResult {
+                signature: Some(format!("{}B==", "A".repeat(85))),
+                ..result()
+            },
+            AgentResult {
+                signature: Some(format!("{}w=", "A".repeat(85))),
+                ..result()
+            },
+            // 88 bytes, a multi-byte character where a slice would split it.
+            AgentResult {
+                signature: Some(format!("{}é==", "A".repeat(84))),
+                ..result()
+            },
+        ];
+        for r in bad {
+            assert!(r.check().is_err(), "{r:?}");
+        }
     }
 }
