@@ -8,7 +8,7 @@ use bcm_core::{PoolId, SiteId, TenantId};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{new_token_secret, token_hash, Principal};
-use crate::error::{ApiError, ApiErrorBody};
+use crate::error::ApiError;
 use crate::extract::{Body, Path};
 use crate::AppState;
 
@@ -16,7 +16,21 @@ use crate::AppState;
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NamedRequest {
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     pub name: String,
+}
+
+bcm_core::wire_enum! {
+    /// Whether a pool's machines run the in-band agent: `bcd` or `none`
+    /// (agentless).
+    pub enum AgentMode "agent mode" {
+        Bcd = "bcd",
+        None = "none",
+    }
 }
 
 /// A pool and its policy.
@@ -25,13 +39,24 @@ pub struct NamedRequest {
 pub struct PoolRequest {
     pub tenant_id: TenantId,
     pub site_id: SiteId,
+    /// Default: the pool's id.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     pub name: Option<String>,
     /// `policy.hardwareProfile`.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     pub hardware_profile: String,
-    /// `bcd` (default) or `none` (agentless).
+    /// `bcd` by default.
     #[serde(default)]
-    pub agent_mode: Option<String>,
+    pub agent_mode: Option<AgentMode>,
     /// Commissioning accepts `diag.dcgm` answering `unsupported`.
     #[serde(default)]
     pub accept_unsupported_diag: bool,
@@ -41,12 +66,22 @@ pub struct PoolRequest {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokenRequest {
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     pub principal: String,
+    #[schema(min_items = 1, max_items = 256)]
     pub grants: Vec<Grant>,
-    /// Lifetime; no expiry when absent.
-    #[serde(default)]
+    /// Lifetime, 1 s to 10 years; no expiry when absent.
+    #[serde(default, deserialize_with = "crate::whole_number::optional")]
+    #[schema(minimum = 1, maximum = 315360000)]
     pub ttl_seconds: Option<u32>,
 }
+
+/// The longest lifetime of a minted token: ten years.
+const MAX_TOKEN_TTL_SECS: u32 = 315_360_000;
 
 /// A minted token: the secret is shown once.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -62,10 +97,7 @@ fn parse<T: std::str::FromStr<Err = bcm_core::IdError>>(s: &str) -> Result<T, Ap
 }
 
 fn check_name(n: &str) -> Result<(), ApiError> {
-    if n.trim().is_empty() || n.chars().count() > 128 {
-        return Err(ApiError::invalid("name must be 1-128 characters"));
-    }
-    Ok(())
+    crate::verbs::check_text("name", n, 128)
 }
 
 /// What every named-resource upsert checks first: an admin, a valid id of
@@ -82,7 +114,7 @@ fn named<T: std::str::FromStr<Err = bcm_core::IdError>>(
 
 /// `PUT /api/compute/admin/tenants/{id}`.
 #[utoipa::path(put, path = "/api/compute/admin/tenants/{id}", tag = "admin", request_body = NamedRequest,
-    params(("id" = String, Path)), responses((status = 204), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
+    params(("id" = TenantId, Path)), responses((status = 204), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn put_tenant(
     State(app): State<AppState>,
     who: Principal,
@@ -96,7 +128,7 @@ pub async fn put_tenant(
 
 /// `PUT /api/compute/admin/sites/{id}`.
 #[utoipa::path(put, path = "/api/compute/admin/sites/{id}", tag = "admin", request_body = NamedRequest,
-    params(("id" = String, Path)), responses((status = 204), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
+    params(("id" = SiteId, Path)), responses((status = 204), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn put_site(
     State(app): State<AppState>,
     who: Principal,
@@ -110,7 +142,7 @@ pub async fn put_site(
 
 /// `PUT /api/compute/admin/pools/{id}`.
 #[utoipa::path(put, path = "/api/compute/admin/pools/{id}", tag = "admin", request_body = PoolRequest,
-    params(("id" = String, Path)), responses((status = 204), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
+    params(("id" = PoolId, Path)), responses((status = 204), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn put_pool(
     State(app): State<AppState>,
     who: Principal,
@@ -119,14 +151,10 @@ pub async fn put_pool(
 ) -> Result<axum::http::StatusCode, ApiError> {
     who.require_admin()?;
     let id = parse::<PoolId>(&id)?;
-    let agent_mode = req.agent_mode.unwrap_or_else(|| "bcd".to_owned());
-    if !matches!(agent_mode.as_str(), "bcd" | "none") {
-        return Err(ApiError::invalid("agentMode must be bcd or none"));
-    }
-    if req.hardware_profile.trim().is_empty() || req.hardware_profile.len() > 128 {
-        return Err(ApiError::invalid(
-            "hardwareProfile must be 1-128 characters",
-        ));
+    let agent_mode = req.agent_mode.unwrap_or(AgentMode::Bcd).as_str().to_owned();
+    crate::verbs::check_text("hardwareProfile", &req.hardware_profile, 128)?;
+    if let Some(name) = &req.name {
+        crate::verbs::check_text("name", name, 128)?;
     }
     let pool = bcm_db::tenancy::Pool {
         name: req.name.unwrap_or_else(|| id.to_string()),
@@ -151,7 +179,7 @@ pub async fn put_pool(
 
 /// `POST /api/compute/admin/tokens`: mints a bearer token with grants.
 #[utoipa::path(post, path = "/api/compute/admin/tokens", tag = "admin", request_body = TokenRequest,
-    responses((status = 200, body = TokenCreated), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = TokenCreated), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn create_token(
     State(app): State<AppState>,
     who: Principal,
@@ -161,6 +189,14 @@ pub async fn create_token(
     check_name(&req.principal)?;
     if req.grants.is_empty() || req.grants.len() > 256 {
         return Err(ApiError::invalid("grants must hold 1-256 grants"));
+    }
+    if req
+        .ttl_seconds
+        .is_some_and(|s| !(1..=MAX_TOKEN_TTL_SECS).contains(&s))
+    {
+        return Err(ApiError::invalid(format!(
+            "ttlSeconds must be 1 to {MAX_TOKEN_TTL_SECS}"
+        )));
     }
     let secret = new_token_secret();
     let id = format!("tok_{}", ulid::Ulid::new().to_string().to_lowercase());

@@ -100,22 +100,20 @@ async fn attest<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
 /// `POST /api/agent/join`: forwarded to the attestation service, which
 /// alone holds the node CA.
 #[utoipa::path(post, path = "/api/agent/join", request_body = JoinRequest, tag = "agent",
-    description = "Exchange a one-time join token and a CSR for a node certificate and a session token.",
-    responses((status = 200, body = JoinResponse), (status = "4XX", body = crate::error::ApiErrorBody)))]
+    description = "Exchange a one-time join token and a CSR for a node certificate and a session token. It takes no credential but the token in the body.",
+    responses((status = 200, body = JoinResponse), crate::error::ErrorResponses), security(()))]
 pub async fn join(
     State(app): State<AppState>,
     Body(req): Body<JoinRequest>,
 ) -> Result<Json<JoinResponse>, ApiError> {
-    if req.csr.len() > 16 * 1024 || req.token.len() > 256 {
-        return Err(ApiError::invalid("token or csr too long"));
-    }
+    req.check().map_err(|e| ApiError::invalid(e.to_string()))?;
     Ok(Json(attest(&app, "join", &AttestJoin { join: req }).await?))
 }
 
 /// `POST /api/agent/heartbeat`.
 #[utoipa::path(post, path = "/api/agent/heartbeat", request_body = Heartbeat, tag = "agent",
     description = "The agent is alive in its role; wakes the steps waiting for it.",
-    responses((status = 204), (status = "4XX", body = crate::error::ApiErrorBody)),
+    responses((status = 204), crate::error::ErrorResponses),
     security(("agentSession" = [])))]
 pub async fn heartbeat(
     State(app): State<AppState>,
@@ -146,16 +144,19 @@ pub struct PollParams {
 /// `GET /api/agent/commands`: the node's pending ramdisk commands, waiting
 /// up to `waitMs` for one.
 #[utoipa::path(get, path = "/api/agent/commands", tag = "agent",
-    params(("waitMs" = Option<u64>, Query, description = "How long to wait for a command, at most 30000 ms.")),
-    responses((status = 200, body = Vec<AgentCommand>), (status = "4XX", body = crate::error::ApiErrorBody)),
+    params(("waitMs" = Option<u64>, Query, minimum = 0, maximum = 30000, description = "How long to wait for a command, at most 30000 ms.")),
+    responses((status = 200, body = Vec<AgentCommand>), crate::error::ErrorResponses),
     security(("agentSession" = [])))]
 pub async fn commands(
     State(app): State<AppState>,
     agent: Agent,
     Query(q): Query<PollParams>,
 ) -> Result<Json<Vec<AgentCommand>>, ApiError> {
-    let deadline =
-        tokio::time::Instant::now() + Duration::from_millis(q.wait_ms.unwrap_or(0).min(30_000));
+    let wait = q.wait_ms.unwrap_or(0);
+    if wait > 30_000 {
+        return Err(ApiError::invalid("waitMs must be at most 30000"));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
     let mut wakeups = app.inner.agent_wakeups.subscribe();
     loop {
         if bcm_db::commands::commands_pending_for_agent(&app.inner.db, &agent.node_id).await? {
@@ -216,13 +217,14 @@ pub async fn commands(
 /// unsigned result is kept as unsigned.
 #[utoipa::path(post, path = "/api/agent/results", request_body = AgentResult, tag = "agent",
     description = "A result for one of the node's commands, signed over the signing input of the stored command row (bcm_pki::signing_input).",
-    responses((status = 204), (status = "4XX", body = crate::error::ApiErrorBody)),
+    responses((status = 204), crate::error::ErrorResponses),
     security(("agentSession" = [])))]
 pub async fn results(
     State(app): State<AppState>,
     agent: Agent,
     Body(r): Body<AgentResult>,
 ) -> Result<axum::http::StatusCode, ApiError> {
+    r.check().map_err(|e| ApiError::invalid(e.to_string()))?;
     let recorded: ResultRecorded = attest(
         &app,
         "result",

@@ -10,9 +10,51 @@ use serde::{Deserialize, Serialize};
 
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ApiErrorBody {
     pub code: ErrorCode,
     pub message: String,
+}
+
+/// Every error an operation answers, documented once with its code's HTTP
+/// status and the body. 400 means exactly that the request breaks the
+/// published schema; a well-formed request is refused only with the other
+/// statuses, for the reasons they name.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum ErrorResponses {
+    /// `INVALID_ARGUMENT`: the request breaks the schema (a field, a value
+    /// out of its pattern, length, range or set, an unknown field).
+    #[response(status = 400)]
+    InvalidArgument(ApiErrorBody),
+    /// `UNAUTHENTICATED`: no bearer token, or one that is unknown, revoked
+    /// or expired.
+    #[response(status = 401)]
+    Unauthenticated(ApiErrorBody),
+    /// `FORBIDDEN`: the caller sees the resource but lacks the grant.
+    #[response(status = 403)]
+    Forbidden(ApiErrorBody),
+    /// `NOT_FOUND`: no such node, pool, profile version or command, or not
+    /// one the caller may see.
+    #[response(status = 404)]
+    NotFound(ApiErrorBody),
+    /// `INVALID_STATE` (the move is not legal from the node's state),
+    /// `CONFLICT` (a concurrent change won, or the resource exists) or
+    /// `UNVERIFIED_WIPE`.
+    #[response(status = 409)]
+    Conflict(ApiErrorBody),
+    /// `INVALID_CONFIG`: a well-formed request this configuration or this
+    /// node cannot serve (a BMC driver without TLS or accounts, a password
+    /// longer than the node's BMC stores, a node without a BMC).
+    #[response(status = 422)]
+    InvalidConfig(ApiErrorBody),
+    /// `INTERNAL`: a bug; the message says no more (the server log does).
+    #[response(status = 500)]
+    Internal(ApiErrorBody),
+    /// `UNAVAILABLE`: a dependency (the database, the attestation service)
+    /// is down; retry later.
+    #[response(status = 503)]
+    Unavailable(ApiErrorBody),
 }
 
 /// An error answered to an API caller.

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Principal;
-use crate::error::{ApiError, ApiErrorBody};
+use crate::error::ApiError;
 use crate::extract::Body;
 use crate::AppState;
 
@@ -19,12 +19,11 @@ use crate::AppState;
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JoinTokenRequest {
-    #[schema(value_type = String)]
     pub tenant_id: TenantId,
-    #[schema(value_type = String)]
     pub pool_id: PoolId,
     /// Lifetime, 60 s to 7 days; 1 hour by default.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::whole_number::optional")]
+    #[schema(minimum = 60, maximum = 604800)]
     pub ttl_secs: Option<u64>,
 }
 
@@ -40,7 +39,7 @@ pub struct JoinTokenView {
 
 /// `POST /api/compute/metal/joinTokens`.
 #[utoipa::path(post, path = "/api/compute/metal/joinTokens", request_body = JoinTokenRequest, tag = "metal",
-    responses((status = 200, body = JoinTokenView), (status = "4XX", body = ApiErrorBody)),
+    responses((status = 200, body = JoinTokenView), crate::error::ErrorResponses),
     security(("bearer" = [])))]
 pub async fn create(
     State(app): State<AppState>,
@@ -48,11 +47,11 @@ pub async fn create(
     Body(req): Body<JoinTokenRequest>,
 ) -> Result<Json<JoinTokenView>, ApiError> {
     let a = &app.inner;
-    let pool = crate::verbs::pool_to_enroll_into(a, &who, &req.tenant_id, &req.pool_id).await?;
     let ttl = req.ttl_secs.unwrap_or(3600);
     if !(60..=7 * 24 * 3600).contains(&ttl) {
         return Err(ApiError::invalid("ttlSecs must be 60 to 604800"));
     }
+    let pool = crate::verbs::pool_to_enroll_into(a, &who, &req.tenant_id, &req.pool_id).await?;
     let expires_at = Utc::now() + chrono::Duration::seconds(ttl as i64);
     let mut tx = a.db.begin().await?;
     let token = bcm_metal::identity::mint_join_token_in_txn(

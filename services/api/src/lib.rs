@@ -16,6 +16,7 @@ pub mod reads;
 pub mod relay;
 pub mod verbs;
 pub mod views;
+pub mod whole_number;
 
 use axum::routing::{get, post, put};
 use bcm_bus::{Bus, BusConfig};

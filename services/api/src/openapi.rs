@@ -13,7 +13,14 @@ impl Modify for Bearer {
         let components = doc.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The bootstrap admin token of the configuration, or an API token the admin minted (`POST /api/compute/admin/tokens`) with grants on tenants or pools",
+                    ))
+                    .build(),
+            ),
         );
         components.add_security_scheme(
             "agentSession",
@@ -24,6 +31,95 @@ impl Modify for Bearer {
                     .build(),
             ),
         );
+    }
+}
+
+/// Operation ids a generated client reads well (camelCase, unique, the
+/// spec's method names), in place of the handlers' function names.
+const OPERATION_IDS: &[(&str, &str)] = &[
+    ("rotate_credentials", "rotateCredentials"),
+    ("create", "createJoinToken"),
+    ("get_node", "getNode"),
+    ("list_nodes", "listNodes"),
+    ("put_tenant", "putTenant"),
+    ("put_site", "putSite"),
+    ("put_pool", "putPool"),
+    ("create_token", "createToken"),
+    ("join", "agentJoin"),
+    ("heartbeat", "agentHeartbeat"),
+    ("commands", "agentCommands"),
+    ("results", "agentResults"),
+];
+
+/// The verbs on one node: their request bodies take the node as a
+/// response names it, so a node's view links to each.
+const NODE_VERBS: &[&str] = &[
+    "manage",
+    "inspect",
+    "provide",
+    "deploy",
+    "undeploy",
+    "rescue",
+    "unrescue",
+    "abort",
+    "recover",
+    "retire",
+    "power",
+    "rotateCredentials",
+];
+
+struct OperationIdsAndLinks;
+
+impl Modify for OperationIdsAndLinks {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::link::LinkBuilder;
+        for item in doc.paths.paths.values_mut() {
+            for op in [&mut item.get, &mut item.put, &mut item.post]
+                .into_iter()
+                .flatten()
+            {
+                if let Some(id) = op.operation_id.as_mut() {
+                    if let Some((_, to)) = OPERATION_IDS.iter().find(|(from, _)| from == id) {
+                        *id = (*to).to_owned();
+                    }
+                }
+                let returns_node = op
+                    .operation_id
+                    .as_deref()
+                    .is_some_and(|id| id == "enroll" || NODE_VERBS.contains(&id));
+                if !returns_node {
+                    continue;
+                }
+                // A node's view links to its read and to every verb on it,
+                // so a client (and the conformance run's stateful phase)
+                // can follow a node from enroll through its verbs.
+                let Some(utoipa::openapi::RefOr::T(ok)) = op.responses.responses.get_mut("200")
+                else {
+                    continue;
+                };
+                ok.links.insert(
+                    "getNode".to_owned(),
+                    LinkBuilder::new()
+                        .operation_id("getNode")
+                        .parameter("nodeId", "$response.body#/nodeId")
+                        .build()
+                        .into(),
+                );
+                for verb in NODE_VERBS {
+                    ok.links.insert(
+                        (*verb).to_owned(),
+                        LinkBuilder::new()
+                            .operation_id(*verb)
+                            .request_body(Some(serde_json::json!({
+                                "tenantId": "$response.body#/tenantId",
+                                "nodeId": "$response.body#/nodeId"
+                            })))
+                            .build()
+                            .into(),
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -39,13 +135,149 @@ impl Modify for Bearer {
         admin::put_tenant, admin::put_site, admin::put_pool, admin::create_token,
         agent::join, agent::heartbeat, agent::commands, agent::results,
     ),
-    modifiers(&Bearer),
+    components(schemas(crate::error::ApiErrorBody)),
+    modifiers(&Bearer, &OperationIdsAndLinks),
     tags((name = "metal", description = "The metal API group"), (name = "admin", description = "Bootstrap administration"),
         (name = "agent", description = "What the ramdisk and installed-OS agents speak"))
 )]
 struct ApiDoc;
 
-/// The OpenAPI document.
-pub fn document() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi()
+/// The OpenAPI document, as served and checked in.
+pub fn document() -> serde_json::Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi())
+        .expect("an OpenAPI document built in memory serializes");
+    camel_case_links(&mut doc);
+    close_request_objects(&mut doc);
+    doc
+}
+
+/// Every object a request body holds refuses fields it does not name (the
+/// API deserializes with `deny_unknown_fields`), but utoipa states that only
+/// for structs, not for the variants of a tagged enum (`BmcTls`). Marks each
+/// object with properties that a request body reaches as closed, so the
+/// document says what the server does. The conformance run holds the two
+/// together: a closed object the server left open fails it.
+fn close_request_objects(doc: &mut serde_json::Value) {
+    let mut pending: Vec<String> = vec![];
+    if let Some(paths) = doc.get("paths").and_then(|p| p.as_object()) {
+        for body in paths
+            .values()
+            .filter_map(|item| item.as_object())
+            .flat_map(|item| item.values())
+            .filter_map(|op| op.pointer("/requestBody/content/application~1json/schema"))
+        {
+            collect_refs(body, &mut pending);
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(name) = pending.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        let pointer = format!("/components/schemas/{name}");
+        if let Some(schema) = doc.pointer(&pointer) {
+            collect_refs(schema, &mut pending);
+        }
+        if let Some(schema) = doc.pointer_mut(&pointer) {
+            close_objects(schema);
+        }
+    }
+}
+
+/// The component names `schema` refers to, anywhere inside it.
+fn collect_refs(schema: &serde_json::Value, into: &mut Vec<String>) {
+    match schema {
+        serde_json::Value::Object(map) => {
+            if let Some(r) = map.get("$ref").and_then(|r| r.as_str()) {
+                if let Some(name) = r.strip_prefix("#/components/schemas/") {
+                    into.push(name.to_owned());
+                }
+            }
+            map.values().for_each(|v| collect_refs(v, into));
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| collect_refs(v, into)),
+        _ => {}
+    }
+}
+
+/// Sets `additionalProperties: false` on `schema` and the inline schemas
+/// of its combinators when they list properties and say nothing of others.
+fn close_objects(schema: &mut serde_json::Value) {
+    let Some(map) = schema.as_object_mut() else {
+        return;
+    };
+    if map.contains_key("properties") && !map.contains_key("additionalProperties") {
+        map.insert(
+            "additionalProperties".to_owned(),
+            serde_json::Value::Bool(false),
+        );
+    }
+    for key in ["oneOf", "anyOf", "allOf"] {
+        if let Some(serde_json::Value::Array(branches)) = map.get_mut(key) {
+            branches.iter_mut().for_each(close_objects);
+        }
+    }
+}
+
+/// utoipa 5.5 serializes a Link object's fields in snake_case
+/// (`operation_id`, `request_body`); OpenAPI names them `operationId` and
+/// `requestBody`, and a tool reading the document ignores the others.
+fn camel_case_links(doc: &mut serde_json::Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) else {
+        return;
+    };
+    let operations = paths
+        .values_mut()
+        .filter_map(|item| item.as_object_mut())
+        .flat_map(|item| item.values_mut());
+    let responses = operations
+        .filter_map(|op| op.get_mut("responses").and_then(|r| r.as_object_mut()))
+        .flat_map(|responses| responses.values_mut());
+    let links = responses
+        .filter_map(|response| response.get_mut("links").and_then(|l| l.as_object_mut()))
+        .flat_map(|links| links.values_mut())
+        .filter_map(|link| link.as_object_mut());
+    for link in links {
+        for (from, to) in [
+            ("operation_id", "operationId"),
+            ("operation_ref", "operationRef"),
+            ("request_body", "requestBody"),
+        ] {
+            if let Some(value) = link.remove(from) {
+                link.insert(to.to_owned(), value);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn links_use_the_field_names_of_openapi() {
+        let doc = super::document();
+        let link = &doc["paths"]["/api/compute/metal/enroll"]["post"]["responses"]["200"]["links"]
+            ["deploy"];
+        assert_eq!(link["operationId"], "deploy");
+        assert_eq!(link["requestBody"]["nodeId"], "$response.body#/nodeId");
+        assert!(link.get("operation_id").is_none() && link.get("request_body").is_none());
+    }
+
+    #[test]
+    fn objects_of_request_bodies_are_closed_and_views_are_not_touched() {
+        let doc = super::document();
+        let tls = &doc["components"]["schemas"]["BmcTls"]["oneOf"];
+        let branches = tls.as_array().expect("BmcTls is a oneOf");
+        assert!(!branches.is_empty());
+        for branch in branches {
+            assert_eq!(branch["additionalProperties"], false, "{branch}");
+        }
+        assert_eq!(
+            doc["components"]["schemas"]["EnrollRequest"]["additionalProperties"],
+            false
+        );
+        // A response object is as utoipa wrote it.
+        assert!(doc["components"]["schemas"]["NodeView"]
+            .get("additionalProperties")
+            .is_none());
+    }
 }

@@ -8,7 +8,7 @@ use bcm_db::nodes::{self, NodeFilter};
 use serde::Deserialize;
 
 use crate::auth::Principal;
-use crate::error::{ApiError, ApiErrorBody};
+use crate::error::ApiError;
 use crate::extract::{Path, Query};
 use crate::views::{NodePage, NodeView};
 use crate::AppState;
@@ -18,8 +18,8 @@ pub const MAX_PAGE: u32 = 1000;
 
 /// `GET /api/compute/metal/nodes/{nodeId}`.
 #[utoipa::path(get, path = "/api/compute/metal/nodes/{nodeId}", tag = "metal",
-    params(("nodeId" = String, Path, description = "The node id")),
-    responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
+    params(("nodeId" = NodeId, Path, description = "The node id")),
+    responses((status = 200, body = NodeView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn get_node(
     State(app): State<AppState>,
     who: Principal,
@@ -50,17 +50,18 @@ pub async fn get_node(
 pub struct ListParams {
     pub tenant_id: Option<TenantId>,
     pub pool_id: Option<PoolId>,
-    #[param(value_type = Option<String>)]
     pub state: Option<ProvisionState>,
     /// 1-1000, default 100.
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
     /// `nextPageToken` of the previous page.
+    #[param(value_type = Option<NodeId>)]
     pub page_token: Option<String>,
 }
 
 /// `GET /api/compute/metal/nodes`: nodes the caller may read, in id order.
 #[utoipa::path(get, path = "/api/compute/metal/nodes", tag = "metal", params(ListParams),
-    responses((status = 200, body = NodePage), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = NodePage), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn list_nodes(
     State(app): State<AppState>,
     who: Principal,

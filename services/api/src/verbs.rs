@@ -19,7 +19,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use crate::auth::Principal;
-use crate::error::{ApiError, ApiErrorBody};
+use crate::error::ApiError;
 use crate::extract::Body;
 use crate::views::NodeView;
 use crate::AppState;
@@ -28,18 +28,44 @@ use bcm_metal::outbox;
 /// The longest `abort` reason.
 pub const MAX_REASON: usize = 512;
 
+bcm_core::wire_enum! {
+    /// The BMC driver of a machine to enroll (an adopted machine, driver
+    /// `none`, joins with a token instead).
+    pub enum EnrollDriver "BMC driver" {
+        Redfish = "redfish",
+        Ipmi = "ipmi",
+        Sim = "sim",
+    }
+}
+
+impl From<EnrollDriver> for BmcDriver {
+    fn from(d: EnrollDriver) -> Self {
+        match d {
+            EnrollDriver::Redfish => BmcDriver::Redfish,
+            EnrollDriver::Ipmi => BmcDriver::Ipmi,
+            EnrollDriver::Sim => BmcDriver::Sim,
+        }
+    }
+}
+
 /// BMC address and credentials of a node to enroll.
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnrollBmc {
-    pub driver: BmcDriver,
+    pub driver: EnrollDriver,
     /// e.g. `https://10.0.0.10` (Redfish) or `10.0.0.10:623` (IPMI).
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     pub address: String,
-    #[schema(value_type = String)]
+    #[schema(value_type = String, min_length = 1, max_length = 255, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     pub username: SecretString,
-    #[schema(value_type = String, format = Password)]
+    #[schema(value_type = String, format = Password, min_length = 1, max_length = 1024, pattern = "^[^\\u0000-\\u001f\\u007f]*$")]
     pub password: SecretString,
-    /// How to check the Redfish BMC's TLS certificate; default: the bmc
+    /// How to check the Redfish BMC's TLS certificate (driver `redfish`
+    /// only: with another driver it is INVALID_CONFIG); default: the bmc
     /// service's setting.
     #[serde(default)]
     pub tls: Option<bcm_core::BmcTls>,
@@ -54,11 +80,22 @@ pub struct EnrollRequest {
     pub bmc: EnrollBmc,
     /// Overrides the pool's `policy.hardwareProfile` for this node.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     pub hardware_profile: Option<String>,
-    /// PXE MACs, when known before out-of-band inspection.
+    /// PXE MACs, when known before out-of-band inspection (at most 64).
     #[serde(default)]
+    #[schema(max_items = 64, inline, value_type = Vec<MacAddress>)]
     pub macs: Vec<String>,
 }
+
+/// A MAC address, `aa:bb:cc:dd:ee:ff`.
+#[derive(utoipa::ToSchema)]
+#[schema(pattern = "^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")]
+pub struct MacAddress(#[allow(dead_code)] String);
 
 /// A verb on one node.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -74,7 +111,12 @@ pub struct NodeRequest {
 pub struct DeployRequest {
     pub tenant_id: TenantId,
     pub node_id: NodeId,
+    /// A profile of the tenant's catalog (NOT_FOUND when it has no such
+    /// version).
+    #[schema(pattern = "^[a-z0-9._-]{1,64}$")]
     pub profile_id: String,
+    #[serde(deserialize_with = "crate::whole_number::required")]
+    #[schema(minimum = 1, maximum = 2147483647)]
     pub profile_version: u32,
 }
 
@@ -95,10 +137,50 @@ pub struct UndeployRequest {
 pub struct AbortRequest {
     pub tenant_id: TenantId,
     pub node_id: NodeId,
-    /// Up to 512 characters.
+    /// Why, for the node's `lastError`.
     #[serde(default)]
+    #[schema(max_length = 512, pattern = "^[^\\u0000-\\u001f\\u007f]*$")]
     pub reason: Option<String>,
 }
+
+/// A new BMC password: 12-64 letters, digits and `-_.!@%+=,^~`, with a
+/// lowercase letter, an uppercase letter and a digit. (An IPMI BMC takes at
+/// most 20 characters: a longer one for an IPMI node is INVALID_CONFIG.)
+pub struct NewPassword;
+
+impl utoipa::PartialSchema for NewPassword {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Type};
+        let has = |pattern: &str| {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(pattern))
+        };
+        AllOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                        utoipa::openapi::KnownFormat::Password,
+                    )))
+                    .pattern(Some(format!(
+                        "^[A-Za-z0-9{}]{{{},{}}}$",
+                        bcm_core::bmc::PASSWORD_SYMBOLS_CLASS,
+                        bcm_core::bmc::MIN_PASSWORD,
+                        bcm_core::bmc::MAX_PASSWORD
+                    ))),
+            )
+            .item(has("[a-z]"))
+            .item(has("[A-Z]"))
+            .item(has("[0-9]"))
+            .description(Some(
+                "12-64 letters, digits and `-_.!@%+=,^~`, with a lowercase letter, an uppercase letter and a digit",
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for NewPassword {}
 
 /// `metal.rotateCredentials`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -106,11 +188,9 @@ pub struct AbortRequest {
 pub struct RotateCredentialsRequest {
     pub tenant_id: TenantId,
     pub node_id: NodeId,
-    /// The new password (12-64 letters, digits and `-_.!@%+=,^~`, with a
-    /// lowercase and an uppercase letter and a digit; at most 20 for IPMI).
-    /// Default: a random one nobody sees.
+    /// The new password; default: a random one nobody sees.
     #[serde(default)]
-    #[schema(value_type = Option<String>, format = Password)]
+    #[schema(value_type = Option<NewPassword>)]
     pub password: Option<SecretString>,
 }
 
@@ -124,14 +204,8 @@ pub struct PowerRequest {
 }
 
 fn check_mac(mac: &str) -> Result<String, ApiError> {
-    let lower = mac.to_ascii_lowercase();
-    let parts: Vec<&str> = lower.split(':').collect();
-    let ok = parts.len() == 6
-        && parts
-            .iter()
-            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()));
-    if ok {
-        Ok(lower)
+    if bcm_core::text::is_mac(mac) {
+        Ok(mac.to_ascii_lowercase())
     } else {
         Err(ApiError::invalid(format!(
             "{mac:?} is not a MAC address (aa:bb:cc:dd:ee:ff)"
@@ -168,10 +242,12 @@ pub(crate) async fn pool_to_enroll_into(
     Ok(pool)
 }
 
-fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
-    if v.trim().is_empty() || v.chars().count() > max || v.chars().any(char::is_control) {
+/// A printable text of 1 to `max` characters (`bcm_core::text`, the rule
+/// the schema's pattern states).
+pub(crate) fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
+    if !bcm_core::text::is_printable(v, max) {
         return Err(ApiError::invalid(format!(
-            "{field} must be 1-{max} printable characters"
+            "{field} must be 1-{max} printable characters, not only spaces"
         )));
     }
     Ok(())
@@ -179,7 +255,7 @@ fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
 
 /// `POST /api/compute/metal/enroll`: creates the node in `enrolling`.
 #[utoipa::path(post, path = "/api/compute/metal/enroll", request_body = EnrollRequest, tag = "metal",
-    responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)),
+    responses((status = 200, body = NodeView), crate::error::ErrorResponses),
     security(("bearer" = [])))]
 pub async fn enroll(
     State(app): State<AppState>,
@@ -187,34 +263,44 @@ pub async fn enroll(
     Body(req): Body<EnrollRequest>,
 ) -> Result<Json<NodeView>, ApiError> {
     let a = &app.inner;
-    let pool = pool_to_enroll_into(a, &who, &req.tenant_id, &req.pool_id).await?;
-    if req.bmc.driver == BmcDriver::None {
-        return Err(ApiError::invalid(
-            "bmc.driver none: enroll needs a BMC; adopt a machine with a join token (joinTokens) instead",
-        ));
-    }
+    // What the schema states first (400), then who may enroll where (404,
+    // 403), then what this configuration can serve (422).
+    let driver = BmcDriver::from(req.bmc.driver);
     check_text("bmc.address", &req.bmc.address, 255)?;
     check_text("bmc.username", req.bmc.username.expose_secret(), 255)?;
-    if req.bmc.password.expose_secret().is_empty() || req.bmc.password.expose_secret().len() > 1024
-    {
-        return Err(ApiError::invalid("bmc.password must be 1-1024 bytes"));
+    if !bcm_core::text::is_free_text(req.bmc.password.expose_secret(), 1, 1024) {
+        return Err(ApiError::invalid(
+            "bmc.password must be 1-1024 characters without control characters",
+        ));
     }
     let bmc_tls = req
         .bmc
         .tls
-        .map(|t| t.validated(req.bmc.driver))
+        .map(bcm_core::BmcTls::normalized)
         .transpose()
         .map_err(ApiError::invalid)?;
-    let hardware_profile = req
-        .hardware_profile
-        .clone()
-        .unwrap_or(pool.hardware_profile.clone());
-    check_text("hardwareProfile", &hardware_profile, 128)?;
+    if let Some(p) = &req.hardware_profile {
+        check_text("hardwareProfile", p, 128)?;
+    }
+    if req.macs.len() > 64 {
+        return Err(ApiError::invalid("macs must name at most 64 MACs"));
+    }
     let macs = req
         .macs
         .iter()
         .map(|m| check_mac(m))
         .collect::<Result<Vec<_>, _>>()?;
+    let pool = pool_to_enroll_into(a, &who, &req.tenant_id, &req.pool_id).await?;
+    if bmc_tls.is_some() && !bcm_core::BmcTls::applies_to(driver) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidConfig,
+            format!("bmc.tls applies to the redfish driver only, not {driver}"),
+        ));
+    }
+    let hardware_profile = req
+        .hardware_profile
+        .clone()
+        .unwrap_or(pool.hardware_profile.clone());
 
     let id = NodeId::generate();
     let creds = bcm_seal::BmcCredentials {
@@ -240,7 +326,7 @@ pub async fn enroll(
             pool.id.clone(),
             pool.site_id.clone(),
             ProvisionState::Enrolling,
-            req.bmc.driver,
+            driver,
             req.bmc.address,
             hardware_profile,
         )
@@ -372,7 +458,7 @@ async fn run_verb(
                 )
                 .await?
                 .ok_or_else(|| {
-                    ApiError::invalid(format!(
+                    ApiError::new(ErrorCode::NotFound, format!(
                         "deploy profile {profile_id} v{profile_version} is not in tenant {}'s catalog",
                         node.tenant_id
                     ))
@@ -421,7 +507,8 @@ async fn begin_rotation(
     password: Option<SecretString>,
 ) -> Result<(Node, Vec<NewOutboxMessage>), ApiError> {
     if node.bmc_driver == BmcDriver::Sim {
-        return Err(ApiError::invalid(
+        return Err(ApiError::new(
+            ErrorCode::InvalidConfig,
             "the sim driver has no BMC accounts to rotate",
         ));
     }
@@ -455,7 +542,10 @@ async fn begin_rotation(
             let password = match password {
                 Some(p) => {
                     bcm_core::bmc::check_password(node.bmc_driver, p.expose_secret())
-                        .map_err(ApiError::invalid)?;
+                        .map_err(|e| match e {
+                            bcm_core::bmc::PasswordError::Shape(why) => ApiError::invalid(why),
+                            too_long => ApiError::new(ErrorCode::InvalidConfig, too_long.to_string()),
+                        })?;
                     p
                 }
                 None => bcm_seal::generate_password(16),
@@ -521,9 +611,13 @@ impl VerbRequest for NodeRequest {
 
 impl VerbRequest for DeployRequest {
     fn into_parts(self) -> Result<(TenantId, NodeId, Extra), ApiError> {
-        check_text("profileId", &self.profile_id, 128)?;
-        if self.profile_version == 0 {
-            return Err(ApiError::invalid("profileVersion must be 1 or more"));
+        if !bcm_core::text::is_profile_id(&self.profile_id) {
+            return Err(ApiError::invalid(
+                "profileId must be 1-64 characters of a-z, 0-9, '.', '-' or '_'",
+            ));
+        }
+        if self.profile_version == 0 || i32::try_from(self.profile_version).is_err() {
+            return Err(ApiError::invalid("profileVersion must be 1 to 2147483647"));
         }
         let extra = Extra::Deploy {
             profile_id: self.profile_id,
@@ -548,10 +642,10 @@ impl VerbRequest for AbortRequest {
         if self
             .reason
             .as_ref()
-            .is_some_and(|r| r.chars().count() > MAX_REASON)
+            .is_some_and(|r| !bcm_core::text::is_free_text(r, 0, MAX_REASON))
         {
             return Err(ApiError::invalid(format!(
-                "reason must be at most {MAX_REASON} characters"
+                "reason must be at most {MAX_REASON} characters without control characters"
             )));
         }
         Ok((
@@ -578,6 +672,10 @@ impl VerbRequest for PowerRequest {
 
 impl VerbRequest for RotateCredentialsRequest {
     fn into_parts(self) -> Result<(TenantId, NodeId, Extra), ApiError> {
+        if let Some(p) = &self.password {
+            bcm_core::bmc::check_password_rule(p.expose_secret())
+                .map_err(|e| ApiError::invalid(e.to_string()))?;
+        }
         let extra = Extra::Rotate {
             password: self.password,
         };
@@ -612,9 +710,13 @@ macro_rules! node_verb {
     ($name:ident, $path:literal, $verb:expr, $doc:literal) => {
         #[doc = $doc]
         #[utoipa::path(post, path = $path, request_body = NodeRequest, tag = "metal",
-            responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)),
-            security(("bearer" = [])))]
-        pub async fn $name(State(app): State<AppState>, who: Principal, Body(req): Body<NodeRequest>) -> Result<Json<NodeView>, ApiError> {
+                    responses((status = 200, body = NodeView), crate::error::ErrorResponses),
+                    security(("bearer" = [])))]
+        pub async fn $name(
+            State(app): State<AppState>,
+            who: Principal,
+            Body(req): Body<NodeRequest>,
+        ) -> Result<Json<NodeView>, ApiError> {
             verb_endpoint(app, who, $verb, req).await
         }
     };
@@ -665,7 +767,7 @@ node_verb!(
 
 /// `metal.deploy`: `ready` → `deploying` with a profile.
 #[utoipa::path(post, path = "/api/compute/metal/deploy", request_body = DeployRequest, tag = "metal",
-    responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = NodeView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn deploy(
     State(app): State<AppState>,
     who: Principal,
@@ -676,7 +778,7 @@ pub async fn deploy(
 
 /// `metal.undeploy` (verb `release`): `deployed`/`rescue` → `releasing`.
 #[utoipa::path(post, path = "/api/compute/metal/undeploy", request_body = UndeployRequest, tag = "metal",
-    responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = NodeView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn undeploy(
     State(app): State<AppState>,
     who: Principal,
@@ -687,7 +789,7 @@ pub async fn undeploy(
 
 /// `metal.abort`: a running workflow's state → `failed`.
 #[utoipa::path(post, path = "/api/compute/metal/abort", request_body = AbortRequest, tag = "metal",
-    responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = NodeView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn abort(
     State(app): State<AppState>,
     who: Principal,
@@ -698,7 +800,7 @@ pub async fn abort(
 
 /// `metal.power`: queues a BMC power command; the provision state is unchanged.
 #[utoipa::path(post, path = "/api/compute/metal/power", request_body = PowerRequest, tag = "metal",
-    responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = NodeView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn power(
     State(app): State<AppState>,
     who: Principal,
@@ -713,7 +815,7 @@ pub async fn power(
 /// on record. Returns at once; `bmc.rotationPending` clears when it ends
 /// (`node.credentials.rotation` says how).
 #[utoipa::path(post, path = "/api/compute/metal/rotateCredentials", request_body = RotateCredentialsRequest, tag = "metal",
-    responses((status = 200, body = NodeView), (status = "4XX", body = ApiErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = NodeView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn rotate_credentials(
     State(app): State<AppState>,
     who: Principal,

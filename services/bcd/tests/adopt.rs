@@ -97,7 +97,7 @@ async fn a_bcd_node_with_a_pool_token_is_adopted() {
     let (status, body) = env.verb("power", &node, json!({"action": "on"})).await;
     assert_eq!(
         (status, body["code"].as_str()),
-        (400, Some("INVALID_CONFIG")),
+        (422, Some("INVALID_CONFIG")),
         "{body}"
     );
     // Enrolling without a BMC is refused.

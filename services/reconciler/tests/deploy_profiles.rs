@@ -20,8 +20,9 @@ async fn a_deploy_installs_its_profile_and_takes_its_role() {
         .await
         .expect("ready");
 
-    // Unknown id, unknown version, another tenant's profile: refused,
-    // nothing changes.
+    // Unknown id, unknown version, another tenant's profile: well-formed
+    // requests for something that is not there, so NOT_FOUND, and nothing
+    // changes.
     let before = env.node(&id).await.expect("node");
     for (profile, version) in [("nope", 1), ("ubuntu-24.04", 7), ("b-only", 1)] {
         let (s, b) = env
@@ -31,8 +32,8 @@ async fn a_deploy_installs_its_profile_and_takes_its_role() {
                 json!({"profileId": profile, "profileVersion": version}),
             )
             .await;
-        assert_eq!(s, 400, "{b}");
-        assert_eq!(b["code"], "INVALID_ARGUMENT", "{b}");
+        assert_eq!(s, 404, "{b}");
+        assert_eq!(b["code"], "NOT_FOUND", "{b}");
         assert!(
             b["message"].as_str().unwrap_or("").contains(profile),
             "the error names the profile: {b}"
