@@ -62,6 +62,11 @@ eval "$e2e_env"
 step "cargo test (Postgres $DATABASE_URL, NATS $NATS_URL)"
 cargo test --workspace --no-fail-fast
 
+step "API conformance: schemathesis against a running bcm from its OpenAPI document, then a generated Python client"
+conformance_dir="$(mktemp -d /tmp/bcm-conformance.XXXXXX)"
+"$repo/tests/conformance/run.sh" "$conformance_dir"
+rm -rf "$conformance_dir"   # kept (and printed) only when the run failed
+
 step "end to end: QEMU machines behind Redfish, PXE through bcm-boot into bcd, the whole control plane"
 e2e_dir="$(mktemp -d /tmp/bcm-e2e.XXXXXX)"
 "$repo/tests/e2e/run.sh" "$e2e_dir"
