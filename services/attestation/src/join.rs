@@ -1,5 +1,13 @@
 //! Joining: a one-time token and a CSR become a node certificate and an
 //! agent session, in one transaction (a refused join spends no token).
+//!
+//! The answer to a join can be lost after its transaction committed (the
+//! API dies, the connection drops). The agent then retries with the same
+//! token and CSR: within `join_retry_window_secs`, a spent token whose
+//! certificate holds the CSR's key answers with that same certificate and
+//! session (under a new bearer token, since the first was never received),
+//! never a second identity and never a refusal. Any other key is refused as
+//! for any spent token.
 
 use bcm_contracts::agent::{AgentPresence, AgentRole, JoinRequest, JoinResponse, PresenceEvent};
 use bcm_db::agents::{CertRow, TokenScope};
@@ -26,11 +34,13 @@ pub async fn join(
     cfg: &AttestationConfig,
     req: &JoinRequest,
 ) -> Result<JoinResponse, AttestError> {
+    let token_hash = bcm_pki::tokens::hash(&req.token);
     let mut tx = db.begin().await?;
-    let (purpose, scope) =
-        bcm_db::agents::join_token_consume_in_txn(&mut tx, &bcm_pki::tokens::hash(&req.token))
-            .await?
-            .ok_or(AttestError::BadToken)?;
+    let Some((purpose, scope)) =
+        bcm_db::agents::join_token_consume_in_txn(&mut tx, &token_hash).await?
+    else {
+        return rejoin(tx, ca, cfg, req, &token_hash).await;
+    };
     if role_of(&purpose) != Some(req.role) {
         return Err(AttestError::WrongRole {
             purpose,
@@ -71,6 +81,7 @@ pub async fn join(
         },
     )
     .await?;
+    bcm_db::agents::join_token_spent_on_in_txn(&mut tx, &token_hash, &issued.serial).await?;
     let (session, session_hash) = bcm_pki::tokens::mint_prefixed("bcms_");
     bcm_db::agents::session_insert_in_txn(
         &mut tx,
@@ -102,6 +113,52 @@ pub async fn join(
         session_token: session,
         cert_serial: issued.serial,
         certificate: issued.pem,
+        ca_certificate: ca.cert_pem().to_owned(),
+        image_keys: cfg.image_keys.clone(),
+    })
+}
+
+/// A join with a token already spent: the retry of a join whose answer was
+/// lost (same token, same key, soon after) gets its identity back;
+/// anything else is a bad token.
+async fn rejoin(
+    mut tx: bcm_db::Tx<'_>,
+    ca: &Ca,
+    cfg: &AttestationConfig,
+    req: &JoinRequest,
+    token_hash: &[u8],
+) -> Result<JoinResponse, AttestError> {
+    let Some((purpose, cert)) = bcm_db::agents::join_token_spent_recently_in_txn(
+        &mut tx,
+        token_hash,
+        cfg.join_retry_window_secs,
+    )
+    .await?
+    else {
+        return Err(AttestError::BadToken);
+    };
+    if role_of(&purpose) != Some(req.role) {
+        return Err(AttestError::WrongRole {
+            purpose,
+            role: req.role.as_str().to_owned(),
+        });
+    }
+    if Ca::csr_public_key(&req.csr)? != cert.public_key {
+        tracing::warn!(node = %cert.node_id, serial = %cert.serial, "a spent join token presented with another key: refused");
+        return Err(AttestError::BadToken);
+    }
+    let (session, session_hash) = bcm_pki::tokens::mint_prefixed("bcms_");
+    if !bcm_db::agents::session_rekey_in_txn(&mut tx, &cert.serial, &session_hash).await? {
+        return Err(AttestError::BadToken);
+    }
+    tx.commit().await.map_err(bcm_db::DbError::from)?;
+    metrics::counter!("bcm_attest_joins_retried_total").increment(1);
+    tracing::info!(node = %cert.node_id, %purpose, serial = %cert.serial, "agent join retried: the same identity again");
+    Ok(JoinResponse {
+        node_id: cert.node_id,
+        session_token: session,
+        cert_serial: cert.serial,
+        certificate: cert.cert_pem,
         ca_certificate: ca.cert_pem().to_owned(),
         image_keys: cfg.image_keys.clone(),
     })

@@ -43,6 +43,10 @@ pub struct AttestationConfig {
     /// Lifetime of an installed OS's certificate.
     #[serde(default = "default_node_ttl")]
     pub node_cert_ttl_secs: u64,
+    /// A join whose answer was lost may be retried with the same token and
+    /// the same agent key for this long, and gets the same identity back.
+    #[serde(default = "default_join_retry_window")]
+    pub join_retry_window_secs: u64,
     /// ed25519 public keys (base64) trusted to sign image manifests; handed
     /// to agents when they join.
     #[serde(default)]
@@ -61,6 +65,10 @@ fn default_node_ttl() -> u64 {
     7 * 24 * 3600
 }
 
+fn default_join_retry_window() -> u64 {
+    300
+}
+
 impl AttestationConfig {
     /// A development configuration: an ephemeral generated CA.
     pub fn ephemeral() -> Self {
@@ -70,6 +78,7 @@ impl AttestationConfig {
             generate_ca: true,
             ramdisk_cert_ttl_secs: default_ramdisk_ttl(),
             node_cert_ttl_secs: default_node_ttl(),
+            join_retry_window_secs: default_join_retry_window(),
             image_keys: vec![],
             #[cfg(feature = "accept-ingested-attestation")]
             accept_ingested: false,

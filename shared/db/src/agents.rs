@@ -57,6 +57,70 @@ pub async fn join_token_consume_in_txn(
     }))
 }
 
+/// Records the certificate a join spent its token on (in the join's
+/// transaction, after the certificate is stored).
+pub async fn join_token_spent_on_in_txn(
+    tx: &mut Tx<'_>,
+    hash: &[u8],
+    cert_serial: &str,
+) -> Result<(), DbError> {
+    sqlx::query("UPDATE join_tokens SET used_by_cert = $2 WHERE token_hash = $1")
+        .bind(hash)
+        .bind(cert_serial)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// The join a spent token made, if it was spent less than `window_secs`
+/// ago on a certificate still unrevoked: `(purpose, certificate)`. The
+/// token row is locked, so two retries of one join are answered in turn.
+pub async fn join_token_spent_recently_in_txn(
+    tx: &mut Tx<'_>,
+    hash: &[u8],
+    window_secs: u64,
+) -> Result<Option<(String, CertRow)>, DbError> {
+    let serial: Option<(String, String)> = sqlx::query_as(
+        "SELECT t.purpose, t.used_by_cert FROM join_tokens t \
+         WHERE t.token_hash = $1 AND t.used_by_cert IS NOT NULL \
+           AND t.used_at > now() - make_interval(secs => $2) FOR UPDATE",
+    )
+    .bind(hash)
+    .bind(window_secs as f64)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some((purpose, serial)) = serial else {
+        return Ok(None);
+    };
+    let cert: Option<CertRow> = sqlx::query_as(&format!(
+        "SELECT {CERT_COLUMNS} FROM node_certs WHERE serial = $1 AND revoked_at IS NULL AND not_after > now()"
+    ))
+    .bind(&serial)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(cert.map(|c| (purpose, c)))
+}
+
+/// Gives the session of a certificate a new bearer token (a retried join
+/// whose first answer was lost: the token it carried was never received).
+/// False when the certificate has no live session.
+pub async fn session_rekey_in_txn(
+    tx: &mut Tx<'_>,
+    cert_serial: &str,
+    new_hash: &[u8],
+) -> Result<bool, DbError> {
+    let n = sqlx::query(
+        "UPDATE agent_sessions SET token_hash = $2, alive_until = greatest(alive_until, now()) \
+         WHERE cert_serial = $1 AND expires_at > now()",
+    )
+    .bind(cert_serial)
+    .bind(new_hash)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    Ok(n > 0)
+}
+
 /// A node certificate as stored.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct CertRow {
@@ -211,6 +275,41 @@ pub async fn session_fetch_live(
     )
     .bind(hash)
     .fetch_optional(db.pool())
+    .await?)
+}
+
+/// A live session, marked alive for at least `alive_for_ms` from now (a
+/// request is a sign of life; a long poll keeps it for as long as it waits):
+/// `(node id, cert serial, purpose)`.
+pub async fn session_touch_live(
+    db: &Db,
+    hash: &[u8],
+    alive_for_ms: u64,
+) -> Result<Option<(String, String, String)>, DbError> {
+    Ok(sqlx::query_as(
+        "UPDATE agent_sessions SET alive_until = greatest(alive_until, now() + make_interval(secs => $2)) \
+         WHERE token_hash = $1 AND expires_at > now() RETURNING node_id, cert_serial, purpose",
+    )
+    .bind(hash)
+    .bind(alive_for_ms as f64 / 1000.0)
+    .fetch_optional(db.pool())
+    .await?)
+}
+
+/// The node's newest live session of `purpose` (the one its commands go
+/// to): `(cert serial, alive until)`.
+pub async fn session_newest_in_txn(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+    purpose: &str,
+) -> Result<Option<(String, DateTime<Utc>)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT cert_serial, alive_until FROM agent_sessions \
+         WHERE node_id = $1 AND purpose = $2 AND expires_at > now() ORDER BY created_at DESC LIMIT 1",
+    )
+    .bind(node_id)
+    .bind(purpose)
+    .fetch_optional(&mut **tx)
     .await?)
 }
 

@@ -99,13 +99,23 @@ pub const AGENT_CHANNEL: &str = "bcm_agent";
 
 /// Whether a node has agent commands waiting (a cheap check before taking).
 pub async fn commands_pending_for_agent(db: &Db, node_id: &str) -> Result<bool, DbError> {
-    Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = $1 AND target = 'ramdisk' AND status = 'pending')",
-    )
+    Ok(sqlx::query_scalar(&format!(
+        "SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = $1 AND target = 'ramdisk' AND {OFFERABLE})"
+    ))
     .bind(node_id)
     .fetch_one(db.pool())
     .await?)
 }
+
+/// An agent command that may be handed out: never handed out, or handed
+/// out by a poll whose lease ran out with no result while its step still
+/// waits for it (that poll's answer may never have reached the agent; the
+/// agent answers a repeat from its record). A command its step gave up on
+/// is never offered again.
+const OFFERABLE: &str = "(status = 'pending' OR (status = 'sent' \
+     AND lease_until IS NOT NULL AND lease_until < now() \
+     AND (commands.workflow_id IS NULL OR EXISTS (SELECT 1 FROM workflow_steps w \
+       WHERE w.command_id = commands.id AND w.status = 'running'))))";
 
 /// Listens for new agent commands: yields node ids.
 pub struct AgentListener {
@@ -335,8 +345,8 @@ pub async fn command_kinds_in_txn(
     )
 }
 
-/// Hands the pending ramdisk commands of a node to its agent, marking them
-/// sent — only to the agent of the node's newest live session (`cert_serial`
+/// Hands the offerable ramdisk commands of a node to its agent, marking them
+/// sent under a lease of `lease_ms` — only to the agent of the node's newest live session (`cert_serial`
 /// is the session's certificate), and only when that is a ramdisk's
 /// (`discovery`): an installed OS never gets a ramdisk command. A machine runs one agent at a time: a
 /// poll still open from before a reboot (its connection half-open, nobody
@@ -346,10 +356,12 @@ pub async fn commands_take_for_agent_in_txn(
     node_id: &str,
     cert_serial: &str,
     limit: i64,
+    lease_ms: u64,
 ) -> Result<Vec<CommandRow>, DbError> {
     Ok(sqlx::query_as(&format!(
-        "UPDATE commands SET status = 'sent', sent_at = now() WHERE id IN ( \
-           SELECT id FROM commands WHERE node_id = $1 AND target = 'ramdisk' AND status = 'pending' \
+        "UPDATE commands SET status = 'sent', sent_at = now(), \
+           lease_until = now() + make_interval(secs => $4) WHERE id IN ( \
+           SELECT id FROM commands WHERE node_id = $1 AND target = 'ramdisk' AND {OFFERABLE} \
            AND EXISTS (SELECT 1 FROM agent_sessions s WHERE s.node_id = $1 AND s.cert_serial = $3 \
              AND s.purpose = 'discovery' AND s.expires_at > now() \
              AND NOT EXISTS (SELECT 1 FROM agent_sessions n WHERE n.node_id = $1 AND n.created_at > s.created_at)) \
@@ -358,6 +370,7 @@ pub async fn commands_take_for_agent_in_txn(
     .bind(node_id)
     .bind(limit)
     .bind(cert_serial)
+    .bind(lease_ms as f64 / 1000.0)
     .fetch_all(&mut **tx)
     .await?)
 }

@@ -76,6 +76,17 @@ pub async fn outbox_backlog(db: &Db) -> Result<i64, DbError> {
     )
 }
 
+/// Every outbox message whose subject starts with `prefix`: `(id,
+/// published)` (the chaos test's ledger of what was committed).
+pub async fn outbox_ids_with_prefix(db: &Db, prefix: &str) -> Result<Vec<(String, bool)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT id, published_at IS NOT NULL FROM outbox WHERE starts_with(subject, $1) ORDER BY seq",
+    )
+    .bind(prefix)
+    .fetch_all(db.pool())
+    .await?)
+}
+
 /// Deletes published messages older than `keep`, returning how many.
 pub async fn outbox_prune(db: &Db, keep: std::time::Duration) -> Result<u64, DbError> {
     let secs = keep.as_secs_f64();

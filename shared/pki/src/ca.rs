@@ -164,6 +164,15 @@ impl Ca {
         })
     }
 
+    /// The public key (DER `SubjectPublicKeyInfo` bytes, as [`IssuedCert`]
+    /// holds them) a CSR asks a certificate for: a retried join is the same
+    /// agent only if its CSR holds the same key.
+    pub fn csr_public_key(csr_pem: &str) -> Result<Vec<u8>, PkiError> {
+        let csr =
+            CertificateSigningRequestParams::from_pem(csr_pem).map_err(|_| PkiError::BadCsr)?;
+        Ok(rcgen::PublicKeyData::der_bytes(&csr.public_key).to_vec())
+    }
+
     /// Checks that `cert_pem` was issued by this CA and is valid at `at`.
     pub fn check(&self, cert_pem: &str, at: DateTime<Utc>) -> Result<CheckedCert, PkiError> {
         check_der(&self.cert_der, cert_pem, at)
