@@ -3,6 +3,16 @@
 //! heartbeat, long-poll for commands, and post results signed over the
 //! signing input the attestation service rebuilds from the STORED command
 //! row. Joins and results are forwarded to the attestation service.
+//!
+//! Any answer can be lost, so every exchange can be retried: a join retried
+//! with the same token and key gets the same identity back (the attestation
+//! service decides); a command handed out by a poll is leased and offered
+//! again if no result comes (agents run a command id at most once and
+//! answer a repeat from their record); a result is recorded once however
+//! often it is posted; a join or result is forwarded again while the bus or
+//! the attestation service is away, and only then answered `UNAVAILABLE`.
+//! Every request of a session marks the agent alive (a long poll for as
+//! long as it waits), which is what a step waiting on it watches.
 
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
@@ -45,7 +55,15 @@ impl FromRequestParts<AppState> for Agent {
             .and_then(|h| h.to_str().ok())
             .and_then(|h| h.strip_prefix("Bearer "))
             .ok_or_else(bad)?;
-        match bcm_db::agents::session_fetch_live(&state.inner.db, &token_hash(secret)).await? {
+        // A long poll keeps the agent alive for as long as it may wait.
+        let alive_for_ms = if parts.uri.path().ends_with("/commands") {
+            requested_wait_ms(parts.uri.query())
+        } else {
+            0
+        };
+        match bcm_db::agents::session_touch_live(&state.inner.db, &token_hash(secret), alive_for_ms)
+            .await?
+        {
             Some((node_id, cert_serial, purpose)) => Ok(Agent {
                 node_id,
                 cert_serial,
@@ -56,8 +74,27 @@ impl FromRequestParts<AppState> for Agent {
     }
 }
 
+/// The longest long poll, in milliseconds.
+const POLL_MAX_MS: u64 = 30_000;
+
+/// The `waitMs` a poll asks for (at most [`POLL_MAX_MS`]; 0 when absent or
+/// malformed — the handler refuses a malformed one).
+fn requested_wait_ms(query: Option<&str>) -> u64 {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("waitMs="))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        .min(POLL_MAX_MS)
+}
+
 /// Asks the attestation service (request/reply, queue group
-/// `attestation`) and maps its answer to the API's errors.
+/// `attestation`) and maps its answer to the API's errors. Both requests
+/// are idempotent (a join retried with the same token and key, a result
+/// posted again), so one that got no answer — the bus restarting, no
+/// replica subscribed, a reply lost — is asked again with backoff for up to
+/// `attest_retry_ms`, and only then is the agent told to retry.
 async fn attest<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
     app: &AppState,
     what: &str,
@@ -66,27 +103,38 @@ async fn attest<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
     let bus = &app.inner.bus;
     let payload =
         serde_json::to_vec(req).map_err(|e| ApiError::internal(format!("encoding: {e}")))?;
-    let asked = tokio::time::timeout(
-        Duration::from_secs(15),
-        bus.client()
-            .request(bus.subjects().attest(what), payload.into()),
-    )
-    .await;
-    let msg = match asked {
-        Ok(Ok(m)) => m,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "attestation request failed");
+    let give_up_at =
+        tokio::time::Instant::now() + Duration::from_millis(app.inner.agents.attest_retry_ms);
+    let mut pause = Duration::from_millis(100);
+    let msg = loop {
+        let left = give_up_at.saturating_duration_since(tokio::time::Instant::now());
+        let asked = tokio::time::timeout(
+            left.clamp(Duration::from_millis(500), Duration::from_secs(5)),
+            bus.client()
+                .request(bus.subjects().attest(what), payload.clone().into()),
+        )
+        .await;
+        let why = match asked {
+            Ok(Ok(m)) => break m,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer in time".to_owned(),
+        };
+        if tokio::time::Instant::now() + pause >= give_up_at {
+            tracing::warn!(
+                what,
+                why,
+                "the attestation service did not answer; the agent is told to retry"
+            );
+            metrics::counter!("bcm_api_attest_unavailable_total", "what" => what.to_owned())
+                .increment(1);
             return Err(ApiError::new(
                 ErrorCode::Unavailable,
                 "the attestation service is not answering; retry later",
             ));
         }
-        Err(_) => {
-            return Err(ApiError::new(
-                ErrorCode::Unavailable,
-                "the attestation service timed out; retry later",
-            ))
-        }
+        tracing::debug!(what, why, ?pause, "attestation request: asking again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
     };
     match serde_json::from_slice::<AttestReply<Resp>>(&msg.payload) {
         Ok(AttestReply::Ok(v)) => Ok(v),
@@ -153,7 +201,7 @@ pub async fn commands(
     Query(q): Query<PollParams>,
 ) -> Result<Json<Vec<AgentCommand>>, ApiError> {
     let wait = q.wait_ms.unwrap_or(0);
-    if wait > 30_000 {
+    if wait > POLL_MAX_MS {
         return Err(ApiError::invalid("waitMs must be at most 30000"));
     }
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
@@ -166,6 +214,7 @@ pub async fn commands(
                 &agent.node_id,
                 &agent.cert_serial,
                 16,
+                app.inner.agents.command_lease_ms,
             )
             .await?;
             tx.commit().await.map_err(bcm_db::DbError::from)?;
@@ -191,10 +240,14 @@ pub async fn commands(
             }
         }
         // Wait for a notification for this node (or a lagged channel), and
-        // re-check at least every few seconds in case one was missed.
+        // re-check at least every few seconds in case one was missed or a
+        // lease ran out.
         let wait = deadline
             .saturating_duration_since(tokio::time::Instant::now())
-            .min(Duration::from_secs(15));
+            .min(Duration::from_secs(15))
+            .min(Duration::from_millis(
+                app.inner.agents.command_lease_ms.max(100),
+            ));
         if wait.is_zero() {
             return Ok(Json(vec![]));
         }
@@ -237,4 +290,18 @@ pub async fn results(
     .await?;
     tracing::debug!(recorded = recorded.recorded, attested_by = ?recorded.attested_by, "agent result");
     Ok(axum::http::StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::requested_wait_ms;
+
+    #[test]
+    fn a_poll_is_alive_for_the_wait_it_asks_for_at_most_the_longest() {
+        assert_eq!(requested_wait_ms(Some("waitMs=2500")), 2500);
+        assert_eq!(requested_wait_ms(Some("x=1&waitMs=99999999")), 30_000);
+        assert_eq!(requested_wait_ms(Some("waitMs=-1")), 0);
+        assert_eq!(requested_wait_ms(Some("waitMs=1e3")), 0);
+        assert_eq!(requested_wait_ms(None), 0);
+    }
 }

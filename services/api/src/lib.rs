@@ -54,12 +54,50 @@ pub struct ApiConfig {
     /// The outbox relay.
     #[serde(default)]
     pub relay: relay::RelayConfig,
+    /// How the agent endpoints ride out lost answers.
+    #[serde(default)]
+    pub agents: AgentProtocolConfig,
     /// Logs, traces and metrics.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
     /// Tenants, sites and pools to create at start-up if missing.
     #[serde(default)]
     pub seed: Seed,
+}
+
+/// How the agent endpoints ride out lost answers (see `agent.rs`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentProtocolConfig {
+    /// A command handed to an agent is offered again after this long with
+    /// no result: the poll's answer may never have arrived. Agents run a
+    /// command id at most once and answer a repeat from their record.
+    #[serde(default = "default_command_lease_ms")]
+    pub command_lease_ms: u64,
+    /// How long a join or result keeps being forwarded to the attestation
+    /// service while the bus or the service is away, before `UNAVAILABLE`.
+    #[serde(default = "default_attest_retry_ms")]
+    pub attest_retry_ms: u64,
+}
+
+impl Default for AgentProtocolConfig {
+    fn default() -> Self {
+        Self {
+            command_lease_ms: default_command_lease_ms(),
+            attest_retry_ms: default_attest_retry_ms(),
+        }
+    }
+}
+
+fn default_command_lease_ms() -> u64 {
+    // Longer than an agent needs to read a poll's answer; agents run one
+    // command at a time and poll again only once it is answered, so a
+    // lease never runs out under a command that is still running.
+    30_000
+}
+fn default_attest_retry_ms() -> u64 {
+    // Long enough for a NATS server to restart and clients to reconnect.
+    20_000
 }
 
 /// Declarative tenancy created at start-up.
@@ -186,6 +224,7 @@ pub struct Inner {
     pub lock_timeout_ms: u32,
     /// Node ids with new agent commands, fanned out to long-polls.
     pub agent_wakeups: tokio::sync::broadcast::Sender<String>,
+    pub agents: AgentProtocolConfig,
 }
 
 /// The router of the service, for tests and the all-in-one binary.
@@ -272,6 +311,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             admin_token_hash: auth::token_hash(cfg.admin_token.expose_secret()),
             lock_timeout_ms: cfg.lock_timeout_ms,
             agent_wakeups,
+            agents: cfg.agents.clone(),
         }),
     })
 }

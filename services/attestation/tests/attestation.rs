@@ -357,6 +357,10 @@ async fn only_results_signed_for_the_stored_row_by_a_live_certificate_are_kept()
 async fn without_the_attestation_service_agents_are_told_to_retry() {
     let env = TestEnv::start_with(bcm_testkit::Options {
         attestation: false,
+        agents: bcm_testkit::AgentProtocolConfig {
+            attest_retry_ms: 300,
+            ..Default::default()
+        },
         ..Default::default()
     })
     .await
@@ -512,5 +516,222 @@ async fn a_result_that_breaks_its_kinds_contract_is_refused_and_changes_nothing(
         .await
         .expect("post");
     assert_eq!(status, 204, "{body}");
+    env.stop();
+}
+
+/// Joins with a given key: `(status, body)`.
+async fn join_with(env: &TestEnv, token: &str, csr: &str) -> (u16, Value) {
+    env.post(
+        "/api/agent/join",
+        None,
+        &json!({"token": token, "csr": csr, "role": "ramdisk"}),
+    )
+    .await
+    .expect("post")
+}
+
+/// The API died after the join committed and before its answer reached
+/// the agent: the agent's retry with the same token and key gets the same
+/// identity back, never a refusal and never a second certificate; anyone
+/// else holding the spent token is still refused.
+#[tokio::test]
+async fn a_join_whose_answer_was_lost_is_retried_into_the_same_identity() {
+    let env = TestEnv::start().await.expect("env");
+    let n = node(&env).await;
+    let t = token(&env, &n, "discovery", 600).await;
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    let csr = bcm_pki::csr_pem(&key, "agent").expect("csr");
+
+    let (status, lost) = join_with(&env, &t, &csr).await;
+    assert_eq!(status, 200, "{lost}");
+    let (status, again) = join_with(&env, &t, &csr).await;
+    assert_eq!(status, 200, "the retried join is answered: {again}");
+    for field in ["nodeId", "certSerial", "certificate", "caCertificate"] {
+        assert_eq!(again[field], lost[field], "{field} is the same");
+    }
+    assert_ne!(again["sessionToken"], lost["sessionToken"]);
+    let certs = bcm_db::agents::certs_of_node(&env.db, &n)
+        .await
+        .expect("certs");
+    assert_eq!(certs.len(), 1, "one identity");
+    // The answer that got through holds the session; the lost one no longer.
+    let session = again["sessionToken"].as_str().expect("session");
+    assert!(poll(&env, session).await.is_empty());
+    let (status, _) = env
+        .get(
+            "/api/agent/commands",
+            Some(lost["sessionToken"].as_str().expect("s")),
+        )
+        .await
+        .expect("poll");
+    assert_eq!(status, 401);
+
+    // Another key with the spent token: refused, nothing issued.
+    let other = SigningKey::generate(&mut rand::rngs::OsRng);
+    let (status, body) =
+        join_with(&env, &t, &bcm_pki::csr_pem(&other, "agent").expect("csr")).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (401, Some("UNAUTHENTICATED")),
+        "{body}"
+    );
+    assert_eq!(
+        bcm_db::agents::certs_of_node(&env.db, &n)
+            .await
+            .expect("certs")
+            .len(),
+        1
+    );
+    env.stop();
+}
+
+/// A join retried after the window is refused as any spent token is.
+#[tokio::test]
+async fn a_join_retried_after_the_window_is_refused() {
+    let env = TestEnv::start_with(bcm_testkit::Options {
+        attestation: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let mut cfg = bcm_attestation::AttestationConfig::ephemeral();
+    cfg.join_retry_window_secs = 0;
+    env.spawn_attestation(cfg).await.expect("attestation");
+    let n = node(&env).await;
+    let t = token(&env, &n, "discovery", 600).await;
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    let csr = bcm_pki::csr_pem(&key, "agent").expect("csr");
+    assert_eq!(join_with(&env, &t, &csr).await.0, 200);
+    let (status, body) = join_with(&env, &t, &csr).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (401, Some("UNAUTHENTICATED")),
+        "{body}"
+    );
+    env.stop();
+}
+
+/// A poll's answer was lost (the API died writing it, the connection
+/// dropped): the command it handed out is offered again once its lease runs
+/// out, and never again once its result is in.
+#[tokio::test]
+async fn a_command_whose_poll_answer_was_lost_is_offered_again() {
+    let env = TestEnv::start_with(bcm_testkit::Options {
+        agents: bcm_testkit::AgentProtocolConfig {
+            command_lease_ms: 1000,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let n = node(&env).await;
+    let (_, joined, _) = join(&env, &token(&env, &n, "discovery", 600).await, "ramdisk").await;
+    let joined = joined.expect("joined");
+    let id = command(&env, &n, "disk.wipe", json!({"mode": "quick"})).await;
+
+    let lost = poll(&env, &joined.session).await;
+    assert_eq!(lost.len(), 1);
+    // Leased: not handed out twice at once.
+    let (_, now) = env
+        .get("/api/agent/commands", Some(&joined.session))
+        .await
+        .expect("poll");
+    assert_eq!(now, json!([]), "leased to the poll that took it");
+    // The lease runs out: offered again, the same command.
+    let again = poll(&env, &joined.session).await;
+    assert_eq!(again.len(), 1, "offered again");
+    assert_eq!(again[0]["commandId"], json!(id));
+    assert_eq!(
+        again[0], lost[0],
+        "the same command, as it was first offered"
+    );
+
+    let r = signed_result(&joined.key, &n, &again[0], wipe_report("verified"));
+    let (status, body) = env
+        .post("/api/agent/results", Some(&joined.session), &r)
+        .await
+        .expect("post");
+    assert_eq!(status, 204, "{body}");
+    // Answered: never offered again, however long the agent waits.
+    let (_, after) = env
+        .get("/api/agent/commands?waitMs=2500", Some(&joined.session))
+        .await
+        .expect("poll");
+    assert_eq!(after, json!([]));
+    // And the result posted again is accepted once.
+    let (status, _) = env
+        .post("/api/agent/results", Some(&joined.session), &r)
+        .await
+        .expect("post");
+    assert_eq!(status, 204);
+    let row = bcm_db::commands::command_fetch(&env.db, &id)
+        .await
+        .expect("row");
+    assert!(row.status.is_done());
+    env.stop();
+}
+
+/// A result that reaches the API while the attestation service (or the bus
+/// it is reached over) is away is held and forwarded again until the
+/// service answers, instead of being refused with 503.
+#[tokio::test]
+async fn a_result_posted_while_the_attestation_service_is_away_is_recorded_when_it_returns() {
+    let env = TestEnv::start_with(bcm_testkit::Options {
+        attestation: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    // One CA on disk, so the service can come back with it.
+    let dir = std::env::temp_dir().join(format!("bcm-ca-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let mut cfg = bcm_attestation::AttestationConfig::ephemeral();
+    cfg.ca_cert_file = Some(dir.join("ca.pem"));
+    cfg.ca_key_file = Some(dir.join("ca.key"));
+    let first = env
+        .spawn_attestation(cfg.clone())
+        .await
+        .expect("attestation");
+
+    let n = node(&env).await;
+    let (_, joined, body) = join(&env, &token(&env, &n, "discovery", 600).await, "ramdisk").await;
+    let joined = joined.unwrap_or_else(|| panic!("joined: {body}"));
+    let id = command(&env, &n, "disk.wipe", json!({"mode": "quick"})).await;
+    let cmd = poll(&env, &joined.session).await.pop().expect("command");
+
+    first.cancel();
+    bcm_testkit::eventually(std::time::Duration::from_secs(10), || async {
+        let asked = env
+            .state
+            .inner
+            .bus
+            .client()
+            .request(env.subjects().attest("result"), "{}".into())
+            .await;
+        Ok(asked.is_err().then_some(()))
+    })
+    .await
+    .expect("the attestation service is gone");
+
+    let r = signed_result(&joined.key, &n, &cmd, wipe_report("verified"));
+    let posted = env.post("/api/agent/results", Some(&joined.session), &r);
+    let back = async {
+        // The post is being held by the API meanwhile.
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        env.spawn_attestation(cfg.clone()).await.expect("back")
+    };
+    let (posted, _) = tokio::join!(posted, back);
+    let (status, body) = posted.expect("post");
+    assert_eq!(status, 204, "held until the service answered: {body}");
+    let row = bcm_db::commands::command_fetch(&env.db, &id)
+        .await
+        .expect("row");
+    assert!(row.status.is_done());
+    assert_eq!(
+        row.attested_by.as_deref(),
+        joined.body["certSerial"].as_str()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
     env.stop();
 }

@@ -57,9 +57,7 @@ pub struct Session {
     pub image_keys: Vec<VerifyingKey>,
 }
 
-fn backoff(attempt: u32) -> Duration {
-    Duration::from_millis((250u64 << attempt.min(7)).min(30_000))
-}
+use bcm_contracts::agent::retry_backoff as backoff;
 
 /// Joins, retrying while the control plane is unreachable or unavailable;
 /// a refused token is final (it is single use).

@@ -9,6 +9,40 @@ use serde::{Deserialize, Serialize};
 use crate::commands::{Command, CommandKind};
 use crate::ContractError;
 
+/// How long an agent waits before its `attempt`-th retry of a join, poll or
+/// result post that got no answer or a 5xx: 250 ms doubling to 30 s. Every
+/// agent (`bcd`, the simulated site's) retries by this one policy; a 4xx
+/// other than 401 is final (retrying cannot change it), a 401 ends the
+/// session.
+pub fn retry_backoff(attempt: u32) -> std::time::Duration {
+    std::time::Duration::from_millis((250u64 << attempt.min(7)).min(30_000))
+}
+
+/// How an agent treats the answer to one of its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// 2xx: done.
+    Done,
+    /// 401: the session is over.
+    SessionEnded,
+    /// Another 4xx: refused for good.
+    Refused,
+    /// 5xx, or no answer: ask again after [`retry_backoff`].
+    Retry,
+}
+
+impl Answer {
+    /// The class of an HTTP status.
+    pub fn of_status(status: u16) -> Self {
+        match status {
+            200..=299 => Answer::Done,
+            401 => Answer::SessionEnded,
+            400..=499 => Answer::Refused,
+            _ => Answer::Retry,
+        }
+    }
+}
+
 /// What an agent is: the ramdisk's or the installed OS's.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,

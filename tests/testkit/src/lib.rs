@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+pub use bcm_api::AgentProtocolConfig;
 pub use bcm_reconciler::ReconcilerConfig;
 
 /// Options of a test environment.
@@ -36,6 +37,10 @@ pub struct Options {
     pub engine: bool,
     /// Start the attestation service (an ephemeral CA) with the API.
     pub attestation: bool,
+    /// The agent endpoints' leases and retries.
+    pub agents: bcm_api::AgentProtocolConfig,
+    /// How long the engine lets a ramdisk agent stay silent.
+    pub agent_silence_ms: u64,
 }
 
 impl Default for Options {
@@ -47,6 +52,8 @@ impl Default for Options {
             reconcilers: 1,
             engine: true,
             attestation: true,
+            agents: Default::default(),
+            agent_silence_ms: 60_000,
         }
     }
 }
@@ -74,6 +81,11 @@ pub struct TestEnv {
     pub faults: bcm_sim::Faults,
     /// The API's sealing keys (a site's bmc service opens with them).
     pub sealing_keys: Vec<bcm_seal::KeyConfig>,
+    agent_silence_ms: u64,
+    /// Every site command the simulated sites of this test executed.
+    pub executions: bcm_sim::site::Executions,
+    #[allow(clippy::type_complexity)]
+    site: std::sync::Mutex<Option<(CancellationToken, tokio::task::JoinHandle<()>)>>,
     shutdown: CancellationToken,
 }
 
@@ -143,6 +155,7 @@ impl TestEnv {
                 batch: 64,
                 poll_ms: 200,
             },
+            agents: opts.agents.clone(),
             telemetry: Default::default(),
             seed,
         };
@@ -169,6 +182,9 @@ impl TestEnv {
                 .map(bcm_sim::Faults::from_config)
                 .unwrap_or_default(),
             sealing_keys,
+            agent_silence_ms: opts.agent_silence_ms,
+            executions: Default::default(),
+            site: std::sync::Mutex::new(None),
             shutdown,
         };
         if opts.relay {
@@ -185,20 +201,37 @@ impl TestEnv {
             for _ in 0..opts.reconcilers {
                 env.spawn_reconciler();
             }
-            let site = bcm_sim::site::run(
-                env.state.inner.bus.clone(),
-                sim,
-                bcm_sim::site::Machines::default(),
-                env.faults.clone(),
-                env.shutdown.child_token(),
-            );
-            tokio::spawn(async move {
-                if let Err(e) = site.await {
-                    tracing::error!(error = %e, "the simulated site stopped");
-                }
-            });
+            env.spawn_site(sim).await?;
         }
         Ok(env)
+    }
+
+    /// Starts a simulated site with `cfg` on the machines its store kept
+    /// (none, the first time); a running one is stopped first, as a restart
+    /// of the site process. Returns once the new one was started.
+    pub async fn spawn_site(&self, cfg: bcm_sim::SimConfig) -> anyhow::Result<()> {
+        let old = self.site.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((stop, task)) = old {
+            stop.cancel();
+            let _ = task.await;
+        }
+        let machines = bcm_sim::site::Machines::durable(&self.state.inner.bus, &cfg.site).await?;
+        let stop = self.shutdown.child_token();
+        let site = bcm_sim::site::run(
+            self.state.inner.bus.clone(),
+            cfg,
+            machines,
+            self.faults.clone(),
+            self.executions.clone(),
+            stop.clone(),
+        );
+        let task = tokio::spawn(async move {
+            if let Err(e) = site.await {
+                tracing::error!(error = %e, "the simulated site stopped");
+            }
+        });
+        *self.site.lock().unwrap_or_else(|p| p.into_inner()) = Some((stop, task));
+        Ok(())
     }
 
     /// A token cancelled when the environment stops.
@@ -224,6 +257,7 @@ impl TestEnv {
         let mut cfg = bcm_workflow::EngineConfig::new(self.base.clone());
         cfg.poll_ms = 100;
         cfg.join_poll_ms = 50;
+        cfg.agent_silence_ms = self.agent_silence_ms;
         tokio::spawn(bcm_workflow::run(
             self.db.clone(),
             self.state.inner.bus.clone(),
