@@ -1,6 +1,6 @@
 //! Failure paths: a BMC fault, an abort mid-workflow with its cleanup, the
-//! recover table, unverified wipes, and unrescue while the rescue ramdisk
-//! still boots.
+//! recover table, unverified wipes, unrescue while the rescue ramdisk
+//! still boots, and a ramdisk agent that falls silent.
 
 use bcm_core::ProvisionState;
 use bcm_sim::Fault;
@@ -328,4 +328,44 @@ async fn a_bmc_that_pads_its_strings_with_nul_characters_still_enrolls() {
         inspect.attempt, 1,
         "recorded the first time, not after failed tries"
     );
+}
+
+/// A ramdisk agent that hangs after taking its command (a kernel panic, a
+/// pulled cable) fails the step as soon as it has been silent for the
+/// engine's `agent_silence_ms`, naming the step, the agent's session and
+/// how long it was silent — not after the step's deadline (600 s for
+/// `collect-inventory`), and not silently.
+#[tokio::test]
+async fn a_silent_ramdisk_agent_fails_its_step_early_and_says_so() {
+    let env = TestEnv::start_with(Options {
+        agent_silence_ms: 1500,
+        ..Options::with_site()
+    })
+    .await
+    .expect("env");
+    env.faults.set("sim://hangs", Fault::RamdiskFallsSilent);
+    let id = env.enroll_sim("hangs").await;
+    // Within T (60 s): the step's own deadline is 600 s.
+    let n = eventually(T, || async {
+        let n = env.node(&id).await?;
+        Ok((n.provision_state == ProvisionState::Failed).then_some(n))
+    })
+    .await
+    .expect("the node fails");
+    let error = n.last_error.unwrap_or_default();
+    assert!(
+        error.starts_with("collect-inventory: ") && error.contains("silent for"),
+        "names the step and the silence: {error}"
+    );
+    let serial = bcm_db::agents::certs_of_node(&env.db, &id.to_string())
+        .await
+        .expect("certs")
+        .pop()
+        .expect("the agent joined")
+        .serial;
+    assert!(
+        error.contains(&serial),
+        "names the agent's session: {error}"
+    );
+    env.stop();
 }

@@ -549,6 +549,12 @@ async fn start_attempt(
     }
     step.command_id = Some(cmd_id);
     step.due_at = step.deadline_at;
+    if def.kind.target() == StepTarget::Ramdisk {
+        // Looked at again when the agent would have been silent too long
+        // (its requests move that later; see `check_agent_alive`).
+        let watch = now + chrono::Duration::milliseconds(ctx.cfg.agent_silence_ms as i64);
+        step.due_at = step.due_at.map(|d| d.min(watch)).or(Some(watch));
+    }
     Ok(Started::Sent)
 }
 
@@ -566,8 +572,13 @@ async fn check_running(
         // in the transaction that starts them, so only damage leaves one):
         // run it again (each is idempotent).
         StepTarget::ControlPlane | StepTarget::Node => run_in_engine(tx, at, steps, pos).await,
-        StepTarget::Site | StepTarget::Ramdisk => {
-            check_command(tx, &mut steps[pos], at.now, writes).await
+        StepTarget::Site => check_command(tx, &mut steps[pos], at.now, writes).await,
+        StepTarget::Ramdisk => {
+            let ended = check_command(tx, &mut steps[pos], at.now, writes).await?;
+            match ended {
+                Some(ended) => Ok(Some(ended)),
+                None => check_agent_alive(tx, at, &mut steps[pos]).await,
+            }
         }
     }
 }
@@ -707,6 +718,44 @@ async fn check_command(
         output: verdict.output,
         wipe_verified: verdict.wipe_verified,
     }))
+}
+
+/// A step waiting on a ramdisk agent's result: failed (retryably) once the
+/// agent has been silent longer than `agent_silence_ms` — no poll, heartbeat
+/// or result, and no long poll held open — else looked at again when that
+/// would be (any request of the agent moves it later; a heartbeat also
+/// wakes the step).
+async fn check_agent_alive(
+    tx: &mut Tx<'_>,
+    at: &At<'_>,
+    step: &mut StepRow,
+) -> Result<Option<Ended>, DbError> {
+    let Some((serial, alive_until)) =
+        bcm_db::agents::session_newest_in_txn(tx, &at.node.id.to_string(), "discovery").await?
+    else {
+        // No live ramdisk session at all: the deadline decides.
+        return Ok(None);
+    };
+    let silence = chrono::Duration::milliseconds(at.ctx.cfg.agent_silence_ms as i64);
+    let silent_for = at.now - alive_until;
+    if silent_for > silence {
+        metrics::counter!("bcm_workflow_agent_silent_total", "step" => step.name.clone())
+            .increment(1);
+        return Ok(Some(Ended::failed(
+            true,
+            format!(
+                "the ramdisk agent (session of certificate {serial}) has been silent for {}s (no poll, heartbeat or result); command {} is unanswered",
+                silent_for.num_seconds(),
+                step.command_id.as_deref().unwrap_or("?"),
+            ),
+        )));
+    }
+    let check_at = alive_until + silence + chrono::Duration::milliseconds(100);
+    step.due_at = match step.deadline_at {
+        Some(d) if d < check_at => Some(d),
+        _ => Some(check_at),
+    };
+    Ok(None)
 }
 
 /// Applies the planner's answer to an ended attempt: done, retried after a

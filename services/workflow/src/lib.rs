@@ -42,6 +42,11 @@ pub struct EngineConfig {
     /// Poll interval of steps that wait for an agent to join.
     #[serde(default = "default_join_poll_ms")]
     pub join_poll_ms: u64,
+    /// A step waiting on an agent's result fails (retryably) once the agent
+    /// has given no sign of life — no poll, heartbeat or result — for this
+    /// long, instead of waiting out the step's whole deadline.
+    #[serde(default = "default_agent_silence_ms")]
+    pub agent_silence_ms: u64,
 }
 
 fn default_workers() -> usize {
@@ -68,6 +73,12 @@ fn default_join_poll_ms() -> u64 {
     10_000
 }
 
+fn default_agent_silence_ms() -> u64 {
+    // bcd heartbeats every 10 s and long-polls for 25 s at most; the sim's
+    // agents poll. Three missed heartbeats and a lost poll.
+    60_000
+}
+
 impl EngineConfig {
     /// Defaults for `control_plane_url`.
     pub fn new(control_plane_url: impl Into<String>) -> Self {
@@ -78,6 +89,7 @@ impl EngineConfig {
             control_plane_url: control_plane_url.into(),
             join_token_ttl_secs: default_token_ttl(),
             join_poll_ms: default_join_poll_ms(),
+            agent_silence_ms: default_agent_silence_ms(),
         }
     }
 }
