@@ -132,14 +132,24 @@ pub async fn run(
     }
     if on(Service::Sim) {
         let faults = bcm_sim::Faults::from_config(&cfg.sim);
-        let site = bcm_sim::site::run(
-            bus.clone(),
-            cfg.sim.clone(),
-            bcm_sim::site::Machines::default(),
-            faults,
-            shutdown.clone(),
-        );
+        // The simulated machines outlive this process, as real ones would.
+        let (bus, sim, stop) = (bus.clone(), cfg.sim.clone(), shutdown.clone());
         tasks.push(tokio::spawn(async move {
+            let machines = match bcm_sim::site::Machines::durable(&bus, &sim.site).await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::error!(error = %e, "the simulated site cannot start");
+                    return;
+                }
+            };
+            let site = bcm_sim::site::run(
+                bus,
+                sim,
+                machines,
+                faults,
+                bcm_sim::site::Executions::default(),
+                stop,
+            );
             if let Err(e) = site.await {
                 tracing::error!(error = %e, "the simulated site stopped");
             }

@@ -8,6 +8,7 @@
 
 pub mod asyncapi;
 pub mod consumer;
+pub mod kv;
 pub mod outgoing;
 pub mod streams;
 pub mod subjects;

@@ -5,7 +5,8 @@
 
 use base64::Engine as _;
 use bcm_contracts::agent::{
-    AgentCommand, AgentResult, AgentRole, Heartbeat, JoinRequest, JoinResponse,
+    retry_backoff, AgentCommand, AgentResult, AgentRole, Answer, Heartbeat, JoinRequest,
+    JoinResponse,
 };
 use bcm_contracts::commands::Command;
 use bcm_contracts::outputs::{
@@ -14,15 +15,18 @@ use bcm_contracts::outputs::{
 };
 use bcm_contracts::{CommandKind, Output};
 use ed25519_dalek::{Signer, SigningKey};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::site::Machines;
+use crate::store::RamdiskAgent;
 use crate::{Fault, Faults, SimConfig, SimError};
 
 /// The boot parameters a ramdisk reads from `/proc/cmdline`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BootParams {
     pub node: String,
     pub api: String,
@@ -44,12 +48,16 @@ pub fn parse_cmdline(cmdline: &str) -> Option<BootParams> {
     })
 }
 
+/// Joins as `bcd` does: retried by the agents' one policy while the
+/// control plane is unreachable or answers 5xx (a retry with the same token
+/// and key gets the same identity back), final on a refusal.
 async fn join(
     http: &reqwest::Client,
     api: &str,
     token: &str,
     key: &SigningKey,
     role: AgentRole,
+    stop: &CancellationToken,
 ) -> Result<JoinResponse, SimError> {
     let req = JoinRequest {
         token: token.to_owned(),
@@ -58,22 +66,76 @@ async fn join(
         role,
         hostname: None,
     };
-    let res = http
-        .post(format!("{api}/api/agent/join"))
-        .json(&req)
-        .send()
-        .await
-        .map_err(|e| SimError::Unreachable(e.to_string()))?;
-    if !res.status().is_success() {
-        return Err(SimError::JoinRefused(format!(
-            "{} {}",
-            res.status(),
-            res.text().await.unwrap_or_default()
-        )));
+    let mut attempt = 0;
+    loop {
+        let why = match http
+            .post(format!("{api}/api/agent/join"))
+            .json(&req)
+            .send()
+            .await
+        {
+            Ok(res) => match Answer::of_status(res.status().as_u16()) {
+                Answer::Done => {
+                    return res
+                        .json()
+                        .await
+                        .map_err(|e| SimError::JoinRefused(format!("malformed answer: {e}")))
+                }
+                Answer::Retry => res.status().to_string(),
+                Answer::Refused | Answer::SessionEnded => {
+                    return Err(SimError::JoinRefused(format!(
+                        "{} {}",
+                        res.status(),
+                        res.text().await.unwrap_or_default()
+                    )))
+                }
+            },
+            Err(e) => e.to_string(),
+        };
+        attempt += 1;
+        tracing::debug!(%why, attempt, "sim agent: join retried");
+        tokio::select! {
+            _ = stop.cancelled() => return Err(SimError::Unreachable(why)),
+            _ = tokio::time::sleep(retry_backoff(attempt)) => {}
+        }
     }
-    res.json()
-        .await
-        .map_err(|e| SimError::JoinRefused(format!("malformed answer: {e}")))
+}
+
+/// Posts a result as `bcd` does: retried until answered; a refusal is
+/// final. False when the session ended (or `stop`).
+async fn post_result(
+    http: &reqwest::Client,
+    api: &str,
+    session: &str,
+    result: &AgentResult,
+    stop: &CancellationToken,
+) -> bool {
+    let mut attempt = 0;
+    loop {
+        let sent = http
+            .post(format!("{api}/api/agent/results"))
+            .bearer_auth(session)
+            .json(result)
+            .send()
+            .await;
+        match sent
+            .as_ref()
+            .map(|r| Answer::of_status(r.status().as_u16()))
+        {
+            Ok(Answer::Done) => return true,
+            Ok(Answer::SessionEnded) => return false,
+            Ok(Answer::Refused) => {
+                tracing::warn!(command = %result.command_id, "sim agent: result refused");
+                return true;
+            }
+            Ok(Answer::Retry) | Err(_) => {}
+        }
+        attempt += 1;
+        tokio::select! {
+            _ = stop.cancelled() => return false,
+            _ = tokio::time::sleep(retry_backoff(attempt)) => {}
+        }
+    }
 }
 
 /// Runs the ramdisk agent of the machine at `address` until `stop`.
@@ -93,34 +155,100 @@ pub async fn ramdisk(
     if let Some(command) = cfg.ramdisk_command.clone() {
         return external_ramdisk(&command, &address, &boot, stop).await;
     }
-    let key = SigningKey::generate(&mut rand::rngs::OsRng);
-    let session = match join(&http, &boot.api, &boot.join, &key, AgentRole::Ramdisk).await {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(%address, error = %e, "sim ramdisk: join failed");
-            return;
-        }
+    let Some((key, session_token)) =
+        ramdisk_session(&http, &machines, &address, &boot, &stop).await
+    else {
+        return;
     };
+    // Results of the commands already run, by id (and in the site's store):
+    // a command offered again (its poll's answer was lost, or the site
+    // restarted) is answered from the record, never run twice.
+    let mut done: HashMap<String, AgentResult> = HashMap::new();
+    let store = machines.store().clone();
+    let mut attempt = 0;
     while !stop.is_cancelled() {
         let polled = tokio::select! {
             _ = stop.cancelled() => return,
-            r = http.get(format!("{}/api/agent/commands?waitMs=25000", boot.api)).bearer_auth(&session.session_token).send() => r,
+            r = http.get(format!("{}/api/agent/commands?waitMs=25000", boot.api)).bearer_auth(&session_token).send() => r,
         };
-        let cmds: Vec<AgentCommand> = match polled {
-            Ok(r) if r.status().is_success() => r.json().await.unwrap_or_default(),
-            Ok(r) if r.status().as_u16() == 401 => return,
+        let answer = match &polled {
+            Ok(r) => Some(Answer::of_status(r.status().as_u16())),
+            Err(_) => None,
+        };
+        let cmds: Vec<AgentCommand> = match (answer, polled) {
+            (Some(Answer::Done), Ok(r)) => match r.json().await {
+                Ok(c) => {
+                    attempt = 0;
+                    c
+                }
+                Err(e) => {
+                    tracing::warn!(%address, error = %e, "sim ramdisk: a poll's answer did not read; polling again");
+                    vec![]
+                }
+            },
+            (Some(Answer::SessionEnded), _) => return,
             _ => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                attempt += 1;
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(retry_backoff(attempt)) => {}
+                }
                 continue;
             }
         };
+        if !cmds.is_empty() && faults.has(&address, Fault::RamdiskFallsSilent) {
+            tracing::info!(%address, "sim ramdisk: hangs with its commands (fault)");
+            stop.cancelled().await;
+            return;
+        }
         for cmd in cmds {
+            if !done.contains_key(&cmd.command_id) {
+                match store.agent_result(&cmd.command_id).await {
+                    Ok(Some(r)) => {
+                        done.insert(cmd.command_id.clone(), r);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        // Unknown whether it ran: not now; it is offered again.
+                        tracing::warn!(%address, error = %e, "sim ramdisk: cannot read the run record; not running the command");
+                        continue;
+                    }
+                }
+            }
+            if let Some(result) = done.get(&cmd.command_id) {
+                tracing::info!(%address, command = %cmd.command_id, "sim ramdisk: offered again; answering from the record");
+                if !post_result(&http, &boot.api, &session_token, result, &stop).await {
+                    return;
+                }
+                continue;
+            }
             if cfg.latency_ms > 0 {
                 tokio::time::sleep(Duration::from_millis(cfg.latency_ms)).await;
             }
-            let (ok, output, error) = match execute(&faults, &machines, &address, &boot, &cmd) {
-                Ok(output) => (true, output.to_json(), None),
-                Err(e) => (false, serde_json::json!({}), Some(e)),
+            // Recorded as begun before it runs: a site restart in between
+            // leaves a command that is answered, never run again.
+            let began = match store.begin_run(&cmd.command_id).await {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(%address, error = %e, "sim ramdisk: cannot record the run; not running the command now");
+                    continue;
+                }
+            };
+            let (ok, output, error, retryable) = if !began {
+                (
+                    false,
+                    serde_json::json!({}),
+                    Some("sim: the machine's agent was interrupted while this command ran; it is not run again".to_owned()),
+                    true,
+                )
+            } else {
+                if let Err(e) = store.note_execution(&cmd.command_id).await {
+                    tracing::warn!(%address, error = %e, "sim ramdisk: cannot note the run");
+                }
+                match execute(&faults, &machines, &address, &boot, &cmd) {
+                    Ok(output) => (true, output.to_json(), None, false),
+                    Err(e) => (false, serde_json::json!({}), Some(e), false),
+                }
             };
             let unsigned =
                 cmd.kind == CommandKind::DiskWipe && faults.has(&address, Fault::UnsignedWipe);
@@ -142,21 +270,69 @@ pub async fn ramdisk(
             let result = AgentResult {
                 command_id: cmd.command_id.clone(),
                 ok,
-                retryable: false,
+                retryable,
                 output,
                 error,
                 finished_at,
                 signature,
             };
-            let posted = http
-                .post(format!("{}/api/agent/results", boot.api))
-                .bearer_auth(&session.session_token)
-                .json(&result)
-                .send()
-                .await;
-            if let Err(e) = posted {
-                tracing::warn!(%address, error = %e, "sim ramdisk: posting a result failed");
+            machines.save(&address).await;
+            if let Err(e) = store.save_agent_result(&result).await {
+                tracing::warn!(%address, error = %e, "sim ramdisk: the result was not kept");
             }
+            done.insert(cmd.command_id.clone(), result.clone());
+            if !post_result(&http, &boot.api, &session_token, &result, &stop).await {
+                return;
+            }
+        }
+    }
+}
+
+/// The ramdisk agent's key and session: those it had if the machine is
+/// still running the boot it had before the site restarted, else a new key
+/// (kept before the join, so a join retried across a restart holds the same
+/// key and gets the same identity back) and a join.
+async fn ramdisk_session(
+    http: &reqwest::Client,
+    machines: &Machines,
+    address: &str,
+    boot: &BootParams,
+    stop: &CancellationToken,
+) -> Option<(SigningKey, String)> {
+    let kept = machines.ramdisk_agent(address);
+    let key = kept
+        .as_ref()
+        .and_then(|a| {
+            base64::engine::general_purpose::STANDARD
+                .decode(&a.key)
+                .ok()
+        })
+        .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
+        .map(|b| SigningKey::from_bytes(&b));
+    if let (Some(key), Some(session)) = (&key, kept.as_ref().and_then(|a| a.session.clone())) {
+        tracing::info!(%address, "sim ramdisk: carries on with its session");
+        return Some((key.clone(), session));
+    }
+    let key = key.unwrap_or_else(|| SigningKey::generate(&mut rand::rngs::OsRng));
+    let record = |node_id: Option<String>, session: Option<String>| RamdiskAgent {
+        key: base64::engine::general_purpose::STANDARD.encode(key.to_bytes()),
+        node_id,
+        session,
+    };
+    machines.set_ramdisk_agent(address, record(None, None));
+    machines.save(address).await;
+    match join(http, &boot.api, &boot.join, &key, AgentRole::Ramdisk, stop).await {
+        Ok(s) => {
+            machines.set_ramdisk_agent(
+                address,
+                record(Some(s.node_id.clone()), Some(s.session_token.clone())),
+            );
+            machines.save(address).await;
+            Some((key, s.session_token))
+        }
+        Err(e) => {
+            tracing::warn!(%address, error = %e, "sim ramdisk: join failed");
+            None
         }
     }
 }
@@ -359,9 +535,19 @@ pub async fn os(
         Some(s) => s,
         None => {
             let key = SigningKey::generate(&mut rand::rngs::OsRng);
-            match join(&http, &disk.api, &disk.join_token, &key, AgentRole::Node).await {
+            match join(
+                &http,
+                &disk.api,
+                &disk.join_token,
+                &key,
+                AgentRole::Node,
+                &stop,
+            )
+            .await
+            {
                 Ok(s) => {
                     machines.set_session(&address, s.session_token.clone());
+                    machines.save(&address).await;
                     s.session_token
                 }
                 Err(e) => {

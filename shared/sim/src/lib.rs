@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod site;
+pub mod store;
 
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
@@ -50,6 +51,9 @@ pub enum Fault {
     /// The BMC pads the strings of its inventory with NUL characters, as
     /// some firmware does.
     BmcPadsWithNul,
+    /// The ramdisk agent joins, takes the commands of its first poll and
+    /// then hangs: no poll, no heartbeat, no result, ever.
+    RamdiskFallsSilent,
 }
 
 /// Settings of the simulated site.

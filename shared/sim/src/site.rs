@@ -17,6 +17,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{self, parse_cmdline};
+pub use crate::store::Disk;
+use crate::store::{Booted, CommandRun, MachineRecord, RamdiskAgent, SiteStore};
 use crate::{Fault, Faults, SimConfig, SimError};
 
 /// FNV-1a of a string, for stable simulated serials and MACs.
@@ -32,42 +34,89 @@ pub fn mac_of(address: &str) -> String {
     format!("52:54:00:{:02x}:{:02x}:{:02x}", h[1], h[2], h[3])
 }
 
-/// What is installed on a simulated disk.
-#[derive(Debug, Clone)]
-pub struct Disk {
-    pub join_token: String,
-    pub api: String,
-    pub session: Option<String>,
-}
-
 #[derive(Debug, Default)]
 struct Machine {
-    power_on: bool,
-    pxe: bool,
-    pxe_persistent: bool,
-    disk: Option<Disk>,
+    rec: MachineRecord,
+    /// The boot it runs now (cancelled at power-off).
     running: Option<CancellationToken>,
 }
 
 /// Every simulated machine, by BMC address, and the simulated boot
-/// service's entries, by MAC (as a real boot service keys them).
+/// service's entries, by MAC (as a real boot service keys them); kept in
+/// the site's store (when it has one) at every change, so they outlive the
+/// site process.
 #[derive(Clone, Default)]
 pub struct Machines {
     inner: Arc<Mutex<HashMap<String, Machine>>>,
     by_node: Arc<Mutex<HashMap<String, String>>>,
     boot_entries: Arc<Mutex<HashMap<String, String>>>,
+    store: SiteStore,
+    /// One save at a time, each of the state as it is then: a slower save
+    /// never overwrites a newer one.
+    saving: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Machines {
+    /// Machines kept in the site's buckets on `bus`, as they were left.
+    pub async fn durable(bus: &Bus, site: &str) -> Result<Self, SimError> {
+        let site: bcm_core::SiteId = site
+            .parse()
+            .map_err(|e| SimError::Config(format!("site {site:?}: {e}")))?;
+        let store = SiteStore::open(bus, &site)
+            .await
+            .map_err(|e| SimError::Config(format!("the site's store: {e}")))?;
+        let (machines, entries) = store
+            .load()
+            .await
+            .map_err(|e| SimError::Config(format!("the site's store: {e}")))?;
+        let this = Machines {
+            store,
+            ..Default::default()
+        };
+        {
+            let mut inner = this.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let mut by_node = this.by_node.lock().unwrap_or_else(|p| p.into_inner());
+            for (address, rec) in machines {
+                if let Some(n) = &rec.node {
+                    by_node.insert(n.clone(), address.clone());
+                }
+                inner.insert(address, Machine { rec, running: None });
+            }
+        }
+        this.boot_entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(entries);
+        Ok(this)
+    }
+
+    /// The site's store.
+    pub fn store(&self) -> &SiteStore {
+        &self.store
+    }
+
     fn with<T>(&self, address: &str, f: impl FnOnce(&mut Machine) -> T) -> T {
         let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         f(map.entry(address.to_owned()).or_default())
     }
 
+    /// Keeps the machine at `address` as it is now. A failure is logged:
+    /// the machine runs on, and the next change saves it again.
+    pub async fn save(&self, address: &str) {
+        if !self.store.is_durable() {
+            return;
+        }
+        let _one = self.saving.lock().await;
+        let rec = self.with(address, |m| m.rec.clone());
+        if let Err(e) = self.store.save_machine(address, &rec).await {
+            tracing::warn!(%address, error = %e, "sim: the machine's state was not kept");
+        }
+    }
+
     /// Records the image a deploy wrote.
     pub fn install(&self, address: &str, join_token: String, api: String) {
         self.with(address, |m| {
-            m.disk = Some(Disk {
+            m.rec.disk = Some(Disk {
                 join_token,
                 api,
                 session: None,
@@ -77,21 +126,38 @@ impl Machines {
 
     /// The installed disk, if any.
     pub fn disk(&self, address: &str) -> Option<Disk> {
-        self.with(address, |m| m.disk.clone())
+        self.with(address, |m| m.rec.disk.clone())
     }
 
     /// Keeps the installed OS's session across reboots.
     pub fn set_session(&self, address: &str, session: String) {
         self.with(address, |m| {
-            if let Some(d) = m.disk.as_mut() {
+            if let Some(d) = m.rec.disk.as_mut() {
                 d.session = Some(session);
+            }
+        });
+    }
+
+    /// The ramdisk agent the machine runs now, if it booted one.
+    pub fn ramdisk_agent(&self, address: &str) -> Option<RamdiskAgent> {
+        self.with(address, |m| match &m.rec.booted {
+            Some(Booted::Ramdisk { agent, .. }) => agent.clone(),
+            _ => None,
+        })
+    }
+
+    /// Records the ramdisk agent the machine runs now.
+    pub fn set_ramdisk_agent(&self, address: &str, agent: RamdiskAgent) {
+        self.with(address, |m| {
+            if let Some(Booted::Ramdisk { agent: a, .. }) = m.rec.booted.as_mut() {
+                *a = Some(agent);
             }
         });
     }
 
     /// Whether the machine is powered on.
     pub fn powered(&self, address: &str) -> bool {
-        self.with(address, |m| m.power_on)
+        self.with(address, |m| m.rec.power_on)
     }
 
     /// The machine's power as the real `bmc` service reports it (`power`
@@ -104,6 +170,17 @@ impl Machines {
         }
     }
 
+    /// The machines powered on, with what they booted.
+    fn running_boots(&self) -> Vec<(String, Booted)> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, m)| m.rec.power_on)
+            .filter_map(|(a, m)| m.rec.booted.clone().map(|b| (a.clone(), b)))
+            .collect()
+    }
+
     /// The kernel command line the boot entry of `mac` boots, if any.
     fn boot_entry(&self, mac: &str) -> Option<String> {
         self.boot_entries
@@ -113,13 +190,23 @@ impl Machines {
             .cloned()
     }
 
-    fn set_boot_entries(&self, macs: &[String], cmdline: Option<&str>) {
-        let mut entries = self.boot_entries.lock().unwrap_or_else(|p| p.into_inner());
-        for mac in macs {
-            match cmdline {
-                Some(c) => entries.insert(mac.to_ascii_lowercase(), c.to_owned()),
-                None => entries.remove(&mac.to_ascii_lowercase()),
-            };
+    async fn set_boot_entries(&self, macs: &[String], cmdline: Option<&str>) {
+        {
+            let mut entries = self.boot_entries.lock().unwrap_or_else(|p| p.into_inner());
+            for mac in macs {
+                match cmdline {
+                    Some(c) => entries.insert(mac.to_ascii_lowercase(), c.to_owned()),
+                    None => entries.remove(&mac.to_ascii_lowercase()),
+                };
+            }
+        }
+        if self.store.is_durable() {
+            let _one = self.saving.lock().await;
+            for mac in macs {
+                if let Err(e) = self.store.save_entry(mac, cmdline).await {
+                    tracing::warn!(%mac, error = %e, "sim: the boot entry was not kept");
+                }
+            }
         }
     }
 
@@ -136,6 +223,47 @@ impl Machines {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(node.to_owned(), address.to_owned());
+        self.with(address, |m| m.rec.node = Some(node.to_owned()));
+    }
+}
+
+/// Every execution of a site command id by any simulated site in this
+/// process, for tests and the chaos verdicts: a count above one is a
+/// command run twice.
+#[derive(Clone, Default, Debug)]
+pub struct Executions {
+    inner: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl Executions {
+    fn record(&self, command_id: &str) {
+        *self
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(command_id.to_owned())
+            .or_default() += 1;
+    }
+
+    /// How often `command_id` was executed.
+    pub fn count(&self, command_id: &str) -> u32 {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(command_id)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The command ids executed more than once.
+    pub fn repeated(&self) -> Vec<String> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 }
 
@@ -143,7 +271,9 @@ struct Site {
     cfg: Arc<SimConfig>,
     faults: Faults,
     machines: Machines,
+    executions: Executions,
     http: reqwest::Client,
+    /// Results by command id, before the store is asked.
     results: Mutex<HashMap<String, CommandResult>>,
     /// Commands seen per (address, kind), for `BmcFlaky`.
     flaky: Mutex<HashMap<(String, CommandKind), u32>>,
@@ -167,8 +297,9 @@ impl Handler<CloudEvent<CommandEnvelope>> for SiteHandler {
 }
 
 impl SiteHandler {
-    /// Executes a command once (a redelivery gets the recorded result
-    /// again) and publishes its result.
+    /// Executes a command at most once — also across a restart of the site:
+    /// the run is recorded before it begins — and publishes its result (a
+    /// redelivery gets the recorded result again).
     async fn one(&self, cmd: &CommandEnvelope) -> Disposition {
         let site = &self.site;
         let known = site
@@ -179,22 +310,59 @@ impl SiteHandler {
             .cloned();
         let result = match known {
             Some(r) => r,
-            None => {
-                if site.cfg.latency_ms > 0 {
-                    tokio::time::sleep(Duration::from_millis(site.cfg.latency_ms)).await;
+            None => match self.run_once(cmd).await {
+                Ok(r) => {
+                    site.results
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(cmd.command_id.clone(), r.clone());
+                    r
                 }
-                let r = execute(site, cmd, &self.shutdown);
-                site.results
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(cmd.command_id.clone(), r.clone());
-                r
-            }
+                Err(why) => return Disposition::Retry(why),
+            },
         };
         match self.bus.publish_result(cmd, result).await {
             Ok(()) => Disposition::Done,
             Err(e) => Disposition::Retry(format!("publishing the result: {e}")),
         }
+    }
+
+    /// The command's result: from the record of an earlier run, or by
+    /// running it now (recorded as begun first, and its result after).
+    async fn run_once(&self, cmd: &CommandEnvelope) -> Result<CommandResult, String> {
+        let site = &self.site;
+        let store = site.machines.store();
+        let interrupted = || {
+            CommandResult::failed(
+                cmd,
+                true,
+                "sim: the site restarted while this command ran; it is not run again",
+            )
+        };
+        match store.run_of(&cmd.command_id).await {
+            Ok(Some(CommandRun::Done { result })) => return Ok(*result),
+            Ok(Some(CommandRun::Started)) => return Ok(interrupted()),
+            Ok(None) => {}
+            Err(e) => return Err(format!("reading the run record: {e}")),
+        }
+        match store.begin_run(&cmd.command_id).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(interrupted()),
+            Err(e) => return Err(format!("recording the run: {e}")),
+        }
+        if site.cfg.latency_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(site.cfg.latency_ms)).await;
+        }
+        if let Err(e) = store.note_execution(&cmd.command_id).await {
+            return Err(format!("noting the execution: {e}"));
+        }
+        site.executions.record(&cmd.command_id);
+        let r = execute(site, cmd, &self.shutdown).await;
+        if let Err(e) = store.finish_run(&cmd.command_id, &r).await {
+            // A redelivery finds the run begun and does not run it again.
+            return Err(format!("recording the result: {e}"));
+        }
+        Ok(r)
     }
 }
 
@@ -204,6 +372,7 @@ pub async fn run(
     cfg: SimConfig,
     machines: Machines,
     faults: Faults,
+    executions: Executions,
     shutdown: CancellationToken,
 ) -> Result<(), SimError> {
     let site_id: bcm_core::SiteId = cfg
@@ -249,20 +418,42 @@ pub async fn run(
     let mut spec = ConsumerSpec::new(StreamKind::Commands, name, filters);
     spec.max_deliver = 20;
     spec.concurrency = cfg.concurrency.max(1);
+    let site = Arc::new(Site {
+        cfg: Arc::new(cfg),
+        faults,
+        machines,
+        executions,
+        http: reqwest::Client::new(),
+        results: Mutex::new(HashMap::new()),
+        flaky: Mutex::new(HashMap::new()),
+    });
+    resume_boots(&site, &shutdown);
     let handler = Arc::new(SiteHandler {
-        site: Arc::new(Site {
-            cfg: Arc::new(cfg),
-            faults,
-            machines,
-            http: reqwest::Client::new(),
-            results: Mutex::new(HashMap::new()),
-            flaky: Mutex::new(HashMap::new()),
-        }),
+        site,
         bus: bus.clone(),
         shutdown: shutdown.clone(),
     });
     bcm_bus::consumer::run(bus, spec, handler, shutdown).await;
     Ok(())
+}
+
+/// After a restart of the site process, the machines that were powered on
+/// are still running what they booted: their agents carry on (with the key
+/// and session they had).
+fn resume_boots(site: &Arc<Site>, shutdown: &CancellationToken) {
+    let boots = site.machines.running_boots();
+    if !boots.is_empty() {
+        tracing::info!(
+            machines = boots.len(),
+            "sim: machines still running from before the restart carry on"
+        );
+    }
+    for (address, booted) in boots {
+        let stop = shutdown.child_token();
+        site.machines
+            .with(&address, |m| m.running = Some(stop.clone()));
+        start_boot(site, &address, booted, stop);
+    }
 }
 
 fn err(cmd: &CommandEnvelope, retryable: bool, e: &str) -> CommandResult {
@@ -288,12 +479,18 @@ fn boot_override(p: &BootDeviceParams) -> BootOverride {
     }
 }
 
-fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken) -> CommandResult {
+/// Executes a command and keeps the state it changed.
+async fn execute(
+    site: &Arc<Site>,
+    cmd: &CommandEnvelope,
+    shutdown: &CancellationToken,
+) -> CommandResult {
     // The boot service keys its entries by MAC: it needs no machine.
     match &cmd.command {
         Command::BootEntrySet(p) => {
             site.machines
-                .set_boot_entries(&p.boot_entry.macs, Some(&p.boot_entry.cmdline));
+                .set_boot_entries(&p.boot_entry.macs, Some(&p.boot_entry.cmdline))
+                .await;
             return CommandResult::succeeded(
                 cmd,
                 Output::BootEntrySet(BootEntryStored {
@@ -304,7 +501,7 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
             );
         }
         Command::BootEntryClear(p) => {
-            site.machines.set_boot_entries(&p.macs, None);
+            site.machines.set_boot_entries(&p.macs, None).await;
             return CommandResult::succeeded(
                 cmd,
                 Output::BootEntryClear(BootEntryCleared {
@@ -325,6 +522,19 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
         return err(cmd, false, "sim: no machine is known for this node");
     };
     site.machines.remember(&node, &address);
+    let result = execute_on_machine(site, cmd, &address, shutdown);
+    site.machines.save(&address).await;
+    result
+}
+
+/// Executes a BMC command on the machine at `address`.
+fn execute_on_machine(
+    site: &Arc<Site>,
+    cmd: &CommandEnvelope,
+    address: &str,
+    shutdown: &CancellationToken,
+) -> CommandResult {
+    let address = address.to_owned();
     let uses_bmc = cmd.kind().family() == Family::Bmc;
     if uses_bmc && site.faults.has(&address, Fault::BmcRejects) {
         return err(
@@ -375,8 +585,8 @@ fn execute(site: &Arc<Site>, cmd: &CommandEnvelope, shutdown: &CancellationToken
         Command::BmcBootDevice(p) => {
             let pxe = p.device == BootDevice::Pxe;
             m.with(&address, |mm| {
-                mm.pxe = pxe;
-                mm.pxe_persistent = pxe && p.persistent;
+                mm.rec.pxe = pxe;
+                mm.rec.pxe_persistent = pxe && p.persistent;
             });
             Output::BmcBootDevice(boot_override(p))
         }
@@ -413,7 +623,8 @@ fn now_secs() -> u64 {
 
 fn power_off(site: &Arc<Site>, address: &str) {
     site.machines.with(address, |m| {
-        m.power_on = false;
+        m.rec.power_on = false;
+        m.rec.booted = None;
         if let Some(t) = m.running.take() {
             t.cancel();
         }
@@ -427,27 +638,44 @@ fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
         if let Some(t) = m.running.take() {
             t.cancel();
         }
-        m.power_on = true;
+        m.rec.power_on = true;
         m.running = Some(stop.clone());
-        let pxe = m.pxe;
-        if pxe && !m.pxe_persistent {
-            m.pxe = false; // a one-time PXE boot falls back to disk next time
+        let pxe = m.rec.pxe;
+        if pxe && !m.rec.pxe_persistent {
+            m.rec.pxe = false; // a one-time PXE boot falls back to disk next time
         }
-        if !pxe {
-            return m.disk.is_some().then_some(Boot::Os);
-        }
-        // With a real boot service every PXE boot asks it, as a real
-        // machine's firmware does.
-        let cmdline = if site.cfg.boot_service {
-            None
+        let boot = if !pxe {
+            m.rec.disk.is_some().then_some(Booted::Os)
         } else {
-            site.machines.boot_entry(&mac_of(address))
+            // With a real boot service every PXE boot asks it, as a real
+            // machine's firmware does.
+            let cmdline = if site.cfg.boot_service {
+                None
+            } else {
+                site.machines.boot_entry(&mac_of(address))
+            };
+            match cmdline.as_deref().and_then(parse_cmdline) {
+                Some(params) => Some(Booted::Ramdisk {
+                    params,
+                    agent: None,
+                }),
+                None => site
+                    .cfg
+                    .boot_url
+                    .clone()
+                    .map(|base| Booted::AskBootService { base }),
+            }
         };
-        match cmdline.as_deref().and_then(parse_cmdline) {
-            Some(params) => Some(Boot::Ramdisk(params)),
-            None => site.cfg.boot_url.clone().map(Boot::AskBootService),
-        }
+        m.rec.booted = boot.clone();
+        boot
     });
+    if let Some(boot) = boot {
+        start_boot(site, address, boot, stop);
+    }
+}
+
+/// Runs what a machine booted until `stop` (its power-off).
+fn start_boot(site: &Arc<Site>, address: &str, boot: Booted, stop: CancellationToken) {
     let (http, cfg, faults, machines, address) = (
         site.http.clone(),
         site.cfg.clone(),
@@ -456,12 +684,12 @@ fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
         address.to_owned(),
     );
     match boot {
-        Some(Boot::Ramdisk(params)) => {
+        Booted::Ramdisk { params, .. } => {
             tokio::spawn(agent::ramdisk(
                 http, cfg, faults, machines, address, params, stop,
             ));
         }
-        Some(Boot::AskBootService(base)) => {
+        Booted::AskBootService { base } => {
             tokio::spawn(async move {
                 // As iPXE would: the script of our MAC, then its kernel line.
                 let url = format!("{}/ipxe/{}", base.trim_end_matches('/'), mac_of(&address));
@@ -478,6 +706,13 @@ fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
                     .and_then(parse_cmdline);
                 match params {
                     Some(params) => {
+                        machines.with(&address, |m| {
+                            m.rec.booted = Some(Booted::Ramdisk {
+                                params: params.clone(),
+                                agent: None,
+                            })
+                        });
+                        machines.save(&address).await;
                         agent::ramdisk(http, cfg, faults, machines, address, params, stop).await
                     }
                     None => {
@@ -486,17 +721,8 @@ fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
                 }
             });
         }
-        Some(Boot::Os) => {
+        Booted::Os => {
             tokio::spawn(agent::os(http, faults, machines, address, stop));
         }
-        None => {}
     }
-}
-
-/// What a powered-on simulated machine boots.
-enum Boot {
-    Ramdisk(agent::BootParams),
-    /// PXE through the real boot service at this base URL.
-    AskBootService(String),
-    Os,
 }

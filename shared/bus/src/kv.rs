@@ -1,0 +1,137 @@
+//! Durable key-value state over a JetStream KV bucket, for a process whose
+//! state must outlive it without a database of its own (the simulated
+//! site's machines). Values are JSON; a key is `[-_=./a-zA-Z0-9]+`
+//! ([`key_token`] makes one from anything). A write returns once the
+//! server stored it.
+
+use async_nats::jetstream::kv;
+use futures::StreamExt as _;
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::{Bus, BusError};
+
+/// A JetStream KV bucket of JSON values.
+#[derive(Clone)]
+pub struct Bucket {
+    store: kv::Store,
+    name: String,
+}
+
+impl std::fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bucket").field("name", &self.name).finish()
+    }
+}
+
+fn err(bucket: &str, e: impl std::fmt::Display) -> BusError {
+    BusError::Stream {
+        stream: format!("KV_{bucket}"),
+        why: e.to_string(),
+    }
+}
+
+/// Turns any text into a key token: `[a-zA-Z0-9_-]` kept, anything else
+/// as `=xx` (hex), so two texts never share a key.
+pub fn key_token(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' => out.push(b as char),
+            other => out.push_str(&format!("={other:02x}")),
+        }
+    }
+    out
+}
+
+impl Bucket {
+    /// Opens the bucket `name` (one of [`crate::Subjects::kv_bucket`]),
+    /// creating it (file storage, one value per key) if it does not exist.
+    pub async fn open(bus: &Bus, name: &str) -> Result<Self, BusError> {
+        let name = name.to_owned();
+        let js = bus.jetstream();
+        let store = match js.get_key_value(&name).await {
+            Ok(s) => s,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: name.clone(),
+                    history: 1,
+                    storage: async_nats::jetstream::stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| err(&name, e))?,
+        };
+        Ok(Self { store, name })
+    }
+
+    /// The value at `key`; `None` when absent. A value that does not
+    /// decode is an error (never read as absent).
+    pub async fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, BusError> {
+        match self.store.get(key).await.map_err(|e| err(&self.name, e))? {
+            None => Ok(None),
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| err(&self.name, format!("{key}: {e}"))),
+        }
+    }
+
+    /// Stores `value` at `key`.
+    pub async fn put<T: Serialize>(&self, key: &str, value: &T) -> Result<(), BusError> {
+        let bytes = serde_json::to_vec(value).map_err(|e| err(&self.name, e))?;
+        self.store
+            .put(key, bytes.into())
+            .await
+            .map_err(|e| err(&self.name, e))?;
+        Ok(())
+    }
+
+    /// Stores `value` at `key` only if `key` holds nothing: false when it
+    /// already did (someone was first).
+    pub async fn create<T: Serialize>(&self, key: &str, value: &T) -> Result<bool, BusError> {
+        let bytes = serde_json::to_vec(value).map_err(|e| err(&self.name, e))?;
+        match self.store.create(key, bytes.into()).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(err(&self.name, e)),
+        }
+    }
+
+    /// Every key starting with `prefix` and its value. A value that does
+    /// not decode is skipped with a log line.
+    pub async fn scan<T: DeserializeOwned>(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, T)>, BusError> {
+        let mut keys = self.store.keys().await.map_err(|e| err(&self.name, e))?;
+        let mut wanted = vec![];
+        while let Some(k) = keys.next().await {
+            let k = k.map_err(|e| err(&self.name, e))?;
+            if k.starts_with(prefix) {
+                wanted.push(k);
+            }
+        }
+        let mut out = Vec::with_capacity(wanted.len());
+        for k in wanted {
+            match self.get::<T>(&k).await {
+                Ok(Some(v)) => out.push((k, v)),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(bucket = %self.name, key = %k, error = %e, "skipping a value that does not decode")
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_token;
+
+    #[test]
+    fn key_tokens_are_valid_keys_and_never_collide() {
+        assert_eq!(key_token("sim://a-1"), "sim=3a=2f=2fa-1");
+        assert_eq!(key_token("52:54:00:aa"), "52=3a54=3a00=3aaa");
+        assert_ne!(key_token("a=3a"), key_token("a:"));
+    }
+}
