@@ -4,6 +4,10 @@
 #   deploy/dev/stack.sh up     start what is missing (idempotent), print nothing
 #   deploy/dev/stack.sh env    `up`, then print `export DATABASE_URL=… NATS_URL=…`
 #   deploy/dev/stack.sh down   stop what `up` started, and nothing else
+#   deploy/dev/stack.sh crash-pg | crash-nats
+#                              kill one as a crash would (Postgres' immediate
+#                              stop, SIGKILL of nats-server); `up` restarts it
+#                              on the same data (the chaos test uses these)
 #
 # DATABASE_URL / NATS_URL already set in the environment are used as they are
 # and nothing is started for them. Otherwise a Postgres cluster (Debian's
@@ -106,13 +110,28 @@ down() {
   fi
 }
 
+crash_pg() {
+  local bin
+  bin="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)"
+  as_pg "$bin/pg_ctl" -D "$state/pg/data" -m immediate -w stop >/dev/null 2>&1 || true
+}
+
+crash_nats() {
+  if [ -f "$state/nats/pid" ]; then
+    kill -9 "$(cat "$state/nats/pid")" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$(cat "$state/nats/pid")" 2>/dev/null || break; sleep 0.1; done
+  fi
+}
+
 case "${1:-}" in
   up) up ;;
+  crash-pg) crash_pg ;;
+  crash-nats) crash_nats ;;
   env)
     up
     echo "export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:$pg_port/postgres}"
     echo "export NATS_URL=${NATS_URL:-nats://127.0.0.1:$nats_port}"
     ;;
   down) down ;;
-  *) echo "usage: $0 up|env|down" >&2; exit 2 ;;
+  *) echo "usage: $0 up|env|down|crash-pg|crash-nats" >&2; exit 2 ;;
 esac

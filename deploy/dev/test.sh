@@ -67,6 +67,10 @@ conformance_dir="$(mktemp -d /tmp/bcm-conformance.XXXXXX)"
 "$repo/tests/conformance/run.sh" "$conformance_dir"
 rm -rf "$conformance_dir"   # kept (and printed) only when the run failed
 
+step "chaos: the control plane as separate processes, one SIGKILLed every 1.5 s, NATS and Postgres crashed once each; 12 machines to deployed and back"
+cargo build -q -p bcm-allinone --bin bcm -p bcm-chaos --bin chaos
+target/debug/chaos --nodes 12 --kill-every-ms 1500 --phase-timeout-secs 600
+
 step "end to end: QEMU machines behind Redfish, PXE through bcm-boot into bcd, the whole control plane"
 e2e_dir="$(mktemp -d /tmp/bcm-e2e.XXXXXX)"
 "$repo/tests/e2e/run.sh" "$e2e_dir"
