@@ -15,6 +15,7 @@
 pub mod power_sync;
 pub mod reconcile;
 pub mod shards;
+pub mod stalls;
 
 use bcm_bus::Bus;
 use bcm_db::Db;
@@ -44,6 +45,22 @@ pub struct ReconcilerConfig {
     /// At most this many power reads in flight across the control plane.
     #[serde(default = "default_power_sync_max_outstanding")]
     pub power_sync_max_outstanding: u32,
+    /// How often the stall watch looks for overdue workflow steps.
+    #[serde(default = "default_stall_check_secs")]
+    pub stall_check_secs: u64,
+    /// A step due (or past its deadline) this long ago that the engine has
+    /// not looked at is a stalled workflow.
+    #[serde(default = "default_stall_grace_secs")]
+    pub stall_grace_secs: u64,
+}
+
+fn default_stall_check_secs() -> u64 {
+    30
+}
+fn default_stall_grace_secs() -> u64 {
+    // An engine looks at a due step within its poll (250 ms) or batch; a
+    // restarted one within seconds.
+    120
 }
 
 fn default_power_sync_secs() -> u64 {
@@ -72,6 +89,8 @@ impl Default for ReconcilerConfig {
             lock_timeout_ms: default_lock_timeout_ms(),
             power_sync_secs: default_power_sync_secs(),
             power_sync_max_outstanding: default_power_sync_max_outstanding(),
+            stall_check_secs: default_stall_check_secs(),
+            stall_grace_secs: default_stall_grace_secs(),
         }
     }
 }
@@ -91,6 +110,14 @@ pub async fn run(db: Db, bus: Bus, cfg: ReconcilerConfig, shutdown: Cancellation
         holder.clone(),
         shutdown.clone(),
     ));
+    let stalls = tokio::spawn(stalls::run(
+        db.clone(),
+        bus.clone(),
+        cfg.clone(),
+        holder.clone(),
+        shutdown.clone(),
+    ));
     shards::run(db, bus, cfg, holder, shutdown).await;
     let _ = sync.await;
+    let _ = stalls.await;
 }

@@ -31,6 +31,8 @@ pub mod types {
     pub const NODE_POWER_CHANGED: &str = "node.power.changed";
     /// `node.credentials.rotation`.
     pub const NODE_CREDENTIALS_ROTATION: &str = "node.credentials.rotation";
+    /// `node.workflow.stalled`.
+    pub const NODE_WORKFLOW_STALLED: &str = "node.workflow.stalled";
     /// The prefix of `workflow.<status>`.
     pub const WORKFLOW_PREFIX: &str = "workflow.";
     /// The prefix of `workflow.step.<status>`.
@@ -87,6 +89,7 @@ event_types! {
     NodePowerRequested => |_| types::NODE_POWER_REQUESTED.to_owned(),
     NodePowerChanged => |_| types::NODE_POWER_CHANGED.to_owned(),
     NodeCredentialsRotation => |_| types::NODE_CREDENTIALS_ROTATION.to_owned(),
+    WorkflowStalled => |_| types::NODE_WORKFLOW_STALLED.to_owned(),
     WorkflowFinished => |e| types::workflow(e.status),
     StepFinished => |e| types::workflow_step(e.status),
 }
@@ -239,6 +242,24 @@ pub struct StepFinished {
     pub error: Option<String>,
 }
 
+/// `node.workflow.stalled`: a node's workflow has a step the engine should
+/// have looked at more than the reconciler's `stall_grace_secs` ago and has
+/// not (no engine running, or one stuck): the node is stranded until
+/// someone acts. Reported once per workflow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkflowStalled {
+    pub workflow_id: String,
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub profile_id: String,
+    /// The overdue step.
+    pub step: String,
+    pub step_status: StepStatus,
+    /// How long past due the step was when seen.
+    pub overdue_secs: i64,
+}
+
 /// Every event, decoded by its type.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -249,6 +270,7 @@ pub enum Event {
     NodePowerRequested(NodePowerRequested),
     NodePowerChanged(NodePowerChanged),
     NodeCredentialsRotation(NodeCredentialsRotation),
+    WorkflowStalled(WorkflowStalled),
     Workflow(WorkflowFinished),
     Step(StepFinished),
 }
@@ -274,6 +296,7 @@ impl Event {
             NODE_POWER_REQUESTED => Event::NodePowerRequested(data(ev)?),
             NODE_POWER_CHANGED => Event::NodePowerChanged(data(ev)?),
             NODE_CREDENTIALS_ROTATION => Event::NodeCredentialsRotation(data(ev)?),
+            NODE_WORKFLOW_STALLED => Event::WorkflowStalled(data(ev)?),
             _ if ty.starts_with(WORKFLOW_STEP_PREFIX) => Event::Step(data(ev)?),
             _ if ty.starts_with(WORKFLOW_PREFIX) => Event::Workflow(data(ev)?),
             _ if ty.starts_with(NODE_PROVISION_PREFIX) => {
@@ -305,6 +328,7 @@ impl Event {
             Event::NodePowerRequested(e) => e.node_id,
             Event::NodePowerChanged(e) => e.node_id,
             Event::NodeCredentialsRotation(e) => e.node_id,
+            Event::WorkflowStalled(e) => e.node_id,
             Event::Workflow(e) => e.node_id,
             Event::Step(e) => e.node_id,
         }

@@ -47,6 +47,10 @@ pub fn json_schemas() -> Vec<(&'static str, Value)> {
             s(schema_for!(CloudEvent<NodeCredentialsRotation>)),
         ),
         (
+            "node.workflow.stalled.json",
+            s(schema_for!(CloudEvent<WorkflowStalled>)),
+        ),
+        (
             "workflow.json",
             s(schema_for!(CloudEvent<WorkflowFinished>)),
         ),

@@ -431,6 +431,21 @@ fn every_event_validates_against_its_schema_and_round_trips() {
         ),
     );
     holds(
+        "node.workflow.stalled.json",
+        &ev(
+            types::NODE_WORKFLOW_STALLED,
+            WorkflowStalled {
+                workflow_id: "wf_1".into(),
+                node_id: node(),
+                tenant_id: t.clone(),
+                profile_id: "metal-deploy".into(),
+                step: "write-image".into(),
+                step_status: StepStatus::Pending,
+                overdue_secs: 190,
+            },
+        ),
+    );
+    holds(
         "workflow.json",
         &ev(
             &types::workflow(WorkflowPhase::Failed),

@@ -8,3 +8,6 @@ ALTER TABLE agent_sessions ADD COLUMN alive_until TIMESTAMPTZ NOT NULL DEFAULT n
 -- A command handed to an agent is leased: offered again when the lease runs
 -- out with no result (the poll's answer may never have arrived).
 ALTER TABLE commands ADD COLUMN lease_until TIMESTAMPTZ;
+-- When the reconciler reported a workflow stalled (a step overdue that the
+-- engine has not looked at): reported once, not on every pass.
+ALTER TABLE workflows ADD COLUMN stalled_reported_at TIMESTAMPTZ;

@@ -498,3 +498,53 @@ pub async fn command_counts_by_step(
     .fetch_all(db.pool())
     .await?)
 }
+
+/// A workflow with a step overdue: due (or past its deadline) more than
+/// the grace ago, and not looked at since.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct OverdueWorkflow {
+    pub workflow_id: String,
+    pub node_id: String,
+    pub profile_id: String,
+    pub step: String,
+    pub step_status: String,
+    pub overdue_secs: i64,
+    /// Reported stalled already.
+    pub reported: bool,
+}
+
+/// Every open workflow with an open step overdue by more than
+/// `grace_secs` (its most overdue step), at most `limit`.
+pub async fn workflows_overdue(
+    db: &Db,
+    grace_secs: u64,
+    limit: i64,
+) -> Result<Vec<OverdueWorkflow>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT DISTINCT ON (w.id) w.id AS workflow_id, w.node_id, w.profile_id, s.name AS step, \
+           s.status AS step_status, \
+           floor(extract(epoch FROM now() - LEAST(s.due_at, s.deadline_at)))::bigint AS overdue_secs, \
+           w.stalled_reported_at IS NOT NULL AS reported \
+         FROM workflows w JOIN workflow_steps s ON s.workflow_id = w.id \
+         WHERE w.status IN ('running', 'cancelling') AND s.status IN ('pending', 'running') \
+           AND LEAST(s.due_at, s.deadline_at) < now() - make_interval(secs => $1) \
+         ORDER BY w.id, LEAST(s.due_at, s.deadline_at) LIMIT $2",
+    )
+    .bind(grace_secs as f64)
+    .bind(limit)
+    .fetch_all(db.pool())
+    .await?)
+}
+
+/// Marks a workflow reported stalled: true if this call did (so one
+/// reporter emits the event).
+pub async fn workflow_mark_stalled_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<bool, DbError> {
+    Ok(sqlx::query(
+        "UPDATE workflows SET stalled_reported_at = now() WHERE id = $1 AND stalled_reported_at IS NULL",
+    )
+    .bind(id)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected()
+        > 0)
+}
