@@ -225,8 +225,10 @@ pub async fn ramdisk(
             if cfg.latency_ms > 0 {
                 tokio::time::sleep(Duration::from_millis(cfg.latency_ms)).await;
             }
-            // Recorded as begun before it runs: a site restart in between
-            // leaves a command that is answered, never run again.
+            // Recorded as begun before it runs. A run begun before the
+            // site restarted is one the machine carried on with meanwhile
+            // (a real machine does not stop when the control plane's site
+            // process does): it is finished now, not noted a second time.
             let began = match store.begin_run(&cmd.command_id).await {
                 Ok(b) => b,
                 Err(e) => {
@@ -234,21 +236,16 @@ pub async fn ramdisk(
                     continue;
                 }
             };
-            let (ok, output, error, retryable) = if !began {
-                (
-                    false,
-                    serde_json::json!({}),
-                    Some("sim: the machine's agent was interrupted while this command ran; it is not run again".to_owned()),
-                    true,
-                )
-            } else {
+            if began {
                 if let Err(e) = store.note_execution(&cmd.command_id).await {
                     tracing::warn!(%address, error = %e, "sim ramdisk: cannot note the run");
                 }
-                match execute(&faults, &machines, &address, &boot, &cmd) {
-                    Ok(output) => (true, output.to_json(), None, false),
-                    Err(e) => (false, serde_json::json!({}), Some(e), false),
-                }
+            } else {
+                tracing::info!(%address, command = %cmd.command_id, "sim ramdisk: finishing a command begun before the site restarted");
+            }
+            let (ok, output, error) = match execute(&faults, &machines, &address, &boot, &cmd) {
+                Ok(output) => (true, output.to_json(), None),
+                Err(e) => (false, serde_json::json!({}), Some(e)),
             };
             let unsigned =
                 cmd.kind == CommandKind::DiskWipe && faults.has(&address, Fault::UnsignedWipe);
@@ -270,7 +267,7 @@ pub async fn ramdisk(
             let result = AgentResult {
                 command_id: cmd.command_id.clone(),
                 ok,
-                retryable,
+                retryable: false,
                 output,
                 error,
                 finished_at,
@@ -288,6 +285,15 @@ pub async fn ramdisk(
     }
 }
 
+/// A kept ed25519 secret key (base64), if it reads as one.
+fn decode_key(b64: Option<&str>) -> Option<SigningKey> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64?)
+        .ok()?;
+    let seed = <[u8; 32]>::try_from(bytes.as_slice()).ok()?;
+    Some(SigningKey::from_bytes(&seed))
+}
+
 /// The ramdisk agent's key and session: those it had if the machine is
 /// still running the boot it had before the site restarted, else a new key
 /// (kept before the join, so a join retried across a restart holds the same
@@ -300,15 +306,7 @@ async fn ramdisk_session(
     stop: &CancellationToken,
 ) -> Option<(SigningKey, String)> {
     let kept = machines.ramdisk_agent(address);
-    let key = kept
-        .as_ref()
-        .and_then(|a| {
-            base64::engine::general_purpose::STANDARD
-                .decode(&a.key)
-                .ok()
-        })
-        .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
-        .map(|b| SigningKey::from_bytes(&b));
+    let key = decode_key(kept.as_ref().map(|a| a.key.as_str()));
     if let (Some(key), Some(session)) = (&key, kept.as_ref().and_then(|a| a.session.clone())) {
         tracing::info!(%address, "sim ramdisk: carries on with its session");
         return Some((key.clone(), session));
@@ -534,7 +532,18 @@ pub async fn os(
     let session = match disk.session {
         Some(s) => s,
         None => {
-            let key = SigningKey::generate(&mut rand::rngs::OsRng);
+            let key = match decode_key(disk.key.as_deref()) {
+                Some(k) => k,
+                None => {
+                    let k = SigningKey::generate(&mut rand::rngs::OsRng);
+                    machines.set_os_key(
+                        &address,
+                        base64::engine::general_purpose::STANDARD.encode(k.to_bytes()),
+                    );
+                    machines.save(&address).await;
+                    k
+                }
+            };
             match join(
                 &http,
                 &disk.api,

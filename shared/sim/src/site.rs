@@ -108,7 +108,9 @@ impl Machines {
         }
         let _one = self.saving.lock().await;
         let rec = self.with(address, |m| m.rec.clone());
-        if let Err(e) = self.store.save_machine(address, &rec).await {
+        let store = self.store.clone();
+        let kept = keep_trying(|| store.save_machine(address, &rec)).await;
+        if let Err(e) = kept {
             tracing::warn!(%address, error = %e, "sim: the machine's state was not kept");
         }
     }
@@ -119,6 +121,7 @@ impl Machines {
             m.rec.disk = Some(Disk {
                 join_token,
                 api,
+                key: None,
                 session: None,
             })
         });
@@ -127,6 +130,15 @@ impl Machines {
     /// The installed disk, if any.
     pub fn disk(&self, address: &str) -> Option<Disk> {
         self.with(address, |m| m.rec.disk.clone())
+    }
+
+    /// Keeps the installed OS agent's key (before it joins).
+    pub fn set_os_key(&self, address: &str, key: String) {
+        self.with(address, |m| {
+            if let Some(d) = m.rec.disk.as_mut() {
+                d.key = Some(key);
+            }
+        });
     }
 
     /// Keeps the installed OS's session across reboots.
@@ -203,7 +215,8 @@ impl Machines {
         if self.store.is_durable() {
             let _one = self.saving.lock().await;
             for mac in macs {
-                if let Err(e) = self.store.save_entry(mac, cmdline).await {
+                let store = self.store.clone();
+                if let Err(e) = keep_trying(|| store.save_entry(mac, cmdline)).await {
                     tracing::warn!(%mac, error = %e, "sim: the boot entry was not kept");
                 }
             }
@@ -224,6 +237,27 @@ impl Machines {
             .unwrap_or_else(|p| p.into_inner())
             .insert(node.to_owned(), address.to_owned());
         self.with(address, |m| m.rec.node = Some(node.to_owned()));
+    }
+}
+
+/// Retries a write to the site's store for up to ~2 minutes (a NATS
+/// restart): the state is kept before the command that changed it is
+/// answered.
+async fn keep_trying<F, Fut>(mut write: F) -> Result<(), bcm_bus::BusError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), bcm_bus::BusError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match write().await {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt >= 10 => return Err(e),
+            Err(_) => {
+                attempt += 1;
+                tokio::time::sleep(bcm_contracts::agent::retry_backoff(attempt)).await;
+            }
+        }
     }
 }
 

@@ -24,6 +24,10 @@ use crate::agent::BootParams;
 pub struct Disk {
     pub join_token: String,
     pub api: String,
+    /// The installed OS agent's ed25519 secret key (base64), kept before
+    /// it joins: a join retried across a site restart holds the same key.
+    #[serde(default)]
+    pub key: Option<String>,
     pub session: Option<String>,
 }
 

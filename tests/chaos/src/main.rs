@@ -65,9 +65,14 @@ struct Args {
 
 const ADMIN_TOKEN: &str = "chaos-admin-token-0123456789";
 
-fn config(db: &str, nats: &str, ns: &str, api: &str) -> String {
+fn config(db: &str, nats: &str, ns: &str, api: &str, pki: &std::path::Path) -> String {
+    let pki = pki.display();
     format!(
         r#"
+[attestation]
+ca_cert_file = "{pki}/ca.pem"
+ca_key_file = "{pki}/ca.key"
+generate_ca = true
 [api]
 listen = "{api}"
 database_url = "{db}"
@@ -164,9 +169,12 @@ async fn run(
     let ns = format!("chaos{}", ulid::Ulid::new().to_string().to_lowercase());
     let api_addr = format!("127.0.0.1:{}", free_port()?);
     let config_path = dir.join("bcm.toml");
+    // One CA for every attestation process of the run, as in production.
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki)?;
     std::fs::write(
         &config_path,
-        config(&db_url, &stack.nats_url(), &ns, &api_addr),
+        config(&db_url, &stack.nats_url(), &ns, &api_addr, &pki),
     )?;
 
     // The recorder's consumer exists before anything is published.

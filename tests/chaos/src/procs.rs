@@ -5,7 +5,7 @@
 use anyhow::Context as _;
 use rand::seq::SliceRandom as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -84,7 +84,7 @@ impl Procs {
         }
         let child = cmd
             .env("BCM_ALL_API__TELEMETRY__LOG_FORMAT", "json")
-            .stdout(Stdio::null())
+            .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
             .with_context(|| format!("spawning {}", self.bcm.display()))?;
