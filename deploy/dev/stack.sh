@@ -70,8 +70,13 @@ pg_up() {
     as_pg "$bin/initdb" -D "$dir/data" -A trust -U postgres >"$state/initdb.log" 2>&1 \
       || { log "initdb failed; see $state/initdb.log"; cat "$state/initdb.log" >&2; exit 1; }
   fi
+  # Tests trade durability for speed; BCM_STACK_PG_DURABLE=1 keeps every
+  # commit across a crash (the chaos test crashes it: without, a commit
+  # already answered can be lost, which no control plane can make up for).
+  local speed="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+  [ "${BCM_STACK_PG_DURABLE:-}" = 1 ] && speed=""
   as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 -o \
-    "-p $pg_port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=600 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+    "-p $pg_port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=600 $speed" \
     start >/dev/null
   touch "$state/pg.started"
   log "postgres on 127.0.0.1:$pg_port"

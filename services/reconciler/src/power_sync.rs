@@ -35,33 +35,42 @@ pub async fn run(
     let every = Duration::from_secs(cfg.power_sync_secs.max(1));
     let ttl = Duration::from_millis(cfg.lease_ttl_ms.max(300));
     let tick = (every / 4).clamp(Duration::from_millis(200), Duration::from_secs(15));
-    let mut next_prune = tokio::time::Instant::now();
-    while !shutdown.is_cancelled() {
-        match bcm_db::leases::lease_acquire(&db, KIND, 0, &holder, ttl.max(tick * 3)).await {
-            Ok(true) => {
-                if let Err(e) = round(&db, &bus, &cfg, every).await {
-                    tracing::warn!(error = %e, "power sync round failed");
-                }
-                if tokio::time::Instant::now() >= next_prune {
-                    next_prune = tokio::time::Instant::now() + PRUNE_EVERY;
-                    match bcm_db::commands::commands_prune_leaves(&db, LEAF_RETENTION).await {
-                        Ok(n) if n > 0 => {
-                            tracing::info!(rows = n, "pruned finished one-leaf commands")
-                        }
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(error = %e, "pruning one-leaf commands failed"),
-                    }
-                }
+    let next_prune = std::sync::Mutex::new(tokio::time::Instant::now());
+    let (db, bus, cfg, next_prune) = (&db, &bus, &cfg, &next_prune);
+    crate::leader::lead(
+        db,
+        KIND,
+        &holder,
+        ttl.max(tick * 3),
+        tick,
+        &shutdown,
+        || async move {
+            if let Err(e) = round(db, bus, cfg, every).await {
+                tracing::warn!(error = %e, "power sync round failed");
             }
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "power sync lease failed"),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(tick) => {}
-        }
+            let due = {
+                let mut next = next_prune.lock().unwrap_or_else(|p| p.into_inner());
+                let due = tokio::time::Instant::now() >= *next;
+                if due {
+                    *next = tokio::time::Instant::now() + PRUNE_EVERY;
+                }
+                due
+            };
+            if due {
+                prune(db).await;
+            }
+        },
+    )
+    .await;
+}
+
+/// Prunes finished one-leaf commands past their retention.
+async fn prune(db: &Db) {
+    match bcm_db::commands::commands_prune_leaves(db, LEAF_RETENTION).await {
+        Ok(n) if n > 0 => tracing::info!(rows = n, "pruned finished one-leaf commands"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "pruning one-leaf commands failed"),
     }
-    let _ = bcm_db::leases::lease_release(&db, KIND, 0, &holder).await;
 }
 
 /// Sends power reads to the nodes due, within the outstanding bound.

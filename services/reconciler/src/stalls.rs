@@ -30,21 +30,12 @@ pub async fn run(
 ) {
     let every = Duration::from_secs(cfg.stall_check_secs.max(1));
     let ttl = Duration::from_millis(cfg.lease_ttl_ms.max(300)).max(every * 3);
-    while !shutdown.is_cancelled() {
-        match bcm_db::leases::lease_acquire(&db, KIND, 0, &holder, ttl).await {
-            Ok(true) => match round(&db, &bus, &cfg).await {
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "stall watch round failed"),
-            },
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "stall watch lease failed"),
+    crate::leader::lead(&db, KIND, &holder, ttl, every, &shutdown, || async {
+        if let Err(e) = round(&db, &bus, &cfg).await {
+            tracing::warn!(error = %e, "stall watch round failed");
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(every) => {}
-        }
-    }
-    let _ = bcm_db::leases::lease_release(&db, KIND, 0, &holder).await;
+    })
+    .await;
 }
 
 /// One look: returns how many workflows were newly reported.

@@ -34,6 +34,8 @@ impl Stack {
             .env("BCM_STACK_DIR", &self.dir)
             .env("BCM_STACK_PG_PORT", self.pg_port.to_string())
             .env("BCM_STACK_NATS_PORT", self.nats_port.to_string())
+            // Crashed on purpose: every answered commit must survive.
+            .env("BCM_STACK_PG_DURABLE", "1")
             .env_remove("DATABASE_URL")
             .env_remove("NATS_URL")
             .status()
