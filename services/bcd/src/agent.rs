@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::disks;
+use crate::state::AgentState;
 
 /// What an agent needs.
 #[derive(Debug, Clone)]
@@ -39,6 +40,9 @@ pub struct AgentConfig {
     pub heartbeat: Duration,
     /// Random stripes read back after a device erase.
     pub wipe_stripes: usize,
+    /// Where the agent keeps its key, session and command records across a
+    /// restart of its process (`crate::state`); none: nowhere.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Why the agent stopped.
@@ -64,9 +68,28 @@ use bcm_contracts::agent::retry_backoff as backoff;
 pub async fn join(
     http: &reqwest::Client,
     cfg: &AgentConfig,
+    state: &AgentState,
     stop: &CancellationToken,
 ) -> Result<Session, AgentError> {
-    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    if let (Some(key), Some(joined)) = (state.key(), state.session()) {
+        tracing::info!(node = %joined.node_id, serial = %joined.cert_serial, "carrying on with the kept session");
+        let image_keys = image_keys_of(cfg, &joined);
+        return Ok(Session {
+            joined,
+            key,
+            image_keys,
+        });
+    }
+    let key = match state.key() {
+        Some(k) => k,
+        None => {
+            let k = SigningKey::generate(&mut rand::rngs::OsRng);
+            if let Err(e) = state.save_key(&k) {
+                tracing::warn!(error = %e, "the key was not kept: a restart joins afresh");
+            }
+            k
+        }
+    };
     let csr = bcm_pki::csr_pem(&key, cfg.node.as_deref().unwrap_or(cfg.role.as_str()))
         .map_err(|e| AgentError::JoinRefused(e.to_string()))?;
     let req = JoinRequest {
@@ -97,12 +120,10 @@ pub async fn join(
                         "the certificate handed back does not check: {e}"
                     )));
                 }
-                let mut image_keys: Vec<VerifyingKey> = joined
-                    .image_keys
-                    .iter()
-                    .filter_map(|k| bcm_pki::image::parse_public_key(k))
-                    .collect();
-                image_keys.extend(cfg.image_keys.iter().copied());
+                let image_keys = image_keys_of(cfg, &joined);
+                if let Err(e) = state.save_session(&joined) {
+                    tracing::warn!(error = %e, "the session was not kept: a restart joins afresh");
+                }
                 tracing::info!(node = %joined.node_id, serial = %joined.cert_serial, "joined");
                 return Ok(Session {
                     joined,
@@ -125,6 +146,17 @@ pub async fn join(
             _ = tokio::time::sleep(backoff(attempt)) => {}
         }
     }
+}
+
+/// The image keys the control plane handed out, and the configured ones.
+fn image_keys_of(cfg: &AgentConfig, joined: &JoinResponse) -> Vec<VerifyingKey> {
+    let mut keys: Vec<VerifyingKey> = joined
+        .image_keys
+        .iter()
+        .filter_map(|k| bcm_pki::image::parse_public_key(k))
+        .collect();
+    keys.extend(cfg.image_keys.iter().copied());
+    keys
 }
 
 /// Heartbeats until `stop`.
@@ -183,6 +215,14 @@ impl Outcome {
             error: Some(error),
             then_kexec: false,
         }
+    }
+
+    /// A command begun before bcd restarted, with no result kept.
+    fn interrupted() -> Self {
+        Self::failed(
+            "bcd restarted while this command ran; what it did is unknown and it is not run again"
+                .to_owned(),
+        )
     }
 }
 
@@ -358,7 +398,18 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
         .timeout(Duration::from_secs(60))
         .build()
         .map_err(|e| AgentError::JoinRefused(e.to_string()))?;
-    let session = join(&http, &cfg, &stop).await?;
+    // One boot's state: keyed by its join token, so a new boot (a new
+    // token) starts afresh and two agents on one host never share one.
+    let boot_dir = cfg.state_dir.as_ref().map(|d| {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(cfg.join_token.as_bytes());
+        d.join(&hex::encode(digest)[..16])
+    });
+    let state = AgentState::open(boot_dir).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "no state directory: a restart of bcd starts afresh");
+        AgentState::default()
+    });
+    let session = join(&http, &cfg, &state, &stop).await?;
     let node = session.joined.node_id.clone();
     let token = session.joined.session_token.clone();
     let hb_stop = stop.child_token();
@@ -385,7 +436,10 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
                 attempt = 0;
                 r.json().await.unwrap_or_default()
             }
-            Ok(r) if r.status().as_u16() == 401 => return Err(AgentError::SessionEnded),
+            Ok(r) if r.status().as_u16() == 401 => {
+                state.forget_session();
+                return Err(AgentError::SessionEnded);
+            }
             other => {
                 if let Err(e) = other {
                     tracing::warn!(error = %e, "polling: retrying");
@@ -396,8 +450,25 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
             }
         };
         for cmd in cmds {
+            if let Some(r) = state.result(&cmd.command_id) {
+                done.entry(cmd.command_id.clone()).or_insert(r);
+            }
             let result = match done.get(&cmd.command_id) {
                 Some(r) => r.clone(),
+                None if !state.begin(&cmd.command_id).unwrap_or(true) => {
+                    // Begun by this machine before bcd restarted, with no
+                    // result kept: what it did is unknown, and it is not
+                    // run again (the step retries with a new command).
+                    tracing::warn!(command = %cmd.command_id, "interrupted by a restart of bcd; not run again");
+                    let r = signed_result(&session.key, &node, &cmd, &Outcome::interrupted());
+                    let r = AgentResult {
+                        retryable: true,
+                        ..r
+                    };
+                    let _ = state.save_result(&r);
+                    done.insert(cmd.command_id.clone(), r.clone());
+                    r
+                }
                 None => {
                     tracing::info!(command = %cmd.command_id, kind = %cmd.kind, "running");
                     let (c, k, command) = (cfg.clone(), keys.clone(), cmd.clone());
@@ -410,6 +481,9 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
                         Err(e) => Outcome::failed(format!("the command panicked: {e}")),
                     };
                     let r = signed_result(&session.key, &node, &cmd, &outcome);
+                    if let Err(e) = state.save_result(&r) {
+                        tracing::warn!(command = %cmd.command_id, error = %e, "the result was not kept");
+                    }
                     done.insert(cmd.command_id.clone(), r.clone());
                     post_result(&http, &cfg.api, &token, &r, &stop).await?;
                     if outcome.then_kexec {
@@ -434,7 +508,7 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
         .timeout(Duration::from_secs(60))
         .build()
         .map_err(|e| AgentError::JoinRefused(e.to_string()))?;
-    let session = join(&http, &cfg, &stop).await?;
+    let session = join(&http, &cfg, &AgentState::default(), &stop).await?;
     println!("joined as node {}", session.joined.node_id);
     heartbeat(
         http,

@@ -16,4 +16,5 @@ pub mod kexec;
 pub mod nvme;
 pub mod qcow2;
 pub mod seed;
+pub mod state;
 pub mod wipe;

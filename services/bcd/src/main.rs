@@ -30,6 +30,11 @@ enum Mode {
         /// Random stripes read back after a device erase.
         #[arg(long, default_value_t = 16)]
         wipe_stripes: usize,
+        /// Where the key, session and command records outlive a restart of
+        /// bcd (tmpfs in the ramdisk: gone with the boot), one directory per
+        /// boot (join token).
+        #[arg(long, default_value = "/run/bcd")]
+        state_dir: PathBuf,
     },
     /// The installed OS's or an adopted machine's agent.
     Node {
@@ -75,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
             disks,
             image_keys,
             wipe_stripes,
+            state_dir,
         } => {
             let line = match cmdline {
                 Some(c) => c,
@@ -101,6 +107,7 @@ async fn main() -> anyhow::Result<()> {
                     proxy: boot.proxy,
                     heartbeat: Duration::from_secs(10),
                     wipe_stripes,
+                    state_dir: Some(state_dir),
                 },
                 stop,
             )
@@ -133,6 +140,7 @@ async fn main() -> anyhow::Result<()> {
                     proxy: None,
                     heartbeat: Duration::from_secs(10),
                     wipe_stripes: 0,
+                    state_dir: None,
                 },
                 stop,
             )
