@@ -89,16 +89,55 @@ pub struct Db {
     pool: PgPool,
 }
 
+/// How long [`Db::connect`] waits for an unreachable Postgres.
+pub const CONNECT_WAIT: Duration = Duration::from_secs(180);
+
+/// Whether a connection error is the server being away (down, restarting,
+/// failing over), which waiting can cure.
+fn server_away(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+        // 57P03 cannot_connect_now: starting up or shutting down.
+        sqlx::Error::Database(d) => d.code().as_deref() == Some("57P03"),
+        _ => false,
+    }
+}
+
 impl Db {
     /// Connects to `url` with at most `max_connections`.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, DbError> {
+        Self::connect_waiting(url, max_connections, CONNECT_WAIT).await
+    }
+
+    /// [`Db::connect`], waiting up to `wait` (with backoff) while the
+    /// server is unreachable or starting up: a service started during a
+    /// Postgres outage or failover comes up when the database does, instead
+    /// of exiting. A URL that does not parse, or a refusal that is not the
+    /// server being away (authentication, a missing database), fails at once.
+    pub async fn connect_waiting(
+        url: &str,
+        max_connections: u32,
+        wait: Duration,
+    ) -> Result<Self, DbError> {
         let opts = PgConnectOptions::from_str(url)?.application_name("bcm");
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(opts)
-            .await?;
-        Ok(Self { pool })
+        let give_up = std::time::Instant::now() + wait;
+        let mut pause = Duration::from_millis(250);
+        loop {
+            let connected = PgPoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_with(opts.clone())
+                .await;
+            match connected {
+                Ok(pool) => return Ok(Self { pool }),
+                Err(e) if server_away(&e) && std::time::Instant::now() + pause < give_up => {
+                    tracing::warn!(error = %e, ?pause, "Postgres is not reachable yet; waiting");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Applies every pending migration. Safe to run from several processes

@@ -111,3 +111,19 @@ async fn a_database_that_ran_the_first_text_of_0007_is_repaired() {
     // And it stays repaired.
     db.migrate().await.expect("again");
 }
+
+/// A server that is not there is waited for (a service started during an
+/// outage comes up with the database), then given up on; a URL that does
+/// not parse fails at once.
+#[tokio::test]
+async fn connect_waits_for_an_absent_server_and_refuses_a_bad_url() {
+    let absent = bcm_db::Db::connect_waiting(
+        "postgres://postgres@127.0.0.1:9/none",
+        1,
+        std::time::Duration::from_millis(800),
+    )
+    .await;
+    assert!(absent.is_err(), "nothing listens on port 9");
+    let bad = bcm_db::Db::connect_waiting("not a url", 1, std::time::Duration::from_secs(60)).await;
+    assert!(bad.is_err());
+}
