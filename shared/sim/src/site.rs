@@ -54,6 +54,10 @@ pub struct Machines {
     /// One save at a time, each of the state as it is then: a slower save
     /// never overwrites a newer one.
     saving: Arc<tokio::sync::Mutex<()>>,
+    /// Set when the site process these machines belong to stops: a task
+    /// of it still finishing (a join in flight) must not overwrite what the
+    /// next site process keeps.
+    closed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Machines {
@@ -90,6 +94,17 @@ impl Machines {
         Ok(this)
     }
 
+    /// Stops keeping anything (the site process stops); returns once a
+    /// save in flight has landed.
+    pub async fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _wait = self.saving.lock().await;
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The site's store.
     pub fn store(&self) -> &SiteStore {
         &self.store
@@ -103,10 +118,13 @@ impl Machines {
     /// Keeps the machine at `address` as it is now. A failure is logged:
     /// the machine runs on, and the next change saves it again.
     pub async fn save(&self, address: &str) {
-        if !self.store.is_durable() {
+        if !self.store.is_durable() || self.is_closed() {
             return;
         }
         let _one = self.saving.lock().await;
+        if self.is_closed() {
+            return;
+        }
         let rec = self.with(address, |m| m.rec.clone());
         let store = self.store.clone();
         let kept = keep_trying(|| store.save_machine(address, &rec)).await;
@@ -212,7 +230,7 @@ impl Machines {
                 };
             }
         }
-        if self.store.is_durable() {
+        if self.store.is_durable() && !self.is_closed() {
             let _one = self.saving.lock().await;
             for mac in macs {
                 let store = self.store.clone();
@@ -452,6 +470,7 @@ pub async fn run(
     let mut spec = ConsumerSpec::new(StreamKind::Commands, name, filters);
     spec.max_deliver = 20;
     spec.concurrency = cfg.concurrency.max(1);
+    let kept = machines.clone();
     let site = Arc::new(Site {
         cfg: Arc::new(cfg),
         faults,
@@ -468,6 +487,7 @@ pub async fn run(
         shutdown: shutdown.clone(),
     });
     bcm_bus::consumer::run(bus, spec, handler, shutdown).await;
+    kept.close().await;
     Ok(())
 }
 
