@@ -265,19 +265,6 @@ pub async fn session_insert_in_txn(
     Ok(())
 }
 
-/// A live session: `(node id, cert serial, purpose)`.
-pub async fn session_fetch_live(
-    db: &Db,
-    hash: &[u8],
-) -> Result<Option<(String, String, String)>, DbError> {
-    Ok(sqlx::query_as(
-        "SELECT node_id, cert_serial, purpose FROM agent_sessions WHERE token_hash = $1 AND expires_at > now()",
-    )
-    .bind(hash)
-    .fetch_optional(db.pool())
-    .await?)
-}
-
 /// A live session, marked alive for at least `alive_for_ms` from now (a
 /// request is a sign of life; a long poll keeps it for as long as it waits):
 /// `(node id, cert serial, purpose)`.
