@@ -30,6 +30,9 @@ async fn a_real_bcd_commissions_a_node_and_a_disk_that_lies_fails_the_release() 
         "ramdisk".to_owned(),
         "--disk".to_owned(),
         disk.file.display().to_string(),
+        // Its key, session and command records stay in the test's scratch.
+        "--state-dir".to_owned(),
+        dir.0.join("bcd-state").display().to_string(),
     ]);
     let env = TestEnv::start_with(Options {
         site: Some(site),
