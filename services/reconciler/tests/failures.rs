@@ -16,13 +16,23 @@ async fn enroll_step(
     node: &bcm_core::NodeId,
     name: &str,
 ) -> (String, bcm_db::workflows::StepRow) {
+    workflow_step(env, node, "metal-enroll", name).await
+}
+
+/// The node's first workflow of `profile`: its id and its step `name`.
+async fn workflow_step(
+    env: &TestEnv,
+    node: &bcm_core::NodeId,
+    profile: &str,
+    name: &str,
+) -> (String, bcm_db::workflows::StepRow) {
     let wfs = bcm_db::workflows::workflows_of_node(&env.db, &node.to_string())
         .await
         .expect("workflows");
     let enroll = wfs
         .iter()
-        .find(|w| w.profile_id == "metal-enroll")
-        .expect("enroll");
+        .find(|w| w.profile_id == profile)
+        .expect("the workflow");
     let steps = bcm_db::workflows::steps_fetch(&env.db, &enroll.id)
         .await
         .expect("steps");
@@ -366,6 +376,60 @@ async fn a_silent_ramdisk_agent_fails_its_step_early_and_says_so() {
     assert!(
         error.contains(&serial),
         "names the agent's session: {error}"
+    );
+    env.stop();
+}
+
+/// A power cycle that booted the ramdisk but whose answer was lost is
+/// retried from a fresh boot entry: the first boot's agent spent the
+/// entry's one-time token and its machine is reset under it, so the retry
+/// prepares a new entry, PXE once again, and the join wait counts only the
+/// agent of the new entry. Before, the retry cycled the machine into
+/// nothing (its one-time PXE boot was used up), the join wait counted the
+/// first agent, and the inventory went to a session nobody held until the
+/// silence check failed the node.
+#[tokio::test]
+async fn a_power_cycle_whose_answer_was_lost_boots_a_fresh_entry_and_the_chain_completes() {
+    let env = TestEnv::start_with(Options {
+        agent_silence_ms: 1500,
+        ..Options::with_site()
+    })
+    .await
+    .expect("env");
+    env.faults.set("sim://answer-lost", Fault::PowerAnswerLost);
+    let id = env.enroll_sim("answer-lost").await;
+    let n = env
+        .wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("ready despite the lost answer");
+    assert!(!n.maintenance, "{:?}", n.last_error);
+    let (wf, cycle) = workflow_step(&env, &id, "metal-inspect", "power-cycle").await;
+    assert_eq!(cycle.attempt, 2, "the lost answer was retried once");
+    let (_, entry) = workflow_step(&env, &id, "metal-inspect", "prepare-boot-entry").await;
+    assert_eq!(entry.attempt, 2, "the retry made a fresh boot entry");
+    let (_, pxe) = workflow_step(&env, &id, "metal-inspect", "pxe-once").await;
+    assert_eq!(pxe.attempt, 2, "and set PXE once again");
+    let counts = bcm_db::workflows::command_counts_by_step(&env.db, &wf)
+        .await
+        .expect("counts");
+    let sent = |idx: i32| {
+        counts
+            .iter()
+            .find(|(i, _, _)| *i == idx)
+            .map(|(_, _, sent)| *sent)
+            .unwrap_or_default()
+    };
+    assert_eq!(sent(entry.idx), 2, "one boot entry per attempt");
+    assert_eq!(sent(cycle.idx), 2, "one power cycle per attempt");
+    // The inventory came from the second boot's agent: two ramdisk
+    // identities were issued, and the node's inventory is signed by the
+    // newest.
+    let certs = bcm_db::agents::certs_of_node(&env.db, &id.to_string())
+        .await
+        .expect("certs");
+    assert!(
+        certs.len() >= 2,
+        "each boot joined with its own token: {certs:?}"
     );
     env.stop();
 }

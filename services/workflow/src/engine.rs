@@ -453,12 +453,60 @@ async fn step_once(
         return Ok((None, wrote_node));
     };
     record_outcome(ctx, wf, &mut steps[pos], &def, node, ended, now, writes);
+    if steps[pos].status == StepStatus::Pending {
+        reopen_for_retry(wf, steps, pos);
+    }
     let next = if steps[pos].status.is_finished() {
         schedule_next(ctx, wf, steps, node, &mut writes.events)
     } else {
         None
     };
     Ok((next, wrote_node))
+}
+
+/// The kinds of the main steps, in order; `None` when one is unreadable
+/// (such a step fails on its own when it is reached).
+fn main_kinds(steps: &[StepRow]) -> Option<Vec<StepKind>> {
+    steps
+        .iter()
+        .filter(|s| !s.cleanup)
+        .map(|s| {
+            serde_json::from_value::<StepDef>(s.definition.clone())
+                .ok()
+                .map(|d| d.kind)
+        })
+        .collect()
+}
+
+/// A main step at `pos` about to be retried: where the planner says the
+/// retry starts (`workflow::retry_starts_at` — a power action that boots
+/// the ramdisk starts again at its boot entry), the steps from there are
+/// opened again, each with an attempt of its own (a new command, never the
+/// old one's answer), and the retry's backoff moves to the first of them.
+fn reopen_for_retry(wf: &WorkflowRow, steps: &mut [StepRow], pos: usize) {
+    if steps[pos].cleanup {
+        return;
+    }
+    let Some(main) = main_kinds(steps) else {
+        return;
+    };
+    let from = workflow::retry_starts_at(&main, pos);
+    if from >= pos {
+        return;
+    }
+    let retried = steps[pos].name.clone();
+    tracing::info!(workflow = %wf.id, step = %retried, from = %steps[from].name, "a retried ramdisk boot starts again at its boot entry");
+    let due = steps[pos].due_at.take();
+    for s in &mut steps[from..pos] {
+        s.status = StepStatus::Pending;
+        s.attempt += 1;
+        s.command_id = None;
+        s.deadline_at = None;
+        s.due_at = None;
+        s.finished_at = None;
+        s.error = Some(format!("repeated: {retried} is retried"));
+    }
+    steps[from].due_at = due;
 }
 
 /// A cancel stops the main steps (a running command's late result is
@@ -609,7 +657,7 @@ async fn run_in_engine(
              executes any more; recover the node to run this state with v2",
         ))),
         StepKind::WaitRamdiskJoin | StepKind::WaitOsJoin { .. } => {
-            check_join(tx, at, &mut steps[pos]).await
+            check_join(tx, at, steps, pos).await
         }
         other => Ok(Some(Ended::failed(
             false,
@@ -651,12 +699,14 @@ async fn store_macs(tx: &mut Tx<'_>, steps: &[StepRow], node: &Node) -> Result<E
 
 /// A step waiting for an agent to join: done once the agent of the
 /// purpose (and role) has joined or reported in since the workflow started
-/// (a ramdisk may join while the power-on step is still finishing), timed
-/// out past the deadline, else looked at again after the join poll.
+/// — for a ramdisk, since its boot entry (the token it joins with) was last
+/// made (a ramdisk may join while the power-on step is still finishing) —
+/// timed out past the deadline, else looked at again after the join poll.
 async fn check_join(
     tx: &mut Tx<'_>,
     at: &At<'_>,
-    step: &mut StepRow,
+    steps: &mut [StepRow],
+    pos: usize,
 ) -> Result<Option<Ended>, DbError> {
     let At {
         ctx,
@@ -669,9 +719,16 @@ async fn check_join(
         StepKind::WaitOsJoin { role, .. } => ("agent:provisioned", Some(role.as_str())),
         _ => ("agent:discovery", None),
     };
+    let mut since = wf.created_at;
+    if def.kind == StepKind::WaitRamdiskJoin {
+        let entry = main_kinds(steps).and_then(|main| workflow::join_counts_since_step(&main, pos));
+        if let Some(started) = entry.and_then(|i| steps[i].started_at) {
+            since = since.max(started);
+        }
+    }
+    let step = &mut steps[pos];
     let stored =
-        bcm_db::agents::node_fact_since_in_txn(tx, &node.id.to_string(), fact, wf.created_at)
-            .await?;
+        bcm_db::agents::node_fact_since_in_txn(tx, &node.id.to_string(), fact, since).await?;
     let presence = match AgentPresence::from_stored(stored) {
         Ok(p) => p,
         Err(e) => {

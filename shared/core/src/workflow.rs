@@ -570,6 +570,45 @@ pub fn after_outcome(
     }
 }
 
+/// Where a retried step starts again: itself, or — for a power action that
+/// boots the ramdisk — the boot entry before it. Such an action may have
+/// booted the machine before its answer was lost (an executor restarted
+/// mid-command, a BMC that timed out after acting): the ramdisk that booted
+/// has spent the entry's one-time join token, and a one-time PXE boot has
+/// fallen back to disk. Power-cycling again as it was would boot nothing
+/// that can join, while the join wait counted the first boot's agent, whose
+/// machine was just reset under it. So the retry repeats the chain from a
+/// fresh boot entry (a fresh token) and the one-time PXE boot.
+///
+/// `main` is the profile's main steps; `pos` the retried one.
+pub fn retry_starts_at(main: &[StepKind], pos: usize) -> usize {
+    let boots_ramdisk = matches!(
+        main.get(pos),
+        Some(StepKind::BmcPower {
+            action: PowerAction::On | PowerAction::Cycle | PowerAction::Reset
+        })
+    ) && main[pos + 1..]
+        .iter()
+        .take_while(|k| !matches!(k, StepKind::BootEntrySet))
+        .any(|k| matches!(k, StepKind::WaitRamdiskJoin));
+    if !boots_ramdisk {
+        return pos;
+    }
+    main[..pos]
+        .iter()
+        .rposition(|k| matches!(k, StepKind::BootEntrySet))
+        .unwrap_or(pos)
+}
+
+/// The main step since whose last start a ramdisk join counts for the join
+/// wait at `pos`: the boot entry before it (the token that ramdisk joins
+/// with), if any.
+pub fn join_counts_since_step(main: &[StepKind], pos: usize) -> Option<usize> {
+    main[..pos.min(main.len())]
+        .iter()
+        .rposition(|k| matches!(k, StepKind::BootEntrySet))
+}
+
 crate::wire_enum! {
     /// The phase of a workflow, as stored in `workflows.status`.
     pub enum WorkflowPhase "workflow status" {

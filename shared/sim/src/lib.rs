@@ -54,6 +54,10 @@ pub enum Fault {
     /// The ramdisk agent joins, takes the commands of its first poll and
     /// then hangs: no poll, no heartbeat, no result, ever.
     RamdiskFallsSilent,
+    /// The BMC carries out the machine's first power action that boots it,
+    /// but the answer is lost (a retryable failure): the machine booted,
+    /// and the retry must not assume it did not.
+    PowerAnswerLost,
 }
 
 /// Settings of the simulated site.

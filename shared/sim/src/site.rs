@@ -329,6 +329,8 @@ struct Site {
     results: Mutex<HashMap<String, CommandResult>>,
     /// Commands seen per (address, kind), for `BmcFlaky`.
     flaky: Mutex<HashMap<(String, CommandKind), u32>>,
+    /// Booting power actions carried out per address, for `PowerAnswerLost`.
+    boots: Mutex<HashMap<String, u32>>,
 }
 
 /// The sim's consumer of the command families no real service serves.
@@ -479,6 +481,7 @@ pub async fn run(
         http: reqwest::Client::new(),
         results: Mutex::new(HashMap::new()),
         flaky: Mutex::new(HashMap::new()),
+        boots: Mutex::new(HashMap::new()),
     });
     resume_boots(&site, &shutdown);
     let handler = Arc::new(SiteHandler {
@@ -648,7 +651,19 @@ fn execute_on_machine(
             match p.action {
                 PowerAction::Off => power_off(site, &address),
                 PowerAction::On | PowerAction::Cycle | PowerAction::Reset => {
-                    power_on(site, &address, shutdown)
+                    power_on(site, &address, shutdown);
+                    if site.faults.has(&address, Fault::PowerAnswerLost) {
+                        let mut boots = site.boots.lock().unwrap_or_else(|p| p.into_inner());
+                        let n = boots.entry(address.clone()).or_default();
+                        *n += 1;
+                        if *n == 1 {
+                            return err(
+                                cmd,
+                                true,
+                                "sim BMC: the power action was carried out, but its answer was lost (fault)",
+                            );
+                        }
+                    }
                 }
             }
             Output::BmcPower(PowerChanged {

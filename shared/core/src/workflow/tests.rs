@@ -310,3 +310,59 @@ fn a_stored_v1_ensure_ramdisk_step_still_loads_and_runs_in_the_engine() {
         .iter()
         .all(|s| s.kind != StepKind::RetiredEnsureRamdisk));
 }
+
+/// A retried power action that boots the ramdisk repeats the chain from its
+/// boot entry (a fresh join token, PXE once again); every other retry
+/// repeats only its own step, and the join wait counts joins since that
+/// boot entry.
+#[test]
+fn a_retried_ramdisk_boot_starts_again_at_its_boot_entry() {
+    let kinds = |p: &Profile| p.steps.iter().map(|s| s.kind.clone()).collect::<Vec<_>>();
+    for p in [
+        metal_inspect(),
+        metal_commission(),
+        metal_release(WipeMode::Quick),
+        metal_rescue(),
+        metal_retire(),
+        tenant_deploy("t", 1),
+    ] {
+        let main = kinds(&p);
+        let entry = main
+            .iter()
+            .position(|k| *k == StepKind::BootEntrySet)
+            .expect("a boot entry");
+        let join = main
+            .iter()
+            .position(|k| *k == StepKind::WaitRamdiskJoin)
+            .expect("a join wait");
+        for (pos, k) in main.iter().enumerate() {
+            let expected = match k {
+                StepKind::BmcPower { .. } if pos > entry && pos < join => entry,
+                _ => pos,
+            };
+            assert_eq!(
+                retry_starts_at(&main, pos),
+                expected,
+                "{} step {pos} {k:?}",
+                p.id
+            );
+        }
+        assert_eq!(join_counts_since_step(&main, join), Some(entry), "{}", p.id);
+    }
+    // A power action with no ramdisk join after it (unrescue's reboot into
+    // the installed OS, a plain power-on) is retried alone.
+    let main = vec![
+        StepKind::BmcBootDisk { persistent: false },
+        StepKind::BmcPower {
+            action: PowerAction::Cycle,
+        },
+        StepKind::WaitOsJoin {
+            role: "node".into(),
+            timeout_secs: 60,
+        },
+    ];
+    assert_eq!(retry_starts_at(&main, 1), 1);
+    assert_eq!(join_counts_since_step(&main, 2), None);
+    // Out of range is itself, never a panic.
+    assert_eq!(retry_starts_at(&main, 7), 7);
+}
