@@ -5,9 +5,16 @@
 //! API dies, the connection drops). The agent then retries with the same
 //! token and CSR: within `join_retry_window_secs`, a spent token whose
 //! certificate holds the CSR's key answers with that same certificate and
-//! session (under a new bearer token, since the first was never received),
-//! never a second identity and never a refusal. Any other key is refused as
-//! for any spent token.
+//! session, never a second identity and never a refusal. Any other key is
+//! refused as for any spent token.
+//!
+//! The session's bearer token is derived from the join token and the
+//! certificate with the CA's session key ([`session_token`]), so every
+//! answer to one join carries the same token. A join can be processed twice
+//! with both answers delivered — the agent gave up on a slow first request
+//! and retried, and the first, still queued, is processed after the retry —
+//! and a token minted anew for the second would end the session the agent
+//! holds from the first.
 
 use bcm_contracts::agent::{AgentPresence, AgentRole, JoinRequest, JoinResponse, PresenceEvent};
 use bcm_db::agents::{CertRow, TokenScope};
@@ -24,6 +31,17 @@ pub fn role_of(purpose: &str) -> Option<AgentRole> {
         "provisioned" | "node" => Some(AgentRole::Node),
         _ => None,
     }
+}
+
+/// The bearer token of the session a join with `join_token` opened for
+/// the certificate `serial`, and the hash to store: the same for every
+/// answer to that join.
+fn session_token(ca: &Ca, join_token: &str, serial: &str) -> (String, Vec<u8>) {
+    bcm_pki::tokens::derive_prefixed(
+        "bcms_",
+        &ca.session_key(),
+        &[join_token.as_bytes(), serial.as_bytes()],
+    )
 }
 
 /// Joins an agent.
@@ -82,7 +100,7 @@ pub async fn join(
     )
     .await?;
     bcm_db::agents::join_token_spent_on_in_txn(&mut tx, &token_hash, &issued.serial).await?;
-    let (session, session_hash) = bcm_pki::tokens::mint_prefixed("bcms_");
+    let (session, session_hash) = session_token(ca, &req.token, &issued.serial);
     bcm_db::agents::session_insert_in_txn(
         &mut tx,
         &session_hash,
@@ -147,7 +165,9 @@ async fn rejoin(
         tracing::warn!(node = %cert.node_id, serial = %cert.serial, "a spent join token presented with another key: refused");
         return Err(AttestError::BadToken);
     }
-    let (session, session_hash) = bcm_pki::tokens::mint_prefixed("bcms_");
+    // The same token as the first answer's (a session opened before tokens
+    // were derived is re-keyed to it).
+    let (session, session_hash) = session_token(ca, &req.token, &cert.serial);
     if !bcm_db::agents::session_rekey_in_txn(&mut tx, &cert.serial, &session_hash).await? {
         return Err(AttestError::BadToken);
     }

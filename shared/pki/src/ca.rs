@@ -126,6 +126,18 @@ impl Ca {
         self.key.serialize_pem()
     }
 
+    /// A key for deriving agent session tokens
+    /// ([`crate::tokens::derive_prefixed`]): SHA-256 over a label and the CA
+    /// key, so every attestation process of one CA derives the same tokens
+    /// and nobody without the CA key can.
+    pub fn session_key(&self) -> [u8; 32] {
+        use sha2::Digest as _;
+        let mut h = sha2::Sha256::new();
+        h.update(b"bcm agent session tokens v1\0");
+        h.update(self.key.serialized_der());
+        h.finalize().into()
+    }
+
     /// Issues a node certificate for the CSR's (ed25519) key. The CSR's own
     /// subject and extensions are ignored: the CA decides what it says.
     pub fn issue(&self, req: &IssueRequest<'_>) -> Result<IssuedCert, PkiError> {
