@@ -30,6 +30,33 @@ pub struct Ctx {
     pub cfg: EngineConfig,
     /// Wakes idle workers.
     pub wake: tokio::sync::Notify,
+    /// Since when the engine has heard the database: its start, or the end
+    /// of the last outage it saw. An agent's silence is counted from here at
+    /// the earliest: while the control plane could not be reached, no agent
+    /// could be heard, and its retries after the outage take a few seconds.
+    heard_since: std::sync::Mutex<DateTime<Utc>>,
+}
+
+impl Ctx {
+    /// The engine's shared state, hearing the database from now.
+    pub fn new(db: Db, bus: Bus, cfg: EngineConfig) -> Self {
+        Ctx {
+            db,
+            bus,
+            cfg,
+            wake: tokio::sync::Notify::new(),
+            heard_since: std::sync::Mutex::new(Utc::now()),
+        }
+    }
+
+    /// The database could not be reached just now.
+    fn outage_seen(&self) {
+        *self.heard_since.lock().unwrap_or_else(|p| p.into_inner()) = Utc::now();
+    }
+
+    fn heard_since(&self) -> DateTime<Utc> {
+        *self.heard_since.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Wakes one idle worker per notification of a due step; a worker that
@@ -76,6 +103,9 @@ pub async fn worker(ctx: Arc<Ctx>, index: usize, shutdown: CancellationToken) {
             Ok(Tick::Idle) => {}
             Err(DbError::Stale) => continue,
             Err(e) => {
+                if e.unreachable() {
+                    ctx.outage_seen();
+                }
                 tracing::warn!(worker = index, error = %e, "step failed to advance; retrying")
             }
         }
@@ -779,7 +809,8 @@ async fn check_command(
 
 /// A step waiting on a ramdisk agent's result: failed (retryably) once the
 /// agent has been silent longer than `agent_silence_ms` — no poll, heartbeat
-/// or result, and no long poll held open — else looked at again when that
+/// or result, and no long poll held open, counted from the engine's start
+/// or the end of a database outage at the earliest — else looked at again when that
 /// would be (any request of the agent moves it later; a heartbeat also
 /// wakes the step).
 async fn check_agent_alive(
@@ -794,6 +825,7 @@ async fn check_agent_alive(
         return Ok(None);
     };
     let silence = chrono::Duration::milliseconds(at.ctx.cfg.agent_silence_ms as i64);
+    let alive_until = alive_until.max(at.ctx.heard_since());
     let silent_for = at.now - alive_until;
     if silent_for > silence {
         metrics::counter!("bcm_workflow_agent_silent_total", "step" => step.name.clone())

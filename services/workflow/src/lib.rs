@@ -97,12 +97,7 @@ impl EngineConfig {
 /// Runs the engine until `shutdown`: the step workers and the results
 /// consumer.
 pub async fn run(db: Db, bus: Bus, cfg: EngineConfig, shutdown: CancellationToken) {
-    let ctx = std::sync::Arc::new(engine::Ctx {
-        db: db.clone(),
-        bus: bus.clone(),
-        cfg: cfg.clone(),
-        wake: tokio::sync::Notify::new(),
-    });
+    let ctx = std::sync::Arc::new(engine::Ctx::new(db.clone(), bus.clone(), cfg.clone()));
     let mut tasks = vec![tokio::spawn(engine::listen(ctx.clone(), shutdown.clone()))];
     for i in 0..cfg.workers.max(1) {
         tasks.push(tokio::spawn(engine::worker(

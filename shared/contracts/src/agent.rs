@@ -10,12 +10,14 @@ use crate::commands::{Command, CommandKind};
 use crate::ContractError;
 
 /// How long an agent waits before its `attempt`-th retry of a join, poll or
-/// result post that got no answer or a 5xx: 250 ms doubling to 30 s. Every
-/// agent (`bcd`, the simulated site's) retries by this one policy; a 4xx
-/// other than 401 is final (retrying cannot change it), a 401 ends the
-/// session.
+/// result post that got no answer or a 5xx: 250 ms doubling to 8 s — far
+/// inside the engine's agent-silence limit (60 s by default), so an agent
+/// that lost the control plane is heard again within seconds of its return
+/// instead of sleeping through the limit. Every agent (`bcd`, the simulated
+/// site's) retries by this one policy; a 4xx other than 401 is final
+/// (retrying cannot change it), a 401 ends the session.
 pub fn retry_backoff(attempt: u32) -> std::time::Duration {
-    std::time::Duration::from_millis((250u64 << attempt.min(7)).min(30_000))
+    std::time::Duration::from_millis(250u64 << attempt.min(5))
 }
 
 /// How an agent treats the answer to one of its requests.
@@ -290,6 +292,23 @@ mod tests {
 
     const CSR: &str =
         "-----BEGIN CERTIFICATE REQUEST-----\nMIGV\n-----END CERTIFICATE REQUEST-----\n";
+
+    /// The agents' retries double from 250 ms and never wait past 8 s, so
+    /// within the engine's default silence limit (60 s) an agent asks at
+    /// least ten times.
+    #[test]
+    fn agents_retry_often_enough_to_be_heard_within_the_silence_limit() {
+        assert_eq!(retry_backoff(0).as_millis(), 250);
+        assert_eq!(retry_backoff(1).as_millis(), 500);
+        assert!((0..1000).all(|a| retry_backoff(a).as_millis() <= 8_000));
+        let mut waited = 0u128;
+        let mut asks = 0;
+        while waited + retry_backoff(asks).as_millis() <= 60_000 {
+            waited += retry_backoff(asks).as_millis();
+            asks += 1;
+        }
+        assert!(asks >= 10, "{asks} asks in 60 s");
+    }
 
     fn join() -> JoinRequest {
         JoinRequest {

@@ -58,6 +58,24 @@ impl From<sqlx::Error> for DbError {
 }
 
 impl DbError {
+    /// Whether the database could not be reached at all (no connection, a
+    /// server shutting down or starting up): an outage, not a fault of the
+    /// operation.
+    pub fn unreachable(&self) -> bool {
+        let DbError::Sqlx(e) = self else {
+            return false;
+        };
+        match e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+            // connection_exception (08…), admin_shutdown, crash_shutdown,
+            // cannot_connect_now (57P…)
+            e => e
+                .as_database_error()
+                .and_then(|d| d.code())
+                .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+        }
+    }
+
     /// Whether retrying the same operation may succeed.
     pub fn retryable(&self) -> bool {
         matches!(self, DbError::Stale)

@@ -98,6 +98,22 @@ async fn a_held_node_lock_makes_a_second_writer_give_up_stale_after_its_timeout(
     first.commit().await.expect("commit");
 }
 
+/// A database that cannot be reached is told apart from a fault of the
+/// operation: the engine counts no agent's silence across such an outage.
+#[tokio::test]
+async fn an_unreachable_database_is_an_outage_and_a_missing_row_is_not() {
+    let db = support::fresh_db("outage").await;
+    let missing = bcm_db::commands::command_fetch(&db, "cmd_none")
+        .await
+        .expect_err("no such command");
+    assert!(!missing.unreachable(), "{missing}");
+    db.close().await;
+    let closed = bcm_db::commands::command_fetch(&db, "cmd_none")
+        .await
+        .expect_err("the pool is closed");
+    assert!(closed.unreachable(), "{closed}");
+}
+
 #[tokio::test]
 async fn missing_rows_are_not_found() {
     let db = support::fresh_db("missing").await;
