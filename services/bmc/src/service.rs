@@ -6,7 +6,14 @@
 //! command id in the results stream (a redelivery after a crash between
 //! publish and ack finds it and only acks); a command already executing
 //! here is not started again; a long operation keeps its message with
-//! progress acks so it is not redelivered meanwhile.
+//! progress acks so it is not redelivered meanwhile. A command that changes
+//! the machine (power, boot device) is also recorded as begun before it
+//! runs and with its result after, in the site's bucket
+//! `BCM_BMC_RUNS_<site>` ([`Runs`]): one redelivered after the service
+//! died while it ran is answered as interrupted (retryably), never run
+//! again — the engine's retry of a power action starts again at its boot
+//! entry — and one whose result was not published is answered from the
+//! record.
 
 use base64::Engine as _;
 use bcm_bus::consumer::{ConsumerSpec, Disposition, Handler, Incoming};
@@ -34,6 +41,32 @@ pub struct Ctx {
     in_flight: Mutex<HashSet<String>>,
     /// BMC operations executed so far (a redelivery must not add one).
     pub executed: std::sync::atomic::AtomicU64,
+    /// The site's run records, opened at first use.
+    runs: tokio::sync::OnceCell<bcm_bus::kv::Bucket>,
+}
+
+/// How far a machine-changing command got here, as kept in the site's run
+/// bucket.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "run", rename_all = "camelCase")]
+enum Run {
+    Started,
+    Done { result: Box<CommandResult> },
+}
+
+/// What the run record says of a command about to run.
+enum Begun {
+    /// Recorded as begun now: run it.
+    Now,
+    /// Begun before and never finished (the service died while it ran).
+    Interrupted,
+    /// Finished before: its result.
+    Finished(Box<CommandResult>),
+}
+
+/// Whether the command changes the machine, so must never run twice.
+fn changes_machine(command: &Command) -> bool {
+    matches!(command, Command::BmcPower(_) | Command::BmcBootDevice(_))
 }
 
 impl Ctx {
@@ -52,6 +85,52 @@ impl Ctx {
             concurrency,
             in_flight: Mutex::default(),
             executed: std::sync::atomic::AtomicU64::new(0),
+            runs: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn runs(&self) -> Result<&bcm_bus::kv::Bucket, bcm_bus::BusError> {
+        self.runs
+            .get_or_try_init(|| async {
+                let name = self.bus.subjects().kv_bucket("bmc_runs", &self.site);
+                bcm_bus::kv::Bucket::open(&self.bus, &name).await
+            })
+            .await
+    }
+
+    /// Records `command_id` as begun unless it began before.
+    async fn begin_run(&self, command_id: &str) -> Result<Begun, bcm_bus::BusError> {
+        let runs = self.runs().await?;
+        let key = bcm_bus::kv::key_token(command_id);
+        match runs.get::<Run>(&key).await? {
+            Some(Run::Done { result }) => return Ok(Begun::Finished(result)),
+            Some(Run::Started) => return Ok(Begun::Interrupted),
+            None => {}
+        }
+        Ok(if runs.create(&key, &Run::Started).await? {
+            Begun::Now
+        } else {
+            Begun::Interrupted
+        })
+    }
+
+    /// Records the result of a run; a failure is logged (a redelivery then
+    /// answers the command as interrupted, never runs it again).
+    async fn finish_run(&self, result: &CommandResult) {
+        let kept = match self.runs().await {
+            Ok(runs) => {
+                runs.put(
+                    &bcm_bus::kv::key_token(&result.command_id),
+                    &Run::Done {
+                        result: Box::new(result.clone()),
+                    },
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = kept {
+            tracing::warn!(command = %result.command_id, error = %e, "the run's result was not recorded");
         }
     }
 }
@@ -139,6 +218,53 @@ async fn handle(ctx: &Ctx, m: &Incoming<CloudEvent<CommandEnvelope>>) -> Disposi
         // The first delivery is still executing; it answers when done.
         return Disposition::InFlight;
     }
+    let result = if changes_machine(&cmd.command) {
+        match ctx.begin_run(&cmd.command_id).await {
+            Ok(Begun::Now) => {
+                let r = run_with_progress(ctx, m).await;
+                ctx.finish_run(&r).await;
+                r
+            }
+            Ok(Begun::Finished(r)) => {
+                tracing::info!(command = %cmd.command_id, "redelivered command ran before; answering from the record");
+                *r
+            }
+            Ok(Begun::Interrupted) => {
+                tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), "redelivered command began before the service restarted; answered as interrupted, not run again");
+                CommandResult::failed(
+                    cmd,
+                    true,
+                    "the bmc service restarted while this command ran; it is not run again",
+                )
+            }
+            Err(e) => {
+                ctx.in_flight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&cmd.command_id);
+                return Disposition::Retry(format!("recording the run: {e}"));
+            }
+        }
+    } else {
+        run_with_progress(ctx, m).await
+    };
+    let published = ctx.bus.publish_result(cmd, result).await;
+    ctx.in_flight
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&cmd.command_id);
+    match published {
+        Ok(()) => Disposition::Done,
+        // Redelivered, and the stored-result check above makes sure it is
+        // not executed again if the publish landed.
+        Err(e) => Disposition::Retry(format!("publishing the result: {e}")),
+    }
+}
+
+/// Executes the command, keeping its message with progress acks, and
+/// makes its result.
+async fn run_with_progress(ctx: &Ctx, m: &Incoming<CloudEvent<CommandEnvelope>>) -> CommandResult {
+    let cmd = &m.message.data;
     let result = {
         let work = execute(ctx, cmd);
         tokio::pin!(work);
@@ -151,7 +277,7 @@ async fn handle(ctx: &Ctx, m: &Incoming<CloudEvent<CommandEnvelope>>) -> Disposi
             }
         }
     };
-    let result = match result {
+    match result {
         Ok(output) => CommandResult::succeeded(cmd, output),
         Err(e) => {
             tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), error = %e, "bmc command failed");
@@ -165,17 +291,6 @@ async fn handle(ctx: &Ctx, m: &Incoming<CloudEvent<CommandEnvelope>>) -> Disposi
             }
             r
         }
-    };
-    let published = ctx.bus.publish_result(cmd, result).await;
-    ctx.in_flight
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&cmd.command_id);
-    match published {
-        Ok(()) => Disposition::Done,
-        // Redelivered, and the stored-result check above makes sure it is
-        // not executed again if the publish landed.
-        Err(e) => Disposition::Retry(format!("publishing the result: {e}")),
     }
 }
 

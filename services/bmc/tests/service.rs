@@ -172,6 +172,82 @@ async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
         "nothing executed again"
     );
 
+    // A power command the service had begun when it died (recorded as
+    // begun, no result published) is answered as interrupted, retryably,
+    // and not run again: the engine decides what to do, the BMC is not
+    // reset a second time behind its back.
+    let site: bcm_core::SiteId = "s1".parse().expect("site");
+    let interrupted = bcm_core::CommandId::generate().to_string();
+    let mut cycle = last_power.params.clone();
+    cycle["action"] = json!("cycle");
+    let runs = bcm_bus::kv::Bucket::open(bus, &bus.subjects().kv_bucket("bmc_runs", &site))
+        .await
+        .expect("the run bucket");
+    assert!(runs
+        .create(
+            &bcm_bus::kv::key_token(&interrupted),
+            &json!({"run": "started"})
+        )
+        .await
+        .expect("begun"));
+    let envelope = bcm_contracts::CommandEnvelope {
+        command_id: interrupted.clone(),
+        site_id: site.clone(),
+        node_id: Some(id),
+        command: bcm_contracts::Command::from_parts("bmc.power", cycle).expect("a power command"),
+        issued_at: chrono::Utc::now(),
+    };
+    let event = bcm_contracts::CloudEvent::new(
+        "interrupted".into(),
+        bcm_contracts::events::types::command(bcm_contracts::CommandKind::BmcPower),
+        Some(id.to_string()),
+        None,
+        envelope,
+    );
+    bus.publish_durable(
+        &bus.subjects().command(&site, "bmc.power"),
+        &interrupted,
+        &[],
+        serde_json::to_vec(&event).expect("json").into(),
+    )
+    .await
+    .expect("publish");
+    let answer = eventually(T, || async {
+        let stream = bus
+            .jetstream()
+            .get_stream(
+                bus.subjects()
+                    .stream(bcm_bus::subjects::StreamKind::Results),
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(stream
+            .get_last_raw_message_by_subject(&bus.subjects().result(&site, &interrupted))
+            .await
+            .ok()
+            .and_then(|m| serde_json::from_slice::<serde_json::Value>(&m.payload).ok()))
+    })
+    .await
+    .expect("answered");
+    assert_eq!(answer["data"]["ok"], false, "{answer}");
+    assert_eq!(answer["data"]["retryable"], true, "{answer}");
+    assert!(
+        answer["data"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not run again")),
+        "{answer}"
+    );
+    assert_eq!(
+        sushy.resets(1),
+        resets,
+        "the interrupted cycle was not run again"
+    );
+    assert_eq!(
+        bmc.executed.load(std::sync::atomic::Ordering::Relaxed),
+        executed,
+        "nothing executed"
+    );
+
     // No plaintext credential in any NATS message body or Postgres column.
     let wire = wire.lock().unwrap_or_else(|p| p.into_inner()).clone();
     assert!(
