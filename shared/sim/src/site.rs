@@ -51,9 +51,13 @@ pub struct Machines {
     by_node: Arc<Mutex<HashMap<String, String>>>,
     boot_entries: Arc<Mutex<HashMap<String, String>>>,
     store: SiteStore,
-    /// One save at a time, each of the state as it is then: a slower save
-    /// never overwrites a newer one.
-    saving: Arc<tokio::sync::Mutex<()>>,
+    /// Saves in flight: each holds it shared; closing takes it whole, so
+    /// it returns once every save in flight has landed.
+    saving: Arc<tokio::sync::RwLock<()>>,
+    /// One save at a time per machine (or boot entry), each of the state
+    /// as it is then: a slower save never overwrites a newer one. Saves of
+    /// different machines run at once.
+    saving_key: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
     /// Set when the site process these machines belong to stops: a task
     /// of it still finishing (a join in flight) must not overwrite what the
     /// next site process keeps.
@@ -98,7 +102,18 @@ impl Machines {
     /// save in flight has landed.
     pub async fn close(&self) {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-        let _wait = self.saving.lock().await;
+        let _wait = self.saving.write().await;
+    }
+
+    /// The lock that orders the saves of `key` (a machine's address, or
+    /// `mac:<mac>` for a boot entry).
+    fn key_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.saving_key
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.to_owned())
+            .or_default()
+            .clone()
     }
 
     fn is_closed(&self) -> bool {
@@ -121,7 +136,9 @@ impl Machines {
         if !self.store.is_durable() || self.is_closed() {
             return;
         }
-        let _one = self.saving.lock().await;
+        let _open = self.saving.read().await;
+        let key = self.key_lock(address);
+        let _one = key.lock().await;
         if self.is_closed() {
             return;
         }
@@ -231,10 +248,18 @@ impl Machines {
             }
         }
         if self.store.is_durable() && !self.is_closed() {
-            let _one = self.saving.lock().await;
+            let _open = self.saving.read().await;
             for mac in macs {
+                let key = self.key_lock(&format!("mac:{}", mac.to_ascii_lowercase()));
+                let _one = key.lock().await;
+                if self.is_closed() {
+                    return;
+                }
+                // The entry as it is now: a later change saved first is
+                // not overwritten by this one.
+                let now = self.boot_entry(mac);
                 let store = self.store.clone();
-                if let Err(e) = keep_trying(|| store.save_entry(mac, cmdline)).await {
+                if let Err(e) = keep_trying(|| store.save_entry(mac, now.as_deref())).await {
                     tracing::warn!(%mac, error = %e, "sim: the boot entry was not kept");
                 }
             }
