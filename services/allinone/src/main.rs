@@ -49,7 +49,12 @@ async fn main() -> anyhow::Result<()> {
     let server = tokio::spawn(async move {
         bcm_allinone::run(cfg, &services, listener, ready_tx, shutdown.clone()).await
     });
-    let base = ready_rx.await?;
+    let Ok(base) = ready_rx.await else {
+        // It stopped before it was ready: its own error says why.
+        let ran = server.await?;
+        bcm_telemetry::shutdown();
+        return ran.map_err(anyhow::Error::from);
+    };
     if args.sim_machines > 0 && with_demo {
         let client = bcm_allinone::demo::Client::new(&base, &token);
         if let Err(e) =

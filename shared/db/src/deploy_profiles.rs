@@ -13,18 +13,29 @@ pub async fn deploy_profile_insert(
     version: i32,
     definition: &serde_json::Value,
 ) -> Result<(), DbError> {
-    let stored: serde_json::Value = sqlx::query_scalar(
-        "WITH ins AS (INSERT INTO deploy_profiles (tenant_id, id, version, definition) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (tenant_id, id, version) DO NOTHING RETURNING definition) \
-         SELECT definition FROM ins UNION ALL \
-         SELECT definition FROM deploy_profiles WHERE tenant_id = $1 AND id = $2 AND version = $3 LIMIT 1",
-    )
-    .bind(tenant)
-    .bind(id)
-    .bind(version)
-    .bind(definition)
-    .fetch_one(db.pool())
-    .await?;
+    // When another writer inserts the same version at the same moment, the
+    // insert waits for it and does nothing, but the statement's snapshot,
+    // taken before that writer committed, does not see its row: no row at
+    // all. The next statement's snapshot does.
+    let mut stored: Option<serde_json::Value> = None;
+    for _ in 0..3 {
+        stored = sqlx::query_scalar(
+            "WITH ins AS (INSERT INTO deploy_profiles (tenant_id, id, version, definition) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (tenant_id, id, version) DO NOTHING RETURNING definition) \
+             SELECT definition FROM ins UNION ALL \
+             SELECT definition FROM deploy_profiles WHERE tenant_id = $1 AND id = $2 AND version = $3 LIMIT 1",
+        )
+        .bind(tenant)
+        .bind(id)
+        .bind(version)
+        .bind(definition)
+        .fetch_optional(db.pool())
+        .await?;
+        if stored.is_some() {
+            break;
+        }
+    }
+    let stored = stored.ok_or(DbError::Stale)?;
     if &stored != definition {
         return Err(DbError::Duplicate {
             constraint: "deploy_profiles_pkey".into(),

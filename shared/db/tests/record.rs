@@ -349,3 +349,47 @@ async fn the_workflow_step_claim_hands_a_due_step_to_one_transaction_at_a_time()
     drop(second);
     drop(first);
 }
+
+/// Every process of a control plane started at once seeds the same deploy
+/// profile: each insert answers Ok, never "no row" (the statement whose
+/// insert waited on a concurrent writer's row did not see that row in its
+/// snapshot, and the service exited at start), and different content for
+/// a stored version is still refused.
+#[tokio::test]
+async fn a_deploy_profile_seeded_by_many_writers_at_once_is_stored_once() {
+    let db = support::fresh_db("seed_race").await;
+    let (tenant, _, _) = support::tenancy(&db).await;
+    let definition = serde_json::json!({"id": "os", "version": 1, "image": "x"});
+    for round in 0..5 {
+        let id = format!("os-{round}");
+        let writers: Vec<_> = (0..8)
+            .map(|_| {
+                let (db, tenant, id, definition) = (
+                    db.clone(),
+                    tenant.to_string(),
+                    id.clone(),
+                    definition.clone(),
+                );
+                tokio::spawn(async move {
+                    bcm_db::deploy_profiles::deploy_profile_insert(
+                        &db,
+                        &tenant,
+                        &id,
+                        1,
+                        &definition,
+                    )
+                    .await
+                })
+            })
+            .collect();
+        for w in writers {
+            w.await.expect("join").expect("every writer succeeds");
+        }
+    }
+    let other = serde_json::json!({"id": "os", "version": 1, "image": "y"});
+    assert!(matches!(
+        bcm_db::deploy_profiles::deploy_profile_insert(&db, &tenant.to_string(), "os-0", 1, &other)
+            .await,
+        Err(DbError::Duplicate { .. })
+    ));
+}
