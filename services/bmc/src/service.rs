@@ -9,7 +9,7 @@
 //! progress acks so it is not redelivered meanwhile. A command that changes
 //! the machine (power, boot device) is also recorded as begun before it
 //! runs and with its result after, in the site's bucket
-//! `BCM_BMC_RUNS_<site>` ([`Runs`]): one redelivered after the service
+//! `BCM_BMC_RUNS_<site>` (`Run`): one redelivered after the service
 //! died while it ran is answered as interrupted (retryably), never run
 //! again — the engine's retry of a power action starts again at its boot
 //! entry — and one whose result was not published is answered from the
@@ -87,6 +87,14 @@ impl Ctx {
             executed: std::sync::atomic::AtomicU64::new(0),
             runs: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The command no longer executes here.
+    fn done_with(&self, command_id: &str) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(command_id);
     }
 
     async fn runs(&self) -> Result<&bcm_bus::kv::Bucket, bcm_bus::BusError> {
@@ -238,10 +246,7 @@ async fn handle(ctx: &Ctx, m: &Incoming<CloudEvent<CommandEnvelope>>) -> Disposi
                 )
             }
             Err(e) => {
-                ctx.in_flight
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&cmd.command_id);
+                ctx.done_with(&cmd.command_id);
                 return Disposition::Retry(format!("recording the run: {e}"));
             }
         }
@@ -249,10 +254,7 @@ async fn handle(ctx: &Ctx, m: &Incoming<CloudEvent<CommandEnvelope>>) -> Disposi
         run_with_progress(ctx, m).await
     };
     let published = ctx.bus.publish_result(cmd, result).await;
-    ctx.in_flight
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&cmd.command_id);
+    ctx.done_with(&cmd.command_id);
     match published {
         Ok(()) => Disposition::Done,
         // Redelivered, and the stored-result check above makes sure it is

@@ -421,15 +421,30 @@ async fn a_power_cycle_whose_answer_was_lost_boots_a_fresh_entry_and_the_chain_c
     };
     assert_eq!(sent(entry.idx), 2, "one boot entry per attempt");
     assert_eq!(sent(cycle.idx), 2, "one power cycle per attempt");
-    // The inventory came from the second boot's agent: two ramdisk
-    // identities were issued, and the node's inventory is signed by the
-    // newest.
+    // The inventory came from the second boot's agent: each boot joined
+    // with its own token, and the identity that signed the inventory was
+    // issued after the fresh boot entry was made.
     let certs = bcm_db::agents::certs_of_node(&env.db, &id.to_string())
         .await
         .expect("certs");
+    let commands = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands");
+    let inventory = commands
+        .iter()
+        .find(|c| c.kind == "inventory")
+        .expect("the inventory command");
+    let signer = certs
+        .iter()
+        .find(|c| Some(c.serial.as_str()) == inventory.attested_by.as_deref())
+        .expect("the inventory is attested by one of the node's identities");
+    let fresh_entry = commands
+        .iter()
+        .find(|c| Some(c.id.as_str()) == entry.command_id.as_deref())
+        .expect("the fresh boot entry's command");
     assert!(
-        certs.len() >= 2,
-        "each boot joined with its own token: {certs:?}"
+        signer.not_before >= fresh_entry.created_at,
+        "signed by an identity from before the fresh entry: {signer:?} vs {fresh_entry:?}"
     );
     env.stop();
 }

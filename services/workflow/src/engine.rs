@@ -729,8 +729,9 @@ async fn store_macs(tx: &mut Tx<'_>, steps: &[StepRow], node: &Node) -> Result<E
 
 /// A step waiting for an agent to join: done once the agent of the
 /// purpose (and role) has joined or reported in since the workflow started
-/// — for a ramdisk, since its boot entry (the token it joins with) was last
-/// made (a ramdisk may join while the power-on step is still finishing) —
+/// — for a ramdisk, since its boot entry's command (the token it joins
+/// with) was last made (a ramdisk may join while the power-on step is still
+/// finishing) —
 /// timed out past the deadline, else looked at again after the join poll.
 async fn check_join(
     tx: &mut Tx<'_>,
@@ -749,11 +750,14 @@ async fn check_join(
         StepKind::WaitOsJoin { role, .. } => ("agent:provisioned", Some(role.as_str())),
         _ => ("agent:discovery", None),
     };
+    // Both sides on the database's clock: the join's fact is stamped by
+    // Postgres, and so are the workflow and the boot entry's command.
     let mut since = wf.created_at;
     if def.kind == StepKind::WaitRamdiskJoin {
         let entry = main_kinds(steps).and_then(|main| workflow::join_counts_since_step(&main, pos));
-        if let Some(started) = entry.and_then(|i| steps[i].started_at) {
-            since = since.max(started);
+        if let Some(cmd_id) = entry.and_then(|i| steps[i].command_id.clone()) {
+            let entry_cmd = bcm_db::commands::command_fetch_in_txn(tx, &cmd_id).await?;
+            since = since.max(entry_cmd.created_at);
         }
     }
     let step = &mut steps[pos];
