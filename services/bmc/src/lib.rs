@@ -112,8 +112,9 @@ pub async fn start(
     drivers: driver::DriverSettings,
     shutdown: CancellationToken,
 ) -> Result<(Arc<service::Ctx>, tokio::task::JoinHandle<()>), StartError> {
-    let bus = bcm_bus::Bus::connect(&cfg.bus).await?;
-    bcm_bus::streams::ensure_all(&bus).await?;
+    // A site service's identity may not create streams: the control
+    // plane does, and the consumer waits for them.
+    let bus = bcm_bus::Bus::attach(&cfg.bus).await?;
     let sealer = bcm_seal::Sealer::new(&cfg.sealing_keys)?;
     let site: bcm_core::SiteId = cfg
         .site

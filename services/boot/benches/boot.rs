@@ -206,6 +206,7 @@ async fn main() -> anyhow::Result<()> {
             url: nats,
             namespace: Some(namespace),
             shards: 16,
+            nkey_file: None,
         },
         server_ip: SERVER,
         dhcp: bcm_boot::DhcpConfig {

@@ -216,8 +216,9 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
         .site
         .parse()
         .map_err(|e| BootError::Config(format!("site {:?}: {e}", cfg.site)))?;
-    let bus = bcm_bus::Bus::connect(&cfg.bus).await?;
-    bcm_bus::streams::ensure_all(&bus).await?;
+    // A site service's identity may not create streams: the control
+    // plane does, and the consumer waits for them.
+    let bus = bcm_bus::Bus::attach(&cfg.bus).await?;
     let ttl = Duration::from_secs(cfg.lease_ttl_secs.max(2));
     let (entries_kv, lease_kv) = commands::buckets(&bus, &site, ttl).await?;
 

@@ -561,8 +561,9 @@ async fn watch(
         url: nats.to_owned(),
         namespace,
         shards: 16,
+        nkey_file: None,
     };
-    let bus = bcm_bus::Bus::connect(&cfg).await?;
+    let bus = bcm_bus::Bus::attach(&cfg).await?;
     let tenant: bcm_bus::TenantId = tenant.parse()?;
     let subjects = bus.subjects();
     let stream = bus

@@ -32,9 +32,17 @@ pub enum Recorded {
     Unknown(String),
 }
 
+/// A result and the site that answered: the one whose bus identity may
+/// publish on the subject it came on.
+#[derive(Debug, Clone)]
+pub struct SiteResult {
+    pub site: bcm_core::SiteId,
+    pub result: CommandResult,
+}
+
 /// Records one site result and advances the step waiting on it, in one
 /// transaction.
-pub async fn record(ctx: &Ctx, r: &CommandResult) -> Result<Recorded, bcm_db::DbError> {
+pub async fn record(ctx: &Ctx, r: &SiteResult) -> Result<Recorded, bcm_db::DbError> {
     let mut out = record_many(ctx, std::slice::from_ref(r)).await?;
     Ok(out.pop().unwrap_or(Recorded::Repeat))
 }
@@ -45,13 +53,15 @@ pub async fn record(ctx: &Ctx, r: &CommandResult) -> Result<Recorded, bcm_db::Db
 /// power a result reports (in id order), then every workflow (in id order).
 pub async fn record_many(
     ctx: &Ctx,
-    results: &[CommandResult],
+    answered: &[SiteResult],
 ) -> Result<Vec<Recorded>, bcm_db::DbError> {
+    let results: Vec<&CommandResult> = answered.iter().map(|a| &a.result).collect();
     let mut tx = ctx.db.begin().await?;
-    let rows: Vec<bcm_db::commands::NewResult<'_>> = results
+    let rows: Vec<bcm_db::commands::NewResult<'_>> = answered
         .iter()
-        .map(|r| bcm_db::commands::NewResult {
+        .map(|SiteResult { site, result: r }| bcm_db::commands::NewResult {
             command_id: &r.command_id,
+            site_id: site.as_str(),
             kind: r.kind.as_str(),
             succeeded: r.ok,
             result: serde_json::json!({ "ok": r.ok, "retryable": r.retryable, "output": r.output_json(), "error": r.error }),
@@ -92,15 +102,22 @@ pub async fn record_many(
         .collect();
     let known = bcm_db::commands::command_kinds_in_txn(&mut tx, &missed).await?;
     tx.commit().await?;
-    Ok(results
+    Ok(answered
         .iter()
-        .map(|r| {
+        .map(|SiteResult { site, result: r }| {
             if completed.iter().any(|(id, _)| *id == r.command_id) {
                 return Recorded::New;
             }
-            match known.iter().find(|(id, _)| *id == r.command_id) {
-                Some((_, kind)) if kind == r.kind.as_str() => Recorded::Repeat,
-                Some((_, kind)) => Recorded::Unknown(format!(
+            match known.iter().find(|(id, _, _)| *id == r.command_id) {
+                Some((_, _, to)) if to.as_deref() != Some(site.as_str()) => {
+                    Recorded::Unknown(format!(
+                        "site {site} answered command {}, which was addressed to {}",
+                        r.command_id,
+                        to.as_deref().unwrap_or("no site")
+                    ))
+                }
+                Some((_, kind, _)) if kind == r.kind.as_str() => Recorded::Repeat,
+                Some((_, kind, _)) => Recorded::Unknown(format!(
                     "a {} result for command {}, which is a {kind}",
                     r.kind, r.command_id
                 )),
@@ -154,12 +171,44 @@ struct ResultsHandler {
 
 impl Handler<CloudEvent<CommandResult>> for ResultsHandler {
     async fn handle(&self, batch: &[Incoming<CloudEvent<CommandResult>>]) -> Vec<Disposition> {
-        let results: Vec<CommandResult> = batch
-            .iter()
-            .map(|m| without_nul(m.message.data.clone()))
-            .collect();
+        let subjects = self.ctx.bus.subjects();
+        // Each result is taken as the answer of the site its subject names
+        // (the only site the bus lets publish there); one on any other
+        // subject answers nothing.
+        let mut out: Vec<Option<Disposition>> = (0..batch.len()).map(|_| None).collect();
+        let mut results: Vec<SiteResult> = Vec::with_capacity(batch.len());
+        let mut at: Vec<usize> = Vec::with_capacity(batch.len());
+        for (i, m) in batch.iter().enumerate() {
+            match subjects.site_of_result(m.subject()) {
+                Some(site) => {
+                    results.push(SiteResult {
+                        site,
+                        result: without_nul(m.message.data.clone()),
+                    });
+                    at.push(i);
+                }
+                None => {
+                    out[i] = Some(Disposition::Reject(format!(
+                        "{} is not a site's result subject",
+                        m.subject()
+                    )))
+                }
+            }
+        }
+        let done = self.record_all(&results).await;
+        for (i, d) in at.into_iter().zip(done) {
+            out[i] = Some(d);
+        }
+        out.into_iter()
+            .map(|d| d.unwrap_or_else(|| Disposition::Retry("not recorded".into())))
+            .collect()
+    }
+}
+
+impl ResultsHandler {
+    async fn record_all(&self, results: &[SiteResult]) -> Vec<Disposition> {
         if results.len() > 1 {
-            match record_many(&self.ctx, &results).await {
+            match record_many(&self.ctx, results).await {
                 Ok(recorded) => return recorded.into_iter().map(disposition).collect(),
                 Err(e) => {
                     tracing::warn!(error = %e, results = results.len(), "recording a batch of results failed; recording them one by one")
@@ -167,11 +216,11 @@ impl Handler<CloudEvent<CommandResult>> for ResultsHandler {
             }
         }
         let mut out = Vec::with_capacity(results.len());
-        for r in &results {
+        for r in results {
             out.push(match record(&self.ctx, r).await {
                 Ok(recorded) => disposition(recorded),
                 Err(e) => {
-                    tracing::warn!(error = %e, command = %r.command_id, "recording a result failed; will retry");
+                    tracing::warn!(error = %e, command = %r.result.command_id, "recording a result failed; will retry");
                     Disposition::Retry(e.to_string())
                 }
             });

@@ -7,6 +7,7 @@
 //! `bcm-contracts`' types.
 
 pub mod asyncapi;
+pub mod auth;
 pub mod consumer;
 pub mod kv;
 pub mod outgoing;
@@ -55,6 +56,10 @@ pub struct BusConfig {
     /// Number of reconcile shards (`work.reconcile.<shard>.<nodeId>`).
     #[serde(default = "default_shards")]
     pub shards: u32,
+    /// The file of this service's nkey user seed (`bcm nats-auth` writes
+    /// one per identity). Without it the URL's `user:password@` is used.
+    #[serde(default)]
+    pub nkey_file: Option<std::path::PathBuf>,
 }
 
 fn default_shards() -> u32 {
@@ -68,6 +73,7 @@ impl BusConfig {
             url: url.into(),
             namespace: None,
             shards: default_shards(),
+            nkey_file: None,
         }
     }
 }
@@ -81,28 +87,46 @@ pub struct Bus {
 }
 
 impl Bus {
-    /// Connects and ensures every stream exists with a compatible
-    /// configuration.
+    /// Connects as the control plane and ensures every stream exists with
+    /// a compatible configuration.
     pub async fn connect(cfg: &BusConfig) -> Result<Self, BusError> {
-        let client = async_nats::ConnectOptions::new()
+        let bus = Self::attach(cfg).await?;
+        streams::ensure_all(&bus).await?;
+        Ok(bus)
+    }
+
+    /// Connects without touching the streams: a site service's identity
+    /// may not create or change them (the control plane does).
+    pub async fn attach(cfg: &BusConfig) -> Result<Self, BusError> {
+        let (url, user) = split_credentials(&cfg.url);
+        let connect_err = |why: String| BusError::Connect {
+            url: url.clone(),
+            why,
+        };
+        let mut opts = async_nats::ConnectOptions::new()
             .name("bcm")
             .retry_on_initial_connect()
-            .connection_timeout(std::time::Duration::from_secs(5))
-            .connect(&cfg.url)
+            .connection_timeout(std::time::Duration::from_secs(5));
+        if let Some(path) = &cfg.nkey_file {
+            let key = auth::load_seed(path).map_err(|e| connect_err(e.to_string()))?;
+            let seed = key.seed().map_err(|e| connect_err(e.to_string()))?;
+            opts = opts
+                .nkey(seed)
+                .custom_inbox_prefix(auth::inbox_prefix(&key.public_key()));
+        } else if let Some((name, password)) = user {
+            opts = opts.user_and_password(name, password);
+        }
+        let client = opts
+            .connect(url.as_str())
             .await
-            .map_err(|e| BusError::Connect {
-                url: cfg.url.clone(),
-                why: e.to_string(),
-            })?;
+            .map_err(|e| connect_err(e.to_string()))?;
         let js = jetstream::new(client.clone());
         let subjects = Subjects::new(cfg.namespace.clone(), cfg.shards);
-        let bus = Self {
+        Ok(Self {
             client,
             js,
             subjects,
-        };
-        streams::ensure_all(&bus).await?;
-        Ok(bus)
+        })
     }
 
     /// The subjects of this bus (namespace applied).
@@ -194,6 +218,27 @@ impl Bus {
     }
 }
 
+/// A NATS URL without its `user:password@`, and those credentials: the
+/// client does not read them from the URL, and the URL is printed in
+/// errors, where a password must not be.
+pub fn split_credentials(url: &str) -> (String, Option<(String, String)>) {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return (url.to_owned(), None);
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return (url.to_owned(), None);
+    };
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    (
+        format!("{scheme}://{host}{path}"),
+        Some((user.to_owned(), password.to_owned())),
+    )
+}
+
 /// The `traceparent` header of a message, if any.
 pub fn traceparent_of(headers: Option<&HeaderMap>) -> Option<String> {
     headers
@@ -206,4 +251,25 @@ pub fn trace_headers() -> Vec<(String, String)> {
     bcm_telemetry::current_traceparent()
         .map(|tp| vec![(bcm_telemetry::TRACEPARENT.to_owned(), tp)])
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_credentials;
+
+    #[test]
+    fn credentials_leave_the_url() {
+        assert_eq!(
+            split_credentials("nats://admin:s3cr%t@127.0.0.1:4222"),
+            (
+                "nats://127.0.0.1:4222".to_owned(),
+                Some(("admin".to_owned(), "s3cr%t".to_owned()))
+            )
+        );
+        assert_eq!(
+            split_credentials("nats://127.0.0.1:4222"),
+            ("nats://127.0.0.1:4222".to_owned(), None)
+        );
+        assert_eq!(split_credentials("127.0.0.1:4222").1, None);
+    }
 }

@@ -186,6 +186,21 @@ impl Subjects {
         self.p(format!("result.{site}.{command}"))
     }
 
+    /// The site whose identity published the result on `subject`
+    /// (`result.<site>.<commandId>`): the only site the bus lets publish
+    /// there. `None` for any other subject.
+    pub fn site_of_result(&self, subject: &str) -> Option<SiteId> {
+        let rest = match &self.namespace {
+            Some(ns) => subject.strip_prefix(ns.as_str())?.strip_prefix('.')?,
+            None => subject,
+        };
+        let mut parts = rest.split('.');
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some("result"), Some(site), Some(_), None) => site.parse().ok(),
+            _ => None,
+        }
+    }
+
     /// Where the durable consumer `consumer` puts what it gave up on.
     pub fn dead_letter(&self, consumer: &str) -> String {
         self.p(format!("dlq.{consumer}"))
@@ -226,6 +241,20 @@ mod tests {
             ns.stream_subjects(StreamKind::Commands),
             vec!["t-1.cmd.>".to_owned()]
         );
+    }
+
+    #[test]
+    fn the_site_of_a_result_is_read_from_its_subject() {
+        let ns = Subjects::new(Some("t-1".into()), 16);
+        let site: SiteId = "lab".parse().expect("site");
+        let subject = ns.result(&site, "cmd_1");
+        assert_eq!(ns.site_of_result(&subject), Some(site.clone()));
+        assert_eq!(ns.site_of_result("result.lab.cmd_1"), None);
+        assert_eq!(ns.site_of_result("t-1.result.lab"), None);
+        assert_eq!(ns.site_of_result("t-1.result.lab.cmd_1.x"), None);
+        assert_eq!(ns.site_of_result("t-1.cmd.lab.cmd_1"), None);
+        let plain = Subjects::new(None, 16);
+        assert_eq!(plain.site_of_result("result.lab.cmd_1"), Some(site));
     }
 
     #[test]

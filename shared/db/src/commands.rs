@@ -272,6 +272,9 @@ pub async fn command_complete_in_txn(
 #[derive(Debug, Clone)]
 pub struct NewResult<'a> {
     pub command_id: &'a str,
+    /// The site that answered (from the subject its identity may publish
+    /// on): a command addressed to another site is left alone.
+    pub site_id: &'a str,
     /// The kind the result says it answers: a command of another kind is
     /// left alone.
     pub kind: &'a str,
@@ -300,18 +303,20 @@ pub async fn commands_complete_many_in_txn(
     }
     let ids: Vec<&str> = results.iter().map(|r| r.command_id).collect();
     let kinds: Vec<&str> = results.iter().map(|r| r.kind).collect();
+    let sites: Vec<&str> = results.iter().map(|r| r.site_id).collect();
     let status: Vec<&str> = results.iter().map(|r| done_status(r.succeeded)).collect();
     let bodies: Vec<&serde_json::Value> = results.iter().map(|r| &r.result).collect();
     let rows: Vec<Done> = sqlx::query_as(
         "UPDATE commands c SET status = t.status, result = t.result, completed_at = now() \
-         FROM (SELECT DISTINCT ON (id) id, kind, status, result FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[]) AS u(id, status, result, kind)) AS t \
-         WHERE c.id = t.id AND c.kind = t.kind AND c.status IN ('pending', 'sent') \
+         FROM (SELECT DISTINCT ON (id) id, kind, site, status, result FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::text[]) AS u(id, status, result, kind, site)) AS t \
+         WHERE c.id = t.id AND c.kind = t.kind AND c.site_id = t.site AND c.status IN ('pending', 'sent') \
          RETURNING c.id, c.workflow_id, c.step_idx, c.kind, c.node_id",
     )
     .bind(&ids)
     .bind(&status)
     .bind(&bodies)
     .bind(&kinds)
+    .bind(&sites)
     .fetch_all(&mut **tx)
     .await?;
     Ok(rows
@@ -329,16 +334,17 @@ pub async fn commands_complete_many_in_txn(
         .collect())
 }
 
-/// The kind of each command of `ids` that exists: `(id, kind)`.
+/// The kind and site of each command of `ids` that exists: `(id, kind,
+/// site)`.
 pub async fn command_kinds_in_txn(
     tx: &mut Tx<'_>,
     ids: &[String],
-) -> Result<Vec<(String, String)>, DbError> {
+) -> Result<Vec<(String, String, Option<String>)>, DbError> {
     if ids.is_empty() {
         return Ok(vec![]);
     }
     Ok(
-        sqlx::query_as("SELECT id, kind FROM commands WHERE id = ANY($1)")
+        sqlx::query_as("SELECT id, kind, site_id FROM commands WHERE id = ANY($1)")
             .bind(ids)
             .fetch_all(&mut **tx)
             .await?,

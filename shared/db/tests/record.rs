@@ -231,12 +231,22 @@ async fn a_result_is_recorded_once_and_only_on_a_command_of_its_kind() {
         .expect("insert");
     let result = |kind: &'static str| NewResult {
         command_id: &c.id,
+        site_id: "s",
         kind,
         succeeded: true,
         result: serde_json::json!({"ok": true}),
     };
     // Another kind's result does not land on it.
     let done = bcm_db::commands::commands_complete_many_in_txn(&mut tx, &[result("bmc.verify")])
+        .await
+        .expect("complete");
+    assert!(done.is_empty());
+    // Nor another site's answer.
+    let other_site = NewResult {
+        site_id: "t",
+        ..result("bmc.power")
+    };
+    let done = bcm_db::commands::commands_complete_many_in_txn(&mut tx, &[other_site])
         .await
         .expect("complete");
     assert!(done.is_empty());
@@ -253,7 +263,10 @@ async fn a_result_is_recorded_once_and_only_on_a_command_of_its_kind() {
     let kinds = bcm_db::commands::command_kinds_in_txn(&mut tx, &[c.id.clone(), "cmd_none".into()])
         .await
         .expect("kinds");
-    assert_eq!(kinds, vec![(c.id.clone(), "bmc.power".to_owned())]);
+    assert_eq!(
+        kinds,
+        vec![(c.id.clone(), "bmc.power".to_owned(), Some("s".to_owned()))]
+    );
     tx.commit().await.expect("commit");
     let row = bcm_db::commands::command_fetch(&db, &c.id)
         .await

@@ -95,6 +95,11 @@ pub struct SimConfig {
     /// ramdisk agent runs in-process.
     #[serde(default)]
     pub ramdisk_command: Option<Vec<String>>,
+    /// The simulated site's own bus identity (an nkey seed file from `bcm
+    /// nats-auth`): it then connects as the site would, with the site's
+    /// permissions, not the control plane's.
+    #[serde(default)]
+    pub nkey_file: Option<std::path::PathBuf>,
 }
 
 fn default_concurrency() -> usize {
@@ -113,6 +118,7 @@ impl SimConfig {
             boot_service: false,
             ramdisk_command: None,
             boot_url: None,
+            nkey_file: None,
         }
     }
 }

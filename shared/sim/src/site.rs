@@ -473,27 +473,10 @@ pub async fn run(
         return Ok(());
     }
     let subjects = bus.subjects();
-    let (name, filters) = if families.len() == 2 {
-        (
-            format!("site-{site_id}"),
-            vec![subjects.commands_of_site(&site_id)],
-        )
-    } else {
-        (
-            // The names these modes always had (they once also took the
-            // `metal` family): a durable consumer in the stream keeps its
-            // name, and a second one with an overlapping filter is refused.
-            if families == ["site"] {
-                format!("site-{site_id}-no-bmc")
-            } else {
-                format!("site-{site_id}-{}-metal", families.join("-"))
-            },
-            families
-                .iter()
-                .map(|f| subjects.commands_of_site_family(&site_id, f))
-                .collect(),
-        )
-    };
+    // The consumer's name and filter are those the site's bus identity
+    // may use (`bcm_bus::auth`): one filter, named in the create subject.
+    let (name, filter) = bcm_bus::auth::sim_consumer(subjects, &site_id, &families);
+    let filters = vec![filter];
     let mut spec = ConsumerSpec::new(StreamKind::Commands, name, filters);
     spec.max_deliver = 20;
     spec.concurrency = cfg.concurrency.max(1);

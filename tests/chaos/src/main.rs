@@ -65,8 +65,16 @@ struct Args {
 
 const ADMIN_TOKEN: &str = "chaos-admin-token-0123456789";
 
-fn config(db: &str, nats: &str, ns: &str, api: &str, pki: &std::path::Path) -> String {
+fn config(
+    db: &str,
+    nats: &str,
+    ns: &str,
+    api: &str,
+    pki: &std::path::Path,
+    identities: &std::path::Path,
+) -> String {
     let pki = pki.display();
+    let ids = identities.display();
     format!(
         r#"
 [attestation]
@@ -81,6 +89,7 @@ database_max_connections = 16
 [api.bus]
 url = "{nats}"
 namespace = "{ns}"
+nkey_file = "{ids}/control.nk"
 [[api.sealing_keys]]
 id = "chaos"
 key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
@@ -106,6 +115,7 @@ lease_ttl_ms = 3000
 [sim]
 site = "local"
 latency_ms = 20
+nkey_file = "{ids}/sim-local.nk"
 "#
     )
 }
@@ -133,8 +143,22 @@ async fn main() -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(&dir)?;
     eprintln!("chaos: N={} in {}", args.nodes, dir.display());
-    let stack = stack::Stack::up(&repo, &dir.join("stack"), args.pg_port, args.nats_port)?;
-    let outcome = run(&args, &bcm, &dir, &stack).await;
+    // Every process connects with an nkey of its own and only its
+    // permissions, under the run's namespace.
+    let ns = format!("chaos{}", ulid::Ulid::new().to_string().to_lowercase());
+    let identities = bcm_bus::auth::generate(
+        &dir.join("nats"),
+        &bcm_bus::Subjects::new(Some(ns.clone()), 16),
+        &["local".parse()?],
+    )?;
+    let stack = stack::Stack::up(
+        &repo,
+        &dir.join("stack"),
+        args.pg_port,
+        args.nats_port,
+        &identities.users,
+    )?;
+    let outcome = run(&args, &bcm, &dir, &stack, &ns).await;
     stack.down();
     match outcome {
         Ok(true) => {
@@ -160,13 +184,13 @@ async fn run(
     bcm: &std::path::Path,
     dir: &std::path::Path,
     stack: &stack::Stack,
+    ns: &str,
 ) -> anyhow::Result<bool> {
     let db_url = bcm_db::admin::database_create(
         &stack.database_server(),
         &format!("chaos_{}", ulid::Ulid::new().to_string().to_lowercase()),
     )
     .await?;
-    let ns = format!("chaos{}", ulid::Ulid::new().to_string().to_lowercase());
     let api_addr = format!("127.0.0.1:{}", free_port()?);
     let config_path = dir.join("bcm.toml");
     // One CA for every attestation process of the run, as in production.
@@ -174,14 +198,22 @@ async fn run(
     std::fs::create_dir_all(&pki)?;
     std::fs::write(
         &config_path,
-        config(&db_url, &stack.nats_url(), &ns, &api_addr, &pki),
+        config(
+            &db_url,
+            &stack.nats_addr(),
+            ns,
+            &api_addr,
+            &pki,
+            &dir.join("nats"),
+        ),
     )?;
 
     // The recorder's consumer exists before anything is published.
     let bus_cfg = bcm_bus::BusConfig {
-        url: stack.nats_url(),
-        namespace: Some(ns.clone()),
+        url: stack.nats_admin_url()?,
+        namespace: Some(ns.to_owned()),
         shards: 16,
+        nkey_file: None,
     };
     let bus = bcm_bus::Bus::connect(&bus_cfg).await?;
     recorder::create(&bus).await?;
@@ -189,7 +221,7 @@ async fn run(
     let stop = CancellationToken::new();
     let rec_task = tokio::spawn(recorder::run(bus.clone(), recorded.clone(), stop.clone()));
 
-    let procs = procs::Procs::start(bcm, &config_path, &dir.join("logs"))?;
+    let procs = procs::Procs::start(bcm, &config_path, &dir.join("logs"), &dir.join("nats"))?;
     let api = drive::Api::new(&format!("http://{api_addr}"), ADMIN_TOKEN)?;
     api.get("/readyz", Duration::from_secs(120)).await.ok();
     let started = Instant::now();

@@ -24,6 +24,8 @@ pub struct Procs {
     bcm: PathBuf,
     config: PathBuf,
     logs: PathBuf,
+    /// The directory of the bus identities' seeds.
+    identities: PathBuf,
     inner: Arc<Mutex<Vec<Proc>>>,
 }
 
@@ -40,9 +42,15 @@ pub const LAYOUT: &[(&str, &str)] = &[
 
 impl Procs {
     /// Starts every process of [`LAYOUT`].
-    pub fn start(bcm: &Path, config: &Path, logs: &Path) -> anyhow::Result<Self> {
+    pub fn start(
+        bcm: &Path,
+        config: &Path,
+        logs: &Path,
+        identities: &Path,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(logs)?;
         let this = Self {
+            identities: identities.to_owned(),
             bcm: bcm.to_owned(),
             config: config.to_owned(),
             logs: logs.to_owned(),
@@ -82,6 +90,17 @@ impl Procs {
             // Only the API serves on the configured address.
             cmd.env("BCM_ALL_API__LISTEN", "127.0.0.1:0");
         }
+        // Each control-plane service with its own bus identity (the relay
+        // is the API's; the sim process's site connects as `sim-local`).
+        let identity = match p.services.as_str() {
+            "relay" => "api",
+            "sim" => "control",
+            s => s,
+        };
+        cmd.env(
+            "BCM_ALL_API__BUS__NKEY_FILE",
+            self.identities.join(format!("{identity}.nk")),
+        );
         let child = cmd
             .env("BCM_ALL_API__TELEMETRY__LOG_FORMAT", "json")
             .stdout(log.try_clone()?)

@@ -13,16 +13,26 @@ pub struct Stack {
     dir: PathBuf,
     pub pg_port: u16,
     pub nats_port: u16,
+    /// The nkey users the server admits besides its admin (`bcm
+    /// nats-auth`'s `users.conf`).
+    nats_users: PathBuf,
 }
 
 impl Stack {
     /// Starts both under `dir`.
-    pub fn up(repo: &Path, dir: &Path, pg_port: u16, nats_port: u16) -> anyhow::Result<Self> {
+    pub fn up(
+        repo: &Path,
+        dir: &Path,
+        pg_port: u16,
+        nats_port: u16,
+        nats_users: &Path,
+    ) -> anyhow::Result<Self> {
         let s = Self {
             script: repo.join("deploy/dev/stack.sh"),
             dir: dir.to_owned(),
             pg_port,
             nats_port,
+            nats_users: nats_users.to_owned(),
         };
         s.run("up")?;
         Ok(s)
@@ -34,6 +44,7 @@ impl Stack {
             .env("BCM_STACK_DIR", &self.dir)
             .env("BCM_STACK_PG_PORT", self.pg_port.to_string())
             .env("BCM_STACK_NATS_PORT", self.nats_port.to_string())
+            .env("BCM_STACK_NATS_USERS", &self.nats_users)
             // Crashed on purpose: every answered commit must survive.
             .env("BCM_STACK_PG_DURABLE", "1")
             .env_remove("DATABASE_URL")
@@ -50,8 +61,22 @@ impl Stack {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.pg_port)
     }
 
-    pub fn nats_url(&self) -> String {
+    /// The server's address, with no credentials (the services bring
+    /// their nkeys).
+    pub fn nats_addr(&self) -> String {
         format!("nats://127.0.0.1:{}", self.nats_port)
+    }
+
+    /// The server as its admin (the run's recorder reads every event).
+    pub fn nats_admin_url(&self) -> anyhow::Result<String> {
+        let path = self.dir.join("nats/admin.password");
+        let password = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        Ok(format!(
+            "nats://admin:{}@127.0.0.1:{}",
+            password.trim(),
+            self.nats_port
+        ))
     }
 
     /// Postgres stops as in a crash (immediate: no checkpoint, every

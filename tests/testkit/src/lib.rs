@@ -123,6 +123,7 @@ impl TestEnv {
             url: env_url("NATS_URL")?,
             namespace: Some(format!("t{}", random_suffix())),
             shards: 16,
+            nkey_file: None,
         };
         let admin_token = format!("admin-{}", random_suffix());
         let sealing_keys = vec![bcm_seal::KeyConfig::generate("test-1")];
