@@ -177,6 +177,91 @@ pub async fn put_pool(
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 
+/// A token as an administrator sees it: its name, grants and lifetime,
+/// never its secret or hash.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenView {
+    pub id: String,
+    pub principal: String,
+    pub grants: Vec<Grant>,
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl TokenView {
+    fn from_row(t: bcm_db::tokens::ApiTokenInfo) -> Result<Self, ApiError> {
+        Ok(Self {
+            grants: serde_json::from_value(t.grants)
+                .map_err(|e| ApiError::internal(format!("token {} has bad grants: {e}", t.id)))?,
+            id: t.id,
+            principal: t.principal,
+            expires_at: t.expires_at,
+            revoked_at: t.revoked_at,
+            created_at: t.created_at,
+        })
+    }
+}
+
+/// The tokens minted, newest first.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenList {
+    pub items: Vec<TokenView>,
+}
+
+/// `GET /api/compute/admin/tokens`: every minted token, without secrets.
+#[utoipa::path(get, path = "/api/compute/admin/tokens", tag = "admin",
+    responses((status = 200, body = TokenList), crate::error::ErrorResponses), security(("bearer" = [])))]
+pub async fn list_tokens(
+    State(app): State<AppState>,
+    who: Principal,
+) -> Result<Json<TokenList>, ApiError> {
+    who.require_admin()?;
+    let items = bcm_db::tokens::api_tokens_list(&app.inner.db)
+        .await?
+        .into_iter()
+        .map(TokenView::from_row)
+        .collect::<Result<_, _>>()?;
+    Ok(Json(TokenList { items }))
+}
+
+/// `DELETE /api/compute/admin/tokens/{id}`: revokes a token; the next
+/// request that bears it is `UNAUTHENTICATED`. Revoking it again changes
+/// nothing.
+#[utoipa::path(delete, path = "/api/compute/admin/tokens/{id}", tag = "admin",
+    params(("id" = String, Path, description = "The token's id (`tok_…`)")),
+    responses((status = 200, body = TokenView), crate::error::ErrorResponses), security(("bearer" = [])))]
+pub async fn revoke_token(
+    State(app): State<AppState>,
+    who: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<TokenView>, ApiError> {
+    who.require_admin()?;
+    let not_found = || {
+        ApiError::new(
+            bcm_core::ErrorCode::NotFound,
+            format!("token {} not found", id.escape_debug()),
+        )
+    };
+    // Ids are minted printable and short: any other names no token.
+    if !bcm_core::text::is_printable(&id, 64) {
+        return Err(not_found());
+    }
+    let row = match bcm_db::tokens::api_token_revoke(&app.inner.db, &id).await {
+        Err(bcm_db::DbError::NotFound) => {
+            return Err(ApiError::new(
+                bcm_core::ErrorCode::NotFound,
+                format!("token {id} not found"),
+            ))
+        }
+        other => other?,
+    };
+    tracing::info!(token = %id, by = %who.name, "revoked an API token");
+    Ok(Json(TokenView::from_row(row)?))
+}
+
 /// `POST /api/compute/admin/tokens`: mints a bearer token with grants.
 #[utoipa::path(post, path = "/api/compute/admin/tokens", tag = "admin", request_body = TokenRequest,
     responses((status = 200, body = TokenCreated), crate::error::ErrorResponses), security(("bearer" = [])))]

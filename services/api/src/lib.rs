@@ -250,7 +250,8 @@ pub fn router(state: AppState) -> Router {
         .route("/tenants/{id}", put(admin::put_tenant))
         .route("/sites/{id}", put(admin::put_site))
         .route("/pools/{id}", put(admin::put_pool))
-        .route("/tokens", post(admin::create_token));
+        .route("/tokens", post(admin::create_token).get(admin::list_tokens))
+        .route("/tokens/{id}", axum::routing::delete(admin::revoke_token));
     let agent = axum::Router::<AppState>::new()
         .route("/join", post(agent::join))
         .route("/heartbeat", post(agent::heartbeat))

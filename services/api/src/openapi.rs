@@ -133,6 +133,7 @@ impl Modify for OperationIdsAndLinks {
         join_tokens::create,
         reads::get_node, reads::list_nodes,
         admin::put_tenant, admin::put_site, admin::put_pool, admin::create_token,
+        admin::list_tokens, admin::revoke_token,
         agent::join, agent::heartbeat, agent::commands, agent::results,
     ),
     components(schemas(crate::error::ApiErrorBody)),

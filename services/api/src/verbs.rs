@@ -53,7 +53,12 @@ impl From<EnrollDriver> for BmcDriver {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnrollBmc {
     pub driver: EnrollDriver,
-    /// e.g. `https://10.0.0.10` (Redfish) or `10.0.0.10:623` (IPMI).
+    /// e.g. `https://10.0.0.10` (Redfish) or `10.0.0.10:623` (IPMI). Stored
+    /// in its one spelling (scheme and host lower-cased, the default port
+    /// and a trailing `/` dropped; IPMI as `ipmi://host:port`), so a BMC is
+    /// enrolled once per site however it is written; one the driver cannot
+    /// use (credentials, a query or a fragment in it, not a URL for
+    /// Redfish) is `INVALID_CONFIG`.
     #[schema(
         min_length = 1,
         max_length = 255,
@@ -301,6 +306,11 @@ pub async fn enroll(
         .hardware_profile
         .clone()
         .unwrap_or(pool.hardware_profile.clone());
+    // One spelling per BMC, so the site's uniqueness holds across
+    // spellings; an address the driver cannot use (its schema is any
+    // text) is a configuration this driver cannot serve.
+    let address = bcm_core::bmc::canonical_address(driver, &req.bmc.address)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidConfig, e))?;
 
     let id = NodeId::generate();
     let creds = bcm_seal::BmcCredentials {
@@ -327,7 +337,7 @@ pub async fn enroll(
             pool.site_id.clone(),
             ProvisionState::Enrolling,
             driver,
-            req.bmc.address,
+            address,
             hardware_profile,
         )
     };

@@ -17,8 +17,32 @@ fn example_configs_parse() {
             .and_then(|f| f.to_str())
             .is_some_and(|f| f.starts_with("api") && f.ends_with(".toml"))
         {
-            let cfg = bcm_api::ApiConfig::load(Some(&path))
+            // The compose file commits no secret: they are merged from the
+            // file deploy/compose/init-secrets.sh generates, shaped so.
+            let secrets =
+                std::env::temp_dir().join(format!("bcm-api-secrets-{}.toml", std::process::id()));
+            std::fs::write(
+                &secrets,
+                "admin_token = \"bcm_0123456789abcdef0123456789abcdef\"\n\
+                 database_url = \"postgres://bcm:pw@postgres:5432/bcm\"\n\
+                 [bus]\nnkey_file = \"/var/lib/bcm-secrets/nats/api.nk\"\n\
+                 [[sealing_keys]]\nid = \"compose-1\"\nkey = \"q83vEjRWeJASNFZ4kBI0VniQEjRWeJASNFZ4kBI0Vng=\"\n",
+            )
+            .expect("write");
+            let files: Vec<&std::path::Path> = if path.to_string_lossy().contains("compose") {
+                vec![&path, &secrets]
+            } else {
+                vec![&path]
+            };
+            let cfg: bcm_api::ApiConfig = bcm_config::load_files(&files, "BCM_API_")
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            if files.len() == 1 {
+                assert!(
+                    bcm_api::ApiConfig::load(Some(&path)).is_ok(),
+                    "{}",
+                    path.display()
+                );
+            }
             assert!(!cfg.sealing_keys.is_empty());
             bcm_seal::Sealer::new(&cfg.sealing_keys).expect("the example keys are valid");
             assert!(!cfg.seed.deploy_profiles.is_empty(), "{}", path.display());

@@ -18,7 +18,7 @@ fn config(ns: &str) -> BusConfig {
 async fn an_incompatible_stream_refuses_start_and_survives() {
     let ns = format!("inc{}", ulid::Ulid::new().to_string().to_lowercase());
     let cfg = config(&ns);
-    let client = async_nats::connect(&cfg.url).await.expect("nats");
+    let client = Bus::attach(&cfg).await.expect("nats").client().clone();
     let js = jetstream::new(client);
     let name = Subjects::new(Some(ns.clone()), 16).stream(StreamKind::Events);
     js.create_stream(jetstream::stream::Config {

@@ -17,6 +17,11 @@
 //!   connection errors; errors carry the BMC's `@Message.ExtendedInfo`.
 //! - Power changes are asynchronous on real BMCs: after a `Reset` the
 //!   driver polls `PowerState` until it matches or the timeout expires.
+//! - Credentials go only to the enrolled BMC: a redirect to another origin
+//!   (scheme, host, port) is not followed, and a link (`@odata.id`, a
+//!   session's `Location`) that names another origin is not requested —
+//!   a session login re-posted by a 307, or an `X-Auth-Token` (a header
+//!   reqwest does not strip on a cross-host redirect), would hand them over.
 
 use backon::{ExponentialBuilder, Retryable as _};
 use reqwest::{Method, StatusCode, Url};
@@ -31,6 +36,23 @@ use crate::error::BmcError;
 use bcm_core::{BmcTls, PowerAction, PowerState};
 
 const DRIVER: &str = "redfish";
+
+/// Whether two URLs share scheme, host and port.
+fn same_origin(a: &Url, b: &Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
+}
+
+/// `scheme://host:port` of a URL, for messages (never its path or query).
+fn origin_of(url: &Url) -> String {
+    format!(
+        "{}://{}:{}",
+        url.scheme(),
+        url.host_str().unwrap_or(""),
+        url.port_or_known_default().unwrap_or(0)
+    )
+}
 
 #[derive(Debug, Clone, Deserialize)]
 struct Link {
@@ -283,10 +305,22 @@ impl Redfish {
         origin.set_path("");
         origin.set_query(None);
         origin.set_fragment(None);
+        let enrolled = origin.clone();
         let mut builder = reqwest::Client::builder()
             .timeout(settings.request_timeout)
             .connect_timeout(Duration::from_secs(10))
-            .redirect(reqwest::redirect::Policy::limited(3));
+            .redirect(reqwest::redirect::Policy::custom(move |attempt| {
+                if attempt.previous().len() >= 3 {
+                    attempt.error("more than 3 redirects")
+                } else if same_origin(attempt.url(), &enrolled) {
+                    attempt.follow()
+                } else {
+                    let to = origin_of(attempt.url());
+                    attempt.error(format!(
+                        "the BMC redirected to another host ({to}); its credentials are sent only to the enrolled BMC"
+                    ))
+                }
+            }));
         // The node's own policy wins over the service's setting.
         match tls {
             Some(BmcTls::Insecure {}) => builder = builder.danger_accept_invalid_certs(true),
@@ -319,13 +353,31 @@ impl Redfish {
         })
     }
 
+    /// The URL of a link the BMC gave: on the enrolled BMC only.
     fn url(&self, path: &str) -> Result<Url, BmcError> {
-        self.origin
+        let url = self
+            .origin
             .join(path)
-            .map_err(|e| BmcError::Invalid(format!("BMC link {path:?}: {e}")))
+            .map_err(|e| BmcError::Invalid(format!("BMC link {path:?}: {e}")))?;
+        if !same_origin(&url, &self.origin) {
+            return Err(BmcError::Invalid(format!(
+                "{DRIVER} BMC at {}: a link to another host ({}) is not followed; its credentials are sent only to the enrolled BMC",
+                self.address,
+                origin_of(&url)
+            )));
+        }
+        Ok(url)
     }
 
     fn unreachable(&self, e: &reqwest::Error) -> BmcError {
+        if e.is_redirect() {
+            // Not a network fault: retrying would be refused the same way.
+            let mut cause: &dyn std::error::Error = e;
+            while let Some(inner) = cause.source() {
+                cause = inner;
+            }
+            return BmcError::Invalid(format!("{DRIVER} BMC at {}: {cause}", self.address));
+        }
         // reqwest's Display of a connect error names the URL, never a header.
         let message = if e.is_timeout() {
             "timed out".to_owned()

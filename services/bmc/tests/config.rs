@@ -19,8 +19,26 @@ fn the_example_parses_and_builds_the_drivers() {
 fn the_compose_configuration_parses() {
     let path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/config/bmc.compose.toml");
-    let cfg = bcm_bmc::BmcConfig::load(Some(&path)).expect("compose config");
+    // It commits no key: the sealing key and the bus identity are merged
+    // from the file deploy/compose/init-secrets.sh generates, shaped so.
+    let secrets = std::env::temp_dir().join(format!("bcm-bmc-secrets-{}.toml", std::process::id()));
+    std::fs::write(
+        &secrets,
+        "[bus]\nnkey_file = \"/var/lib/bcm-secrets/nats/bmc-lab.nk\"\n\
+         [[sealing_keys]]\nid = \"compose-1\"\nkey = \"q83vEjRWeJASNFZ4kBI0VniQEjRWeJASNFZ4kBI0Vng=\"\n",
+    )
+    .expect("write");
+    assert!(
+        bcm_bmc::BmcConfig::load(Some(&path)).is_err() || {
+            // (unless the environment names secrets of its own)
+            std::env::var_os("BCM_BMC_SECRETS").is_some()
+        },
+        "the committed file alone must hold no sealing key"
+    );
+    let cfg: bcm_bmc::BmcConfig =
+        bcm_config::load_files(&[&path, &secrets], "BCM_BMC_").expect("compose config");
     assert_eq!(cfg.site, "lab");
+    assert!(cfg.bus.nkey_file.is_some());
     bcm_seal::Sealer::new(&cfg.sealing_keys).expect("keys");
 }
 

@@ -232,8 +232,14 @@ async fn qemu_machines_pxe_boot_through_our_proxy_dhcp_tftp_and_http() {
     let mut topo = Topology::new(tag);
     let d = &dir.0;
 
-    let nats = env.bus_config.url.trim_start_matches("nats://").to_owned();
+    // The forwarder takes the server's address; the service brings the
+    // credentials the test's URL carries.
+    let (server, user) = bcm_bus::split_credentials(&env.bus_config.url);
+    let nats = server.trim_start_matches("nats://").to_owned();
     let relay = forward(topo.host_ip(tag), nats).await;
+    let creds = user
+        .map(|(name, password)| format!("{name}:{password}@"))
+        .unwrap_or_default();
 
     std::fs::write(
         d.join("dnsmasq.conf"),
@@ -286,7 +292,7 @@ name = "ramdisk/initrd.img"
 url = "file://{art}/initrd.img"
 sha256 = "{i}"
 [bus]
-url = "nats://{relay}"
+url = "nats://{creds}{relay}"
 namespace = "{ns}"
 [dhcp]
 listen = "0.0.0.0"

@@ -1,6 +1,8 @@
-//! BMC rules that are data: a node's TLS policy for its Redfish endpoint and
-//! what a BMC password may be (for rotation). Pure; the bmc service applies
-//! them, the API validates them before anything is stored.
+//! BMC rules that are data: a node's TLS policy for its Redfish endpoint,
+//! what a BMC password may be (for rotation), and the one spelling of a
+//! BMC address (so one BMC cannot be enrolled twice under two spellings).
+//! Pure; the bmc service applies them, the API validates them before
+//! anything is stored.
 
 use serde::{Deserialize, Serialize};
 
@@ -254,5 +256,130 @@ mod tests {
         assert!(check_password(BmcDriver::Redfish, "Abcdefgh#1234").is_err());
         assert!(check_password(BmcDriver::Redfish, "abcdefgh1234").is_err());
         assert!(check_password(BmcDriver::Redfish, "Abc1").is_err());
+    }
+}
+
+/// The one spelling of a BMC address, stored at enroll and checked for
+/// uniqueness within a site, or why it is not an address of `driver`.
+///
+/// - Redfish: `http(s)://host[:port][/redfish/v1/Systems/<id>]` with the
+///   scheme and host lower-cased (IPv6 as `[…]`), the scheme's default port
+///   dropped, no trailing `/`; credentials, a query or a fragment in the
+///   address are refused (a password does not belong in an address).
+/// - IPMI: `ipmi://host:port` (623 when absent), host lower-cased.
+/// - `sim` and `none`: the address as given, trimmed.
+pub fn canonical_address(driver: BmcDriver, address: &str) -> Result<String, String> {
+    let address = address.trim();
+    match driver {
+        BmcDriver::Redfish => canonical_redfish(address),
+        BmcDriver::Ipmi => canonical_ipmi(address),
+        BmcDriver::Sim | BmcDriver::None => Ok(address.to_owned()),
+    }
+}
+
+fn canonical_redfish(address: &str) -> Result<String, String> {
+    let bad = |why: &str| format!("bmc.address {address:?}: {why}");
+    let url = url::Url::parse(address).map_err(|e| bad(&e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad(
+            "a Redfish address is http(s)://host[:port][/redfish/v1/Systems/<id>]",
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(bad(
+            "credentials belong in bmc.username and bmc.password, not the address",
+        ));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("a query or fragment is not part of a BMC address"));
+    }
+    let host = match url.host() {
+        Some(url::Host::Domain(d)) => d.to_ascii_lowercase(),
+        Some(url::Host::Ipv4(ip)) => ip.to_string(),
+        Some(url::Host::Ipv6(ip)) => format!("[{ip}]"),
+        None => return Err(bad("no host")),
+    };
+    // `url` already drops the scheme's default port.
+    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let path = url.path().trim_end_matches('/');
+    if !path.is_empty() && !path.starts_with("/redfish/v1/Systems/") {
+        return Err(bad("a path must name a system (/redfish/v1/Systems/<id>)"));
+    }
+    Ok(format!("{}://{host}{port}{path}", url.scheme()))
+}
+
+fn canonical_ipmi(address: &str) -> Result<String, String> {
+    let bad = |why: &str| format!("bmc.address {address:?}: {why}");
+    let rest = address.strip_prefix("ipmi://").unwrap_or(address);
+    // Parsed as a URL authority, so `[v6]:port` and a port check come free.
+    let url = url::Url::parse(&format!("ipmi://{rest}")).map_err(|e| bad(&e.to_string()))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(bad(
+            "credentials belong in bmc.username and bmc.password, not the address",
+        ));
+    }
+    if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("an IPMI address is host[:port]"));
+    }
+    let host = match url.host() {
+        Some(url::Host::Domain(d)) => d.to_ascii_lowercase(),
+        Some(url::Host::Ipv4(ip)) => ip.to_string(),
+        Some(url::Host::Ipv6(ip)) => format!("[{ip}]"),
+        None => return Err(bad("no host")),
+    };
+    Ok(format!("ipmi://{host}:{}", url.port().unwrap_or(623)))
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::*;
+
+    #[test]
+    fn equivalent_spellings_are_one_address() {
+        let one = |a: &str| canonical_address(BmcDriver::Redfish, a).expect(a);
+        let want = "https://bmc-7.example";
+        for a in [
+            "https://bmc-7.example",
+            "HTTPS://BMC-7.Example/",
+            "https://bmc-7.example:443",
+            " https://bmc-7.example:443/ ",
+        ] {
+            assert_eq!(one(a), want, "{a}");
+        }
+        assert_eq!(one("http://10.0.0.5:80/"), "http://10.0.0.5");
+        assert_eq!(one("https://10.0.0.5:8443"), "https://10.0.0.5:8443");
+        assert_eq!(one("https://[0:0::1]/"), "https://[::1]");
+        assert_eq!(
+            one("https://10.0.0.5/redfish/v1/Systems/Blade-1/"),
+            "https://10.0.0.5/redfish/v1/Systems/Blade-1"
+        );
+        // Distinct systems of one chassis stay distinct.
+        assert_ne!(
+            one("https://10.0.0.5/redfish/v1/Systems/1"),
+            one("https://10.0.0.5/redfish/v1/Systems/2")
+        );
+        let ipmi = |a: &str| canonical_address(BmcDriver::Ipmi, a).expect(a);
+        assert_eq!(ipmi("10.0.0.9"), "ipmi://10.0.0.9:623");
+        assert_eq!(ipmi("ipmi://10.0.0.9:623"), "ipmi://10.0.0.9:623");
+        assert_eq!(ipmi("BMC.example:6230"), "ipmi://bmc.example:6230");
+        assert_eq!(ipmi("[::1]:9001"), "ipmi://[::1]:9001");
+    }
+
+    #[test]
+    fn what_is_not_an_address_is_refused() {
+        for a in [
+            "",
+            "ftp://10.0.0.5",
+            "https://admin:pw@10.0.0.5",
+            "https://10.0.0.5/?x=1",
+            "https://10.0.0.5/#x",
+            "https://10.0.0.5/elsewhere",
+            "not a url",
+        ] {
+            assert!(canonical_address(BmcDriver::Redfish, a).is_err(), "{a:?}");
+        }
+        for a in ["", "admin:pw@10.0.0.9", "10.0.0.9:99999", "10.0.0.9/x"] {
+            assert!(canonical_address(BmcDriver::Ipmi, a).is_err(), "{a:?}");
+        }
     }
 }

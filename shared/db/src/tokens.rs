@@ -41,3 +41,37 @@ pub async fn api_token_fetch_live_by_hash(db: &Db, hash: &[u8]) -> Result<ApiTok
     .fetch_one(db.pool())
     .await?)
 }
+
+/// A token as an administrator sees it: never its hash.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ApiTokenInfo {
+    pub id: String,
+    pub principal: String,
+    pub grants: serde_json::Value,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+const INFO: &str = "id, principal, grants, expires_at, revoked_at, created_at";
+
+/// Every token, newest first.
+pub async fn api_tokens_list(db: &Db) -> Result<Vec<ApiTokenInfo>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {INFO} FROM api_tokens ORDER BY created_at DESC, id"
+    ))
+    .fetch_all(db.pool())
+    .await?)
+}
+
+/// Revokes a token from now on (the next request with it is refused);
+/// revoking a revoked token keeps its first revocation time. `NotFound`
+/// when there is no such token.
+pub async fn api_token_revoke(db: &Db, id: &str) -> Result<ApiTokenInfo, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1 RETURNING {INFO}"
+    ))
+    .bind(id)
+    .fetch_one(db.pool())
+    .await?)
+}

@@ -1,0 +1,57 @@
+#!/bin/sh
+# The compose stack's first start (the `secrets` service): generates what
+# must never be committed, once, into the `secrets` volume, and leaves what
+# is there: an nkey per bus identity and the NATS server's authorization
+# of them (`bcm nats-auth`), the admin token, the sealing key, the Postgres
+# password, and per service a TOML file of its secrets that the service
+# merges over its committed configuration (`<PREFIX>SECRETS`).
+set -eu
+d="${BCM_SECRETS_DIR:-/var/lib/bcm-secrets}"
+umask 077
+bcm nats-auth --dir "$d/nats" --site local --site lab >/dev/null
+new() { [ -s "$d/$1" ] || head -c "$2" /dev/urandom | od -An -tx1 | tr -d ' \n' >"$d/$1"; }
+new pg-password 24
+[ -s "$d/admin-token" ] || echo "bcm_$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')" >"$d/admin-token"
+[ -s "$d/sealing-key" ] || head -c 32 /dev/urandom | base64 >"$d/sealing-key"
+token="$(cat "$d/admin-token")"
+key="$(cat "$d/sealing-key")"
+db="postgres://bcm:$(cat "$d/pg-password")@postgres:5432/bcm"
+
+cat >"$d/nats.conf" <<EOF
+jetstream { store_dir: "/data" }
+http_port: 8222
+include "nats/auth.conf"
+EOF
+cat >"$d/api.toml" <<EOF
+admin_token = "$token"
+database_url = "$db"
+[bus]
+nkey_file = "$d/nats/api.nk"
+[[sealing_keys]]
+id = "compose-1"
+key = "$key"
+EOF
+for s in workflow reconciler attestation; do
+  printf 'database_url = "%s"\n[bus]\nnkey_file = "%s"\n' "$db" "$d/nats/$s.nk" >"$d/$s.toml"
+done
+cat >"$d/sim.toml" <<EOF
+[api]
+admin_token = "$token"
+database_url = "$db"
+[api.bus]
+nkey_file = "$d/nats/control.nk"
+[[api.sealing_keys]]
+id = "compose-1"
+key = "$key"
+[sim]
+nkey_file = "$d/nats/sim-local.nk"
+EOF
+cat >"$d/bmc.toml" <<EOF
+[bus]
+nkey_file = "$d/nats/bmc-lab.nk"
+[[sealing_keys]]
+id = "compose-1"
+key = "$key"
+EOF
+printf '[bus]\nnkey_file = "%s"\n' "$d/nats/boot-lab.nk" >"$d/boot.toml"
+echo "secrets ready in $d (admin token: docker-compose exec api cat $d/admin-token)"
