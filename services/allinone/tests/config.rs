@@ -1,10 +1,45 @@
-//! Every example configuration of `bcm` in `deploy/config` parses.
+//! Every example configuration of `bcm` in `deploy/config` parses; the
+//! compose ones, which commit no secret, parse with the secrets
+//! `deploy/compose/init-secrets.sh` generates at the stack's first start
+//! (run here for real, with this build's `bcm nats-auth`).
+
+use std::path::{Path, PathBuf};
+
+fn deploy() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+/// Runs the compose stack's secrets generator into a fresh directory.
+fn generated_secrets() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bcm-compose-secrets-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_bcm"));
+    let path = format!(
+        "{}:{}",
+        bin.parent().expect("bin dir").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let status = std::process::Command::new("sh")
+        .arg(deploy().join("compose/init-secrets.sh"))
+        .env("BCM_SECRETS_DIR", &dir)
+        .env("PATH", path)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("sh");
+    assert!(status.success(), "init-secrets.sh: {status}");
+    dir
+}
+
+fn load(file: &Path, secrets: Option<&Path>) -> bcm_allinone::Config {
+    let files: Vec<&Path> = std::iter::once(file).chain(secrets).collect();
+    bcm_config::load_files(&files, "BCM_ALL_").unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+}
 
 #[test]
 fn example_configs_parse() {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/config");
+    let secrets = generated_secrets();
     let mut n = 0;
-    for entry in std::fs::read_dir(&dir).expect("deploy/config") {
+    for entry in std::fs::read_dir(deploy().join("config")).expect("deploy/config") {
         let path = entry.expect("entry").path();
         let name = path
             .file_name()
@@ -12,11 +47,25 @@ fn example_configs_parse() {
             .unwrap_or_default()
             .to_owned();
         if name.starts_with("bcm") && name.ends_with(".toml") {
-            let cfg =
-                bcm_allinone::Config::load(Some(&path)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let cfg = if name.contains("compose") {
+                let cfg = load(&path, Some(&secrets.join("sim.toml")));
+                assert!(cfg.sim.nkey_file.as_deref().is_some_and(Path::exists));
+                assert!(cfg.api.bus.nkey_file.as_deref().is_some_and(Path::exists));
+                cfg
+            } else {
+                load(&path, None)
+            };
             assert_eq!(cfg.sim.site, "local");
             n += 1;
         }
+        if name == "api.compose.toml" {
+            let files = [path.as_path(), &secrets.join("api.toml")];
+            let api: bcm_api::ApiConfig = bcm_config::load_files(&files, "BCM_API_")
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(!api.sealing_keys.is_empty());
+            assert!(api.bus.nkey_file.as_deref().is_some_and(Path::exists));
+        }
     }
     assert!(n >= 1);
+    let _ = std::fs::remove_dir_all(&secrets);
 }

@@ -267,6 +267,14 @@ async fn handle(ctx: &Ctx, m: &Incoming<CloudEvent<CommandEnvelope>>) -> Disposi
 /// makes its result.
 async fn run_with_progress(ctx: &Ctx, m: &Incoming<CloudEvent<CommandEnvelope>>) -> CommandResult {
     let cmd = &m.message.data;
+    if cmd.expired(chrono::Utc::now()) {
+        // The control plane stopped waiting for it: running it now would
+        // act behind the engine's back.
+        tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), deadline = ?cmd.deadline, "refused a command past its deadline; not run");
+        metrics::counter!("bcm_bmc_commands_expired_total", "kind" => cmd.kind().as_str())
+            .increment(1);
+        return CommandResult::expired(cmd);
+    }
     let result = {
         let work = execute(ctx, cmd);
         tokio::pin!(work);

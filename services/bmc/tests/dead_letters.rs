@@ -22,6 +22,7 @@ fn envelope(site: &str, command: Command) -> Vec<u8> {
         node_id: Some(bcm_core::NodeId::generate()),
         command,
         issued_at: chrono::Utc::now(),
+        deadline: None,
     };
     let ty = bcm_contracts::events::types::command(cmd.kind());
     serde_json::to_vec(&CloudEvent::new("c".into(), ty, None, None, cmd)).expect("json")

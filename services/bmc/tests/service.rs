@@ -127,6 +127,7 @@ async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
         command: bcm_contracts::Command::from_parts("bmc.power", last_power.params.clone())
             .expect("the stored command decodes"),
         issued_at: chrono::Utc::now(),
+        deadline: None,
     };
     let bus = &env.state.inner.bus;
     let event = bcm_contracts::CloudEvent::new(
@@ -196,6 +197,7 @@ async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
         node_id: Some(id),
         command: bcm_contracts::Command::from_parts("bmc.power", cycle).expect("a power command"),
         issued_at: chrono::Utc::now(),
+        deadline: None,
     };
     let event = bcm_contracts::CloudEvent::new(
         "interrupted".into(),

@@ -170,14 +170,21 @@ impl SiteHandler {
                 cmd.site_id
             ));
         }
-        let result = match execute(&self.kv, cmd).await {
-            Ok(output) => {
-                tracing::info!(command = %cmd.command_id, kind = %cmd.kind(), "site command applied");
-                CommandResult::succeeded(cmd, output)
-            }
-            Err(e) => {
-                tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), error = %e, "site command failed");
-                CommandResult::failed(cmd, false, e)
+        let result = if cmd.expired(chrono::Utc::now()) {
+            // The control plane stopped waiting for it: an entry written
+            // now could boot a machine nobody expects to boot.
+            tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), deadline = ?cmd.deadline, "refused a command past its deadline; not run");
+            CommandResult::expired(cmd)
+        } else {
+            match execute(&self.kv, cmd).await {
+                Ok(output) => {
+                    tracing::info!(command = %cmd.command_id, kind = %cmd.kind(), "site command applied");
+                    CommandResult::succeeded(cmd, output)
+                }
+                Err(e) => {
+                    tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), error = %e, "site command failed");
+                    CommandResult::failed(cmd, false, e)
+                }
             }
         };
         match self.bus.publish_result(cmd, result).await {

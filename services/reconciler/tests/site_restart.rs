@@ -99,6 +99,7 @@ async fn a_redelivered_destructive_command_runs_once_across_a_site_restart() {
             action: PowerAction::Cycle,
         }),
         issued_at: chrono::Utc::now(),
+        deadline: None,
     };
     let tenant = bcm_testkit::tenant_a();
     let msg = bcm_bus::outgoing::command(

@@ -620,6 +620,8 @@ async fn start_attempt(
             node_id: Some(node.id),
             command,
             issued_at: now,
+            // The site refuses it once the engine stopped waiting for it.
+            deadline: step.deadline_at,
         };
         writes
             .events

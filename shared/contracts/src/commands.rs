@@ -447,12 +447,23 @@ pub struct CommandEnvelope {
     #[serde(flatten)]
     pub command: Command,
     pub issued_at: DateTime<Utc>,
+    /// After this the control plane no longer waits for it (a workflow
+    /// step's deadline): a site that receives it later refuses it unrun,
+    /// so a command stuck in a queue never acts behind the engine's back.
+    /// Absent: no deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<DateTime<Utc>>,
 }
 
 impl CommandEnvelope {
     /// The command's kind.
     pub fn kind(&self) -> CommandKind {
         self.command.kind()
+    }
+
+    /// Whether its deadline has passed at `now`.
+    pub fn expired(&self, now: DateTime<Utc>) -> bool {
+        self.deadline.is_some_and(|d| now >= d)
     }
 }
 
@@ -467,6 +478,8 @@ struct EnvelopeWire {
     node_id: Option<NodeId>,
     params: serde_json::Value,
     issued_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    deadline: Option<DateTime<Utc>>,
 }
 
 impl TryFrom<EnvelopeWire> for CommandEnvelope {
@@ -478,6 +491,7 @@ impl TryFrom<EnvelopeWire> for CommandEnvelope {
             site_id: w.site_id,
             node_id: w.node_id,
             issued_at: w.issued_at,
+            deadline: w.deadline,
         })
     }
 }
@@ -491,6 +505,7 @@ impl From<CommandEnvelope> for EnvelopeWire {
             site_id: c.site_id,
             node_id: c.node_id,
             issued_at: c.issued_at,
+            deadline: c.deadline,
         }
     }
 }

@@ -53,6 +53,18 @@ impl CommandResult {
         }
     }
 
+    /// The answer to a command that arrived after its deadline: not run,
+    /// and not retryable (the control plane stopped waiting for it; a
+    /// retry is a new command).
+    pub fn expired(cmd: &CommandEnvelope) -> Self {
+        let at = cmd.deadline.map(|d| d.to_rfc3339()).unwrap_or_default();
+        Self::failed(
+            cmd,
+            false,
+            format!("expired: the command's deadline ({at}) passed before it ran; not run"),
+        )
+    }
+
     /// The output as JSON (`{}` when there is none), as the command row
     /// stores it.
     pub fn output_json(&self) -> serde_json::Value {

@@ -289,6 +289,7 @@ fn every_command_kind_validates_against_cmd_command_json_and_round_trips() {
             node_id: Some(node()),
             command,
             issued_at: chrono::Utc::now(),
+            deadline: None,
         };
         holds(
             "cmd.command.json",
@@ -551,6 +552,7 @@ fn what_the_types_refuse_the_schemas_refuse() {
             action: PowerAction::On,
         }),
         issued_at: chrono::Utc::now(),
+        deadline: None,
     };
     let good = serde_json::to_value(ev("cmd.bmc.power", envelope)).expect("json");
     let validator = schema("cmd.command.json");

@@ -35,6 +35,10 @@ pub async fn sealed_in_txn(tx: &mut Tx<'_>, secret_id: &str) -> Result<SealedVal
     })
 }
 
+/// How long a one-leaf BMC command (a power verb, a power read, a
+/// rotation) may wait to reach its site: later, the site refuses it unrun.
+pub const LEAF_COMMAND_TTL: chrono::Duration = chrono::Duration::minutes(15);
+
 /// Records a one-leaf BMC command for `node` (not part of a workflow) and
 /// returns it with its outbox message, for the caller's transaction: the
 /// row exists before the command is sent, and only if the caller commits.
@@ -46,12 +50,14 @@ pub async fn leaf_command_in_txn(
     purpose: &str,
     command: impl FnOnce(BmcTarget) -> Command,
 ) -> Result<(CommandEnvelope, bcm_db::outbox::NewOutboxMessage), DbError> {
+    let now = chrono::Utc::now();
     let cmd = CommandEnvelope {
         command_id: bcm_core::CommandId::generate().to_string(),
         site_id: node.site_id.clone(),
         node_id: Some(node.id),
         command: command(target_in_txn(tx, node).await?),
-        issued_at: chrono::Utc::now(),
+        issued_at: now,
+        deadline: Some(now + LEAF_COMMAND_TTL),
     };
     bcm_db::commands::command_insert_in_txn(
         tx,

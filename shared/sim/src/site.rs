@@ -424,6 +424,11 @@ impl SiteHandler {
             Ok(None) => {}
             Err(e) => return Err(format!("reading the run record: {e}")),
         }
+        if cmd.expired(chrono::Utc::now()) {
+            // The control plane stopped waiting for it: not run.
+            tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), "sim: refused a command past its deadline; not run");
+            return Ok(CommandResult::expired(cmd));
+        }
         match store.begin_run(&cmd.command_id).await {
             Ok(true) => {}
             Ok(false) => return Ok(interrupted()),

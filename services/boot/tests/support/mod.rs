@@ -148,6 +148,7 @@ pub async fn command(env: &TestEnv, kind: &str, params: serde_json::Value) -> St
         node_id: None,
         command,
         issued_at: chrono::Utc::now(),
+        deadline: None,
     };
     let ev = CloudEvent::new(
         format!("cmd-{}", cmd.command_id),
