@@ -466,5 +466,14 @@ if [ "${E2E_NEGATIVE:-1}" = 1 ]; then
   neg=e2e-bios; grep -qw bios <<<"$FIRMWARE" || neg="e2e-$(awk '{print $1}' <<<"$FIRMWARE")"
   phase "negative: read-only disk at release → failed UNVERIFIED_WIPE ($neg)" negative "$neg"
 fi
+# Every process ran under its own bus identity: a request its permissions
+# refuse is a bug (a refused JetStream request waits out its timeout).
+bus_permissions() {
+  if grep -h "Permissions Violation" "$dir"/logs/allinone.log "$dir"/logs/bmc.log "$dir"/logs/boot.log; then
+    echo "a service was refused by the bus's permissions (above)" >&2
+    return 1
+  fi
+}
+phase "no service refused by the bus's permissions" bus_permissions
 phase_name=""
 say "PASS"

@@ -173,22 +173,6 @@ impl Handler<CloudEvent<CommandEnvelope>> for BmcHandler {
     }
 }
 
-/// A stored result of `command_id`, if the results stream has one.
-async fn stored_result(ctx: &Ctx, command_id: &str) -> Option<()> {
-    let subjects = ctx.bus.subjects();
-    let stream = ctx
-        .bus
-        .jetstream()
-        .get_stream(subjects.stream(StreamKind::Results))
-        .await
-        .ok()?;
-    stream
-        .get_last_raw_message_by_subject(&subjects.result(&ctx.site, command_id))
-        .await
-        .ok()
-        .map(|_| ())
-}
-
 /// Why a delivered command is not this service's to run, if it is not.
 fn misaddressed(ctx: &Ctx, subject: &str, cmd: &CommandEnvelope) -> Option<String> {
     if cmd.kind().family() != Family::Bmc {
@@ -213,10 +197,10 @@ async fn handle(ctx: &Ctx, m: &Incoming<CloudEvent<CommandEnvelope>>) -> Disposi
     if let Some(why) = misaddressed(ctx, m.subject(), cmd) {
         return Disposition::Reject(why);
     }
-    if stored_result(ctx, &cmd.command_id).await.is_some() {
-        tracing::info!(command = %cmd.command_id, "redelivered command already has a result; acking");
-        return Disposition::Done;
-    }
+    // A redelivery of a command that changes the machine is answered from
+    // its run record below; one that only reads is read again (harmless).
+    // The results stream is not read: this service's bus identity may not
+    // read other sites' results, and needs not.
     if !ctx
         .in_flight
         .lock()

@@ -140,12 +140,21 @@ pub fn sim_consumer(subjects: &Subjects, site: &SiteId, families: &[&str]) -> (S
     }
 }
 
-/// The permissions of `identity` whose inbox prefix is `inbox`.
-pub fn permissions(subjects: &Subjects, identity: &Identity, inbox: &str) -> Permissions {
+/// The permissions of `identity` whose inbox prefix is `inbox`;
+/// `control_inboxes` are the inbox prefixes of the control plane's
+/// identities, which a control-plane service may answer on (the
+/// attestation service answers the API's requests, also after a reconnect,
+/// when the server no longer knows the request it answers).
+pub fn permissions(
+    subjects: &Subjects,
+    identity: &Identity,
+    inbox: &str,
+    control_inboxes: &[String],
+) -> Permissions {
     let own_inbox = format!("{inbox}.>");
     match identity {
         Identity::ControlPlane(_) => Permissions {
-            publish_allow: vec![
+            publish_allow: [
                 "$JS.API.>".to_owned(),
                 "$JS.ACK.>".to_owned(),
                 "$JS.FC.>".to_owned(),
@@ -155,7 +164,10 @@ pub fn permissions(subjects: &Subjects, identity: &Identity, inbox: &str) -> Per
                 subjects.stream_subjects(StreamKind::Commands).remove(0),
                 subjects.stream_subjects(StreamKind::DeadLetter).remove(0),
                 subjects.attest(">"),
-            ],
+            ]
+            .into_iter()
+            .chain(control_inboxes.iter().map(|i| format!("{i}.>")))
+            .collect(),
             // Only a site answers for itself.
             publish_deny: vec![subjects.results_all()],
             subscribe_allow: vec![own_inbox, subjects.attest(">")],
@@ -224,8 +236,18 @@ fn quoted(list: &[String]) -> String {
 
 /// One entry of the server's `users` list: the identity's public key and
 /// its permissions.
-pub fn user_entry(subjects: &Subjects, identity: &Identity, public_key: &str) -> String {
-    let p = permissions(subjects, identity, &inbox_prefix(public_key));
+pub fn user_entry(
+    subjects: &Subjects,
+    identity: &Identity,
+    public_key: &str,
+    control_inboxes: &[String],
+) -> String {
+    let p = permissions(
+        subjects,
+        identity,
+        &inbox_prefix(public_key),
+        control_inboxes,
+    );
     let mut publish = format!("allow: {}", quoted(&p.publish_allow));
     if !p.publish_deny.is_empty() {
         publish.push_str(&format!(", deny: {}", quoted(&p.publish_deny)));
@@ -264,8 +286,7 @@ pub fn generate(dir: &Path, subjects: &Subjects, sites: &[SiteId]) -> Result<Gen
         why: e.to_string(),
     };
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    let mut entries = String::new();
-    let mut seeds = vec![];
+    let mut keys = vec![];
     for identity in Identity::all_for(sites) {
         let path = dir.join(format!("{}.nk", identity.name()));
         let key = if path.exists() {
@@ -279,7 +300,17 @@ pub fn generate(dir: &Path, subjects: &Subjects, sites: &[SiteId]) -> Result<Gen
             write_private(&path, &format!("{seed}\n")).map_err(|e| io(&path, e))?;
             key
         };
-        entries.push_str(&user_entry(subjects, &identity, &key.public_key()));
+        keys.push((identity, path, key.public_key()));
+    }
+    let control_inboxes: Vec<String> = keys
+        .iter()
+        .filter(|(i, _, _)| matches!(i, Identity::ControlPlane(_)))
+        .map(|(_, _, pk)| inbox_prefix(pk))
+        .collect();
+    let mut entries = String::new();
+    let mut seeds = vec![];
+    for (identity, path, pk) in keys {
+        entries.push_str(&user_entry(subjects, &identity, &pk, &control_inboxes));
         seeds.push((identity, path));
     }
     let users = dir.join("users.conf");
@@ -340,7 +371,12 @@ mod tests {
     #[test]
     fn a_site_may_touch_only_its_own_commands_results_and_buckets() {
         let s = Subjects::new(None, 16);
-        let p = permissions(&s, &Identity::Bmc(site("a")), "_INBOX_X");
+        let p = permissions(
+            &s,
+            &Identity::Bmc(site("a")),
+            "_INBOX_X",
+            &["_INBOX_C".into()],
+        );
         assert!(p
             .publish_allow
             .contains(&"$JS.API.CONSUMER.CREATE.BCM_COMMANDS.bmc-a.cmd.a.bmc.>".to_owned()));
@@ -350,14 +386,21 @@ mod tests {
             && !s.contains("STREAM.CREATE.BCM_")
             && s != "$JS.API.>"));
         assert_eq!(p.subscribe_allow, vec!["_INBOX_X.>".to_owned()]);
-        let c = permissions(&s, &Identity::ControlPlane("api".into()), "_INBOX_Y");
+        assert!(!p.publish_allow.iter().any(|s| s.starts_with("_INBOX")));
+        let c = permissions(
+            &s,
+            &Identity::ControlPlane("api".into()),
+            "_INBOX_Y",
+            &["_INBOX_C".into()],
+        );
         assert_eq!(c.publish_deny, vec!["result.>".to_owned()]);
+        assert!(c.publish_allow.contains(&"_INBOX_C.>".to_owned()));
     }
 
     #[test]
     fn namespaced_permissions_follow_the_namespace() {
         let s = Subjects::new(Some("t1".into()), 16);
-        let p = permissions(&s, &Identity::Boot(site("a")), "_INBOX_X");
+        let p = permissions(&s, &Identity::Boot(site("a")), "_INBOX_X", &[]);
         assert!(p.publish_allow.contains(&"t1.result.a.>".to_owned()));
         assert!(p.publish_allow.contains(
             &"$JS.API.CONSUMER.CREATE.BCM_T1_COMMANDS.boot-a.t1.cmd.a.site.>".to_owned()

@@ -120,6 +120,24 @@ nkey_file = "{ids}/sim-local.nk"
     )
 }
 
+/// The lines of the processes' logs where the server refused a request
+/// under the bus permissions.
+fn bus_refusals(logs: &std::path::Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(logs) else {
+        return vec![];
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter(|l| l.contains("Permissions Violation"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -268,7 +286,14 @@ async fn run(
             vec![]
         }
     };
-    let held = v.held() && exited.is_empty() && crashed.is_empty() && phases.len() == 3;
+    // Every process ran under its own bus identity: a request its
+    // permissions refused is a bug (it waits out a timeout and fails).
+    let refused = bus_refusals(&dir.join("logs"));
+    let held = v.held()
+        && exited.is_empty()
+        && crashed.is_empty()
+        && phases.len() == 3
+        && refused.is_empty();
     let figures = json!({
         "nodes": args.nodes,
         "quiet": args.quiet,
@@ -287,10 +312,14 @@ async fn run(
         "nodesNotAtTarget": v.not_ready.len(),
         "exitedByThemselves": exited,
         "crashedDuringRun": crashed,
+        "busPermissionRefusals": refused.len(),
         "slowestSigtermStopMs": slowest_stop.as_millis(),
         "held": held,
     });
     println!("{figures}");
+    for line in refused.iter().take(10) {
+        eprintln!("chaos: refused by the bus: {line}");
+    }
     for id in v.lost.iter().take(10) {
         eprintln!("chaos: lost event {id}");
     }
