@@ -59,7 +59,7 @@ step "PXE boot test: QEMU, OVMF, iPXE, dnsmasq; a Debian kernel and a busybox ra
 e2e_env="$("$repo/tests/boot-e2e/build.sh")"
 eval "$e2e_env"
 
-step "cargo test (Postgres $DATABASE_URL, NATS $NATS_URL)"
+step "cargo test (Postgres $DATABASE_URL, NATS ${NATS_URL/\/\/*@/\/\/})"
 cargo test --workspace --no-fail-fast
 
 step "API conformance: schemathesis against a running bcm from its OpenAPI document, then a generated Python client"
