@@ -341,7 +341,7 @@ pub async fn enroll(
             hardware_profile,
         )
     };
-    let rows = outbox::created(a.bus.subjects(), &node, "enroll");
+    let rows = outbox::created(a.bus.subjects(), &node, "enroll", Some(&who.name));
     let mut tx = a.db.begin().await?;
     bcm_db::secrets::secret_insert_in_txn(&mut tx, &secret).await?;
     nodes::node_insert_in_txn(&mut tx, &node).await?;
@@ -496,6 +496,7 @@ async fn run_verb(
             &t,
             verb.as_str(),
             bcm_metal::moves::FollowUp::Reconcile,
+            Some(&who.name),
         )
         .await?
     };

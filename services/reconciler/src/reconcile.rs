@@ -217,6 +217,7 @@ async fn apply_move(
         &t,
         &name,
         bcm_metal::moves::FollowUp::InPass,
+        None,
     )
     .await?;
     Ok(Some((written, t.to)))

@@ -129,6 +129,12 @@ pub struct NodeProvisionChanged {
     pub last_error: Option<String>,
     pub maintenance: bool,
     pub version: i64,
+    /// The principal whose verb made the move (an API token's principal
+    /// name, `admin` for the bootstrap admin); absent for the control
+    /// plane's own moves (`complete`, `fail`, …) and for an adoption (the
+    /// machine's agent joined with a pool's token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
 }
 
 /// `node.provision.workflow`: a state's workflow started.

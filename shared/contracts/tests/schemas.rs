@@ -360,6 +360,7 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 last_error: None,
                 maintenance: false,
                 version: 9,
+                actor: Some("team-a-operator".into()),
             },
         ),
     );

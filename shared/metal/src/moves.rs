@@ -36,9 +36,9 @@ pub enum FollowUp {
     InPass,
 }
 
-/// Writes `next` with the version guard, then the event of `t` (and, for
-/// `FollowUp::Reconcile`, a reconcile request) into the outbox. Returns the
-/// node as stored.
+/// Writes `next` with the version guard, then the event of `t` (naming
+/// `actor`, the principal whose verb it is) and, for `FollowUp::Reconcile`,
+/// a reconcile request into the outbox. Returns the node as stored.
 pub async fn commit_in_txn(
     tx: &mut Tx<'_>,
     subjects: &Subjects,
@@ -46,6 +46,7 @@ pub async fn commit_in_txn(
     t: &Transition,
     move_name: &str,
     follow_up: FollowUp,
+    actor: Option<&str>,
 ) -> Result<Node, DbError> {
     let version = nodes::node_update_guarded_in_txn(tx, &next).await?;
     let next = Node { version, ..next };
@@ -56,6 +57,7 @@ pub async fn commit_in_txn(
             &next,
             Some(t.from),
             move_name,
+            actor,
         )),
         Some(MoveEvent::Unrescuing) => rows.push(outbox::event(
             subjects,

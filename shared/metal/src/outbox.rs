@@ -34,7 +34,12 @@ pub fn event<T: EventData>(subjects: &Subjects, node: &Node, data: T) -> NewOutb
 
 /// The rows a new node is created with: `node.enrolled`,
 /// `node.provision.<state>` (moved by `move_name`) and a reconcile request.
-pub fn created(subjects: &Subjects, node: &Node, move_name: &str) -> Vec<NewOutboxMessage> {
+pub fn created(
+    subjects: &Subjects,
+    node: &Node,
+    move_name: &str,
+    actor: Option<&str>,
+) -> Vec<NewOutboxMessage> {
     let enrolled = event(
         subjects,
         node,
@@ -51,17 +56,19 @@ pub fn created(subjects: &Subjects, node: &Node, move_name: &str) -> Vec<NewOutb
     );
     vec![
         enrolled,
-        provision_event(subjects, node, None, move_name),
+        provision_event(subjects, node, None, move_name, actor),
         reconcile(subjects, node, move_name),
     ]
 }
 
-/// `node.provision.<state>` for the node as it is now.
+/// `node.provision.<state>` for the node as it is now, made by `actor`'s
+/// verb (none for the control plane's own moves).
 pub fn provision_event(
     subjects: &Subjects,
     node: &Node,
     previous: Option<bcm_core::ProvisionState>,
     move_name: &str,
+    actor: Option<&str>,
 ) -> NewOutboxMessage {
     event(
         subjects,
@@ -78,6 +85,7 @@ pub fn provision_event(
             last_error: node.last_error.clone(),
             maintenance: node.maintenance,
             version: node.version,
+            actor: actor.map(str::to_owned),
         },
     )
 }

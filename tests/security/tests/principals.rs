@@ -117,3 +117,62 @@ async fn a_revoked_token_is_refused_on_its_next_request() {
     assert_eq!(again["revokedAt"].as_str(), Some(at.as_str()));
     env.stop();
 }
+
+#[tokio::test]
+async fn a_verb_names_its_principal_on_its_event() {
+    let env = TestEnv::start_with(Options {
+        engine: false,
+        ..Options::default()
+    })
+    .await
+    .expect("env");
+    let tenant = bcm_testkit::tenant_a();
+    let reader = env
+        .events_consumer(
+            "actors",
+            &env.subjects().provision_events_of_tenant(&tenant),
+        )
+        .await
+        .expect("consumer");
+    let operator = env
+        .token(
+            "team-a-operator",
+            &[
+                ("compute:pools:enroll", "tenant", "a"),
+                ("compute:nodes:provision", "tenant", "a"),
+            ],
+        )
+        .await
+        .expect("token");
+    let (status, node) = env
+        .post(
+            "/api/compute/metal/enroll",
+            Some(&operator),
+            &serde_json::json!({"tenantId": "a", "poolId": "a-pool",
+                "bmc": {"driver": "sim", "address": "sim://actor-1", "username": "admin", "password": "pw"}}),
+        )
+        .await
+        .expect("enroll");
+    assert_eq!(status, 200, "{node}");
+    // The admin's verb on the same node: `abort` from `enrolling`.
+    let id: bcm_core::NodeId = node["nodeId"]
+        .as_str()
+        .and_then(|i| i.parse().ok())
+        .expect("id");
+    env.verb_ok("abort", &id, serde_json::json!({"reason": "test"}))
+        .await;
+    let events = reader
+        .read(2, std::time::Duration::from_secs(20))
+        .await
+        .expect("events");
+    let actor = |mv: &str| {
+        events
+            .iter()
+            .find(|e| e.event.data["move"] == mv)
+            .map(|e| e.event.data["actor"].clone())
+            .unwrap_or_else(|| panic!("no {mv} event in {events:?}"))
+    };
+    assert_eq!(actor("enroll"), "team-a-operator");
+    assert_eq!(actor("abort"), "admin");
+    env.stop();
+}
