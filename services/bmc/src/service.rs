@@ -146,11 +146,9 @@ impl Ctx {
 /// Runs the loop until `shutdown`, setting the consumer up again on errors.
 pub async fn run(ctx: Arc<Ctx>, shutdown: CancellationToken) {
     let subjects = ctx.bus.subjects();
-    let mut spec = ConsumerSpec::new(
-        StreamKind::Commands,
-        format!("bmc-{}", ctx.site),
-        vec![subjects.commands_of_site_family(&ctx.site, "bmc")],
-    );
+    // The name and filter its bus identity may use.
+    let (durable, filter) = bcm_bus::auth::bmc_consumer(subjects, &ctx.site);
+    let mut spec = ConsumerSpec::new(StreamKind::Commands, durable, vec![filter]);
     spec.max_deliver = 50;
     spec.concurrency = ctx.concurrency.max(1);
     let bus = ctx.bus.clone();

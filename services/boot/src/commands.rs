@@ -197,11 +197,9 @@ impl SiteHandler {
 /// Consumes `cmd.<site>.site.>` (durable `boot-<site>`, shared by every
 /// boot process of the site) until `shutdown`.
 pub async fn run(bus: Bus, site: SiteId, kv: Store, shutdown: CancellationToken) {
-    let mut spec = ConsumerSpec::new(
-        StreamKind::Commands,
-        format!("boot-{site}"),
-        vec![bus.subjects().commands_of_site_family(&site, "site")],
-    );
+    // The name and filter its bus identity may use.
+    let (durable, filter) = bcm_bus::auth::boot_consumer(bus.subjects(), &site);
+    let mut spec = ConsumerSpec::new(StreamKind::Commands, durable, vec![filter]);
     spec.max_deliver = 50;
     spec.concurrency = 16;
     let handler = Arc::new(SiteHandler {

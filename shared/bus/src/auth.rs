@@ -124,6 +124,24 @@ fn own_bucket(bucket: &str) -> Vec<String> {
     ]
 }
 
+/// The BMC service's durable consumer of `site` and its command filter
+/// (`bcm_bmc` reads with it; its identity may use no other).
+pub fn bmc_consumer(subjects: &Subjects, site: &SiteId) -> (String, String) {
+    (
+        format!("bmc-{site}"),
+        subjects.commands_of_site_family(site, "bmc"),
+    )
+}
+
+/// The boot service's durable consumer of `site` (shared by every boot
+/// process of the site) and its command filter.
+pub fn boot_consumer(subjects: &Subjects, site: &SiteId) -> (String, String) {
+    (
+        format!("boot-{site}"),
+        subjects.commands_of_site_family(site, "site"),
+    )
+}
+
 /// The consumer name and command filter the simulated site uses when it
 /// plays `families` of `site` (`bcm_sim::site::run` names them).
 pub fn sim_consumer(subjects: &Subjects, site: &SiteId, families: &[&str]) -> (String, String) {
@@ -173,56 +191,55 @@ pub fn permissions(
             subscribe_allow: vec![own_inbox, subjects.attest(">")],
             allow_responses: true,
         },
-        Identity::Bmc(site) => {
-            let durable = format!("bmc-{site}");
-            let mut publish = site_consumer(
-                subjects,
-                site,
-                &durable,
-                &subjects.commands_of_site_family(site, "bmc"),
-            );
-            publish.extend(own_bucket(&subjects.kv_bucket("bmc_runs", site)));
-            Permissions {
-                publish_allow: publish,
-                publish_deny: vec![],
-                subscribe_allow: vec![own_inbox],
-                allow_responses: false,
-            }
-        }
-        Identity::Boot(site) => {
-            let durable = format!("boot-{site}");
-            let mut publish = site_consumer(
-                subjects,
-                site,
-                &durable,
-                &subjects.commands_of_site_family(site, "site"),
-            );
-            publish.extend(own_bucket(&subjects.kv_bucket("boot_entries", site)));
-            publish.extend(own_bucket(&subjects.kv_bucket("boot_lease", site)));
-            Permissions {
-                publish_allow: publish,
-                publish_deny: vec![],
-                subscribe_allow: vec![own_inbox],
-                allow_responses: false,
-            }
-        }
+        Identity::Bmc(site) => site_permissions(
+            subjects,
+            site,
+            own_inbox,
+            &[bmc_consumer(subjects, site)],
+            &["bmc_runs"],
+        ),
+        Identity::Boot(site) => site_permissions(
+            subjects,
+            site,
+            own_inbox,
+            &[boot_consumer(subjects, site)],
+            &["boot_entries", "boot_lease"],
+        ),
         Identity::Sim(site) => {
-            let mut publish = vec![];
-            for families in [&["bmc", "site"][..], &["bmc"][..], &["site"][..]] {
-                let (durable, filter) = sim_consumer(subjects, site, families);
-                publish.extend(site_consumer(subjects, site, &durable, &filter));
-            }
-            publish.sort();
-            publish.dedup();
-            publish.extend(own_bucket(&subjects.kv_bucket("sim", site)));
-            publish.extend(own_bucket(&subjects.kv_bucket("sim_runs", site)));
-            Permissions {
-                publish_allow: publish,
-                publish_deny: vec![],
-                subscribe_allow: vec![own_inbox],
-                allow_responses: false,
-            }
+            let consumers: Vec<(String, String)> =
+                [&["bmc", "site"][..], &["bmc"][..], &["site"][..]]
+                    .into_iter()
+                    .map(|families| sim_consumer(subjects, site, families))
+                    .collect();
+            site_permissions(subjects, site, own_inbox, &consumers, &["sim", "sim_runs"])
         }
+    }
+}
+
+/// What a site service may do: read its commands through `consumers`
+/// (durable name, filter), answer for its site, keep `buckets`, and
+/// subscribe only to its own inbox.
+fn site_permissions(
+    subjects: &Subjects,
+    site: &SiteId,
+    own_inbox: String,
+    consumers: &[(String, String)],
+    buckets: &[&str],
+) -> Permissions {
+    let mut publish: Vec<String> = consumers
+        .iter()
+        .flat_map(|(durable, filter)| site_consumer(subjects, site, durable, filter))
+        .collect();
+    publish.sort();
+    publish.dedup();
+    for bucket in buckets {
+        publish.extend(own_bucket(&subjects.kv_bucket(bucket, site)));
+    }
+    Permissions {
+        publish_allow: publish,
+        publish_deny: vec![],
+        subscribe_allow: vec![own_inbox],
+        allow_responses: false,
     }
 }
 
