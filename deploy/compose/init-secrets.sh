@@ -1,5 +1,7 @@
 #!/bin/sh
-# The compose stack's first start (the `secrets` service): generates what
+# The compose stack's first start (the `secrets` service, as the image's
+# user `bcm`, which owns the volume: the Dockerfile makes the directory so
+# a new volume starts with that owner): generates what
 # must never be committed, once, into the `secrets` volume, and leaves what
 # is there: an nkey per bus identity and the NATS server's authorization
 # of them (`bcm nats-auth`), the admin token, the sealing key, the Postgres
@@ -11,6 +13,11 @@ umask 077
 bcm nats-auth --dir "$d/nats" --site local --site lab >/dev/null
 new() { [ -s "$d/$1" ] || head -c "$2" /dev/urandom | od -An -tx1 | tr -d ' \n' >"$d/$1"; }
 new pg-password 24
+# The official postgres image reads POSTGRES_PASSWORD_FILE as its own user
+# (uid 999), not as ours: that one file is readable, the directory only
+# traversable (0711), every other file ours alone (0600).
+chmod 0711 "$d"
+chmod 0644 "$d/pg-password"
 [ -s "$d/admin-token" ] || echo "bcm_$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')" >"$d/admin-token"
 [ -s "$d/sealing-key" ] || head -c 32 /dev/urandom | base64 >"$d/sealing-key"
 token="$(cat "$d/admin-token")"
