@@ -222,6 +222,7 @@ async fn main() -> anyhow::Result<()> {
         http_listen: "127.0.0.1:0".parse()?,
         http_port: None,
         lease_ttl_secs: 6,
+        script_link_ttl_secs: 120,
         holder: Some("bench".into()),
         image_cache: dir.join("cache"),
         images: vec![],
@@ -256,19 +257,26 @@ async fn main() -> anyhow::Result<()> {
     let ours = tokio::task::spawn_blocking(run_client).await?;
     print_dhcp("bcm-boot", ours);
 
-    // iPXE scripts over HTTP.
+    // iPXE scripts over HTTP, each behind a one-time link as a DHCP answer
+    // would mint it.
     let http = reqwest::Client::new();
-    let url = format!("http://{}/ipxe/{mac}", running.http);
+    let live = running.entries.live(&m).expect("entry");
     let mut lat = vec![];
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..32 {
-        let (http, url) = (http.clone(), url.clone());
+        let (http, nonces, live, base) = (
+            http.clone(),
+            running.nonces.clone(),
+            live.clone(),
+            format!("http://{}/ipxe", running.http),
+        );
         tasks.spawn(async move {
             let mut mine = vec![];
             let begin = Instant::now();
             while begin.elapsed() < Duration::from_secs(5) {
                 let t = Instant::now();
+                let url = format!("{base}/{}", nonces.mint(m, &live));
                 if http
                     .get(&url)
                     .send()

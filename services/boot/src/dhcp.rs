@@ -5,7 +5,8 @@
 //! (`siaddr`; Debian's iPXE ignores an offer without it) and picks the boot
 //! file by client architecture (option 93). A client already running iPXE
 //! (user class `iPXE`, or option 175) gets the HTTP URL of its script, so
-//! there is no chain-loading loop. Everything else is dropped with a reason.
+//! there is no chain-loading loop; that URL carries a per-boot nonce the
+//! caller mints ([`crate::nonces`]), never the MAC. Everything else is dropped with a reason.
 
 use dhcproto::v4::{DhcpOption, DhcpOptions, HType, Message, MessageType, Opcode, OptionCode};
 use dhcproto::{Decodable, Decoder, Encodable, Encoder};
@@ -46,9 +47,9 @@ impl ProxyConfig {
         format!("http://{}:{}{path}", self.server_ip, self.http_port)
     }
 
-    /// The iPXE script URL of `mac`.
-    pub fn script_url(&self, mac: &Mac) -> String {
-        self.http(&format!("/ipxe/{mac}"))
+    /// The iPXE script URL behind the per-boot `nonce`.
+    pub fn script_url(&self, nonce: &str) -> String {
+        self.http(&format!("/ipxe/{nonce}"))
     }
 }
 
@@ -139,12 +140,10 @@ pub fn classify(msg: &Message, port: Port) -> Result<Client, Drop> {
     })
 }
 
-/// The boot file for a client: its script for iPXE, an HTTP URL for UEFI
-/// HTTP boot, else the TFTP file of its firmware.
+/// The boot file for a firmware client (iPXE gets its script's link
+/// instead): an HTTP URL for UEFI HTTP boot, else the TFTP file of its
+/// firmware.
 pub fn boot_file(cfg: &ProxyConfig, c: &Client) -> Result<String, Drop> {
-    if c.ipxe {
-        return Ok(cfg.script_url(&c.mac));
-    }
     let arch = c.arch.unwrap_or(0);
     let tftp = match arch {
         0 => &cfg.bios_file,
@@ -214,13 +213,15 @@ pub fn well_formed(packet: &[u8]) -> Result<(), Drop> {
 }
 
 /// Decides the reply to one datagram received on `port` from `from`;
-/// `has_entry` says whether a MAC has a live boot entry.
+/// `has_entry` says whether a MAC has a live boot entry, and `mint_link`
+/// gives an iPXE client's per-boot script nonce (`None`: the entry is gone).
 pub fn answer(
     cfg: &ProxyConfig,
     packet: &[u8],
     port: Port,
     from: SocketAddrV4,
     has_entry: impl Fn(&Mac) -> bool,
+    mint_link: impl FnOnce(&Mac) -> Option<String>,
 ) -> Result<Reply, Drop> {
     if packet.len() > MAX_PACKET {
         return Err(Drop::Malformed(format!("{} bytes", packet.len())));
@@ -234,7 +235,12 @@ pub fn answer(
     if !has_entry(&client.mac) {
         return Err(Drop::UnknownMac(client.mac));
     }
-    let file = boot_file(cfg, &client)?;
+    let file = if client.ipxe {
+        let nonce = mint_link(&client.mac).ok_or(Drop::UnknownMac(client.mac))?;
+        cfg.script_url(&nonce)
+    } else {
+        boot_file(cfg, &client)?
+    };
 
     let mut reply = Message::default();
     reply

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::dhcp::{self, Port, ProxyConfig};
 use crate::entries::Entries;
 use crate::lease::Lease;
+use crate::nonces::Nonces;
 use crate::DhcpConfig;
 
 /// A UDP socket bound to `addr` (optionally to `interface`), with
@@ -41,6 +42,7 @@ pub struct DhcpServer {
     proxy: ProxyConfig,
     broadcast: Ipv4Addr,
     entries: Arc<Entries>,
+    nonces: Arc<Nonces>,
     lease: Arc<Lease>,
 }
 
@@ -50,6 +52,7 @@ impl DhcpServer {
         cfg: &DhcpConfig,
         proxy: ProxyConfig,
         entries: Arc<Entries>,
+        nonces: Arc<Nonces>,
         lease: Arc<Lease>,
     ) -> std::io::Result<Self> {
         let bind = |port| {
@@ -66,6 +69,7 @@ impl DhcpServer {
             proxy,
             broadcast: cfg.broadcast,
             entries,
+            nonces,
             lease,
         })
     }
@@ -108,9 +112,18 @@ impl DhcpServer {
                 tracing::trace!(%from, "not the site's active boot server; not answering");
                 continue;
             }
-            match dhcp::answer(&self.proxy, &buf[..len], port, from, |m| {
-                self.entries.live(m).is_some()
-            }) {
+            let link = |m: &crate::entries::Mac| {
+                let entry = self.entries.live(m)?;
+                Some(self.nonces.mint(*m, &entry))
+            };
+            match dhcp::answer(
+                &self.proxy,
+                &buf[..len],
+                port,
+                from,
+                |m| self.entries.live(m).is_some(),
+                link,
+            ) {
                 Ok(mut reply) => {
                     if reply.to.ip().is_broadcast() {
                         reply.to = SocketAddrV4::new(self.broadcast, reply.to.port());

@@ -1,8 +1,10 @@
 //! The boot service over HTTP:
-//! - `GET /ipxe/{mac}`: the iPXE script of a MAC's live entry (`#!ipxe`,
-//!   `kernel` with its command line, `initrd`, `boot`); an unknown MAC or a
-//!   dead entry gets a script that says so and `exit`s, so the firmware
-//!   falls through to its next boot device;
+//! - `GET /ipxe/{nonce}`: the iPXE script (`#!ipxe`, `kernel` with its
+//!   command line, `initrd`, `boot`) behind a per-boot link a DHCP answer
+//!   named ([`crate::nonces`]), once; a MAC, an unknown, used or expired
+//!   link, or one whose entry was replaced or has died, gets 404 and
+//!   nothing of any entry (iPXE then falls through to the next boot
+//!   device);
 //! - `GET /boot/{file}`: the iPXE builds for UEFI HTTP boot (the same files
 //!   and the same path checks as TFTP);
 //! - `GET /images/{path}`: the pre-warmed image cache, with Range support;
@@ -19,12 +21,14 @@ use std::sync::Arc;
 use crate::dhcp::ProxyConfig;
 use crate::entries::{BootEntry, Entries, Mac};
 use crate::lease::Lease;
+use crate::nonces::Nonces;
 use crate::tftp::RootHandler;
 
 /// What the handlers share.
 #[derive(Clone)]
 pub struct HttpState {
     pub entries: Arc<Entries>,
+    pub nonces: Arc<Nonces>,
     pub lease: Arc<Lease>,
     pub proxy: ProxyConfig,
     pub boot_files: RootHandler,
@@ -35,7 +39,7 @@ pub struct HttpState {
 pub fn router(state: HttpState) -> Router {
     let images = tower_http::services::ServeDir::new(&state.image_cache);
     Router::new()
-        .route("/ipxe/{mac}", get(script))
+        .route("/ipxe/{nonce}", get(script))
         .route("/boot/{file}", get(boot_file))
         .route("/healthz", get(health))
         .nest_service("/images", images)
@@ -78,21 +82,28 @@ fn ipxe(body: String) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
 }
 
-async fn script(State(s): State<HttpState>, UrlPath(mac): UrlPath<String>) -> Response {
-    let Some(mac) = Mac::parse(&mac) else {
-        return (StatusCode::BAD_REQUEST, "not a MAC address\n").into_response();
-    };
-    match s.entries.live(&mac) {
-        Some(e) => {
+async fn script(State(s): State<HttpState>, UrlPath(nonce): UrlPath<String>) -> Response {
+    let granted = s.nonces.redeem(&nonce).and_then(|g| {
+        s.entries
+            .live(&g.mac)
+            .filter(|e| g.matches(e))
+            .map(|e| (g.mac, e))
+    });
+    match granted {
+        Some((mac, e)) => {
             tracing::info!(%mac, node = e.node_id.as_deref().unwrap_or(""), "iPXE script served");
             metrics::counter!("bcm_boot_scripts_total", "outcome" => "entry").increment(1);
             ipxe(render(&s.proxy, &mac, &e))
         }
         None => {
-            metrics::counter!("bcm_boot_scripts_total", "outcome" => "unknown").increment(1);
-            ipxe(format!(
-                "#!ipxe\necho Better Compute Metal: no boot entry for {mac}; booting the next device\nexit\n"
-            ))
+            // The nonce is not logged: it names nothing worth keeping.
+            tracing::info!("an iPXE script was asked for with an unknown, used or expired link");
+            metrics::counter!("bcm_boot_scripts_total", "outcome" => "refused").increment(1);
+            (
+                StatusCode::NOT_FOUND,
+                "#!ipxe\necho Better Compute Metal: this boot link is unknown, used or expired; booting the next device\nexit\n",
+            )
+                .into_response()
         }
     }
 }

@@ -5,8 +5,11 @@
 //! shared by the site's boot processes through a JetStream KV bucket).
 //! Several processes may run per site: exactly one holds the site boot
 //! lease and answers DHCP; the others stand by and take over when its lease
-//! expires. TFTP and HTTP answer on every process (they hand out nothing a
-//! DHCP answer did not point at).
+//! expires. TFTP and HTTP answer on every process; an iPXE script is
+//! served only behind the per-boot link the DHCP answer named, which lives
+//! in the memory of the process that answered ([`nonces`]): a link of a
+//! process that lost its lease dies with it, and the machine's next DHCP
+//! exchange gets a fresh one.
 
 pub mod commands;
 pub mod dhcp;
@@ -15,6 +18,7 @@ pub mod entries;
 pub mod http;
 pub mod images;
 pub mod lease;
+pub mod nonces;
 pub mod proxy;
 pub mod tftp;
 
@@ -117,6 +121,9 @@ pub struct BootConfig {
     /// The port URLs name (the listen port unless behind a forwarder).
     #[serde(default)]
     pub http_port: Option<u16>,
+    /// Seconds a DHCP answer's script link (`/ipxe/<nonce>`) stays usable.
+    #[serde(default = "default_script_link_ttl")]
+    pub script_link_ttl_secs: u64,
     /// Seconds the site boot lease lives without renewal.
     #[serde(default = "default_lease_ttl")]
     pub lease_ttl_secs: u64,
@@ -153,6 +160,11 @@ fn default_uefi_x64_file() -> String {
 }
 fn default_uefi_arm64_file() -> String {
     "ipxe-arm64.efi".into()
+}
+fn default_script_link_ttl() -> u64 {
+    // iPXE fetches its script within a second of the answer; slow firmware
+    // and a loaded boot network get two minutes.
+    120
 }
 fn default_lease_ttl() -> u64 {
     6
@@ -201,6 +213,7 @@ pub enum BootError {
 pub struct Running {
     pub lease: Arc<lease::Lease>,
     pub entries: Arc<entries::Entries>,
+    pub nonces: Arc<nonces::Nonces>,
     pub dhcp: SocketAddr,
     pub pxe: SocketAddr,
     pub tftp: SocketAddr,
@@ -225,6 +238,9 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
     images::prewarm(&cfg.image_cache, &cfg.images).await?;
 
     let entries = Arc::new(entries::Entries::default());
+    let nonces = Arc::new(nonces::Nonces::new(Duration::from_secs(
+        cfg.script_link_ttl_secs.max(1),
+    )));
     let holder = cfg.holder.clone().unwrap_or_else(|| {
         format!(
             "{}-{}",
@@ -241,6 +257,7 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
     let proxy = cfg.proxy(http_addr.port());
     let app = http::router(http::HttpState {
         entries: entries.clone(),
+        nonces: nonces.clone(),
         lease: lease.clone(),
         proxy: proxy.clone(),
         boot_files: tftp::RootHandler::new(&cfg.boot_files)?,
@@ -295,7 +312,13 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
         }
     }));
 
-    let dhcp = dhcp_server::DhcpServer::bind(&cfg.dhcp, proxy, entries.clone(), lease.clone())?;
+    let dhcp = dhcp_server::DhcpServer::bind(
+        &cfg.dhcp,
+        proxy,
+        entries.clone(),
+        nonces.clone(),
+        lease.clone(),
+    )?;
     let (dhcp_addr, pxe_addr) = dhcp.local_addrs()?;
     tasks.push(tokio::spawn(dhcp.run(shutdown.clone())));
 
@@ -315,6 +338,7 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
     Ok(Running {
         lease,
         entries,
+        nonces,
         dhcp: dhcp_addr,
         pxe: pxe_addr,
         tftp: tftp_addr,

@@ -69,21 +69,26 @@ async fn pxe_clients_with_an_entry_get_a_proxy_answer_and_never_an_address() {
     assert_eq!(ack.yiaddr(), Ipv4Addr::UNSPECIFIED);
     assert_eq!(file(&ack), "ipxe.efi");
 
-    // iPXE itself (user class iPXE) → its script over HTTP, no loop.
+    // iPXE itself (user class iPXE) → its script over HTTP, no loop,
+    // behind a link of its own: never the MAC, never the same twice.
     let mut ipxe = Request::pxe(MAC, 0);
     ipxe.user_class = Some("iPXE");
     let script = client
         .ask(dhcp, &ipxe.bytes(), ANSWER)
         .await
         .expect("an offer to iPXE");
-    assert_eq!(
-        file(&script),
-        format!(
-            "http://127.0.0.1:{}/ipxe/{MAC_TEXT}",
-            boot.running.http.port()
-        )
-    );
+    let prefix = format!("http://127.0.0.1:{}/ipxe/", boot.running.http.port());
+    let link = file(&script);
+    let nonce = link.strip_prefix(&prefix).expect("a script link");
+    assert_eq!(nonce.len(), 32, "{link}");
+    assert!(nonce.chars().all(|c| c.is_ascii_hexdigit()), "{link}");
+    assert!(!link.contains(MAC_TEXT) && !link.contains("525400aa0001"));
     assert_eq!(script.siaddr(), Ipv4Addr::LOCALHOST);
+    let again = client
+        .ask(dhcp, &ipxe.bytes(), ANSWER)
+        .await
+        .expect("a second offer to iPXE");
+    assert_ne!(file(&again), link, "each answer has its own link");
 
     // UEFI HTTP boot (HTTPClient, arch 16) → an HTTP URL of ipxe.efi.
     let mut http = Request::pxe(MAC, 16);
@@ -138,20 +143,49 @@ async fn pxe_clients_with_an_entry_get_a_proxy_answer_and_never_an_address() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ipxe_script_names_the_entry_and_an_unknown_mac_exits() {
+async fn the_ipxe_script_opens_once_behind_its_link_and_never_by_mac() {
     let env = bcm_testkit::TestEnv::start().await.expect("env");
-    let (_dir, boot) = support::started(&env, "script", 9).await;
+    let client = Client::new().await;
+    let (_dir, boot) = support::started(&env, "script", client.port()).await;
+    boot.active().await;
     entry(&env, &boot, MAC_TEXT).await;
     let base = format!("http://{}", boot.running.http);
     let http = reqwest::Client::new();
-    let body = http
-        .get(format!("{base}/ipxe/{MAC_TEXT}"))
-        .send()
-        .await
-        .expect("script")
-        .text()
-        .await
-        .expect("text");
+    let get = |url: String| {
+        let http = http.clone();
+        async move {
+            let r = http.get(url).send().await.expect("script");
+            let status = r.status().as_u16();
+            (status, r.text().await.expect("text"))
+        }
+    };
+    let mut ipxe = Request::pxe(MAC, 0);
+    ipxe.user_class = Some("iPXE");
+    let link = file(
+        &client
+            .ask(boot.running.dhcp, &ipxe.bytes(), ANSWER)
+            .await
+            .expect("an offer to iPXE"),
+    );
+
+    // The MAC alone, in any spelling, and a made-up link: nothing.
+    for guess in [
+        format!("{base}/ipxe/{MAC_TEXT}"),
+        format!("{base}/ipxe/525400aa0001"),
+        format!("{base}/ipxe/{}", "0".repeat(32)),
+    ] {
+        let (status, body) = get(guess.clone()).await;
+        assert_eq!(status, 404, "{guess}: {body}");
+        assert!(
+            !body.contains("tok-123") && !body.contains("kernel"),
+            "{body}"
+        );
+        assert!(body.trim_end().ends_with("exit"), "{body}");
+    }
+
+    // The link: the script, once.
+    let (status, body) = get(link.clone()).await;
+    assert_eq!(status, 200, "{body}");
     assert!(body.starts_with("#!ipxe\n"), "{body}");
     assert!(
         body.contains(&format!(
@@ -161,19 +195,35 @@ async fn the_ipxe_script_names_the_entry_and_an_unknown_mac_exits() {
     );
     assert!(body.contains(&format!("initrd {base}/images/ramdisk/initrd.img\n")));
     assert!(body.trim_end().ends_with("boot"));
-    let unknown = http
-        .get(format!("{base}/ipxe/52:54:00:00:00:99"))
-        .send()
-        .await
-        .expect("script")
-        .text()
-        .await
-        .expect("text");
-    assert!(
-        unknown.contains("no boot entry for 52:54:00:00:00:99"),
-        "{unknown}"
+    let (status, replayed) = get(link).await;
+    assert_eq!(status, 404, "a replayed link: {replayed}");
+    assert!(!replayed.contains("tok-123"), "{replayed}");
+
+    // A link made for an entry that was replaced since opens nothing.
+    let stale = file(
+        &client
+            .ask(boot.running.dhcp, &ipxe.bytes(), ANSWER)
+            .await
+            .expect("an offer to iPXE"),
     );
-    assert!(unknown.trim_end().ends_with("exit"));
+    let m = bcm_boot::entries::Mac::parse(MAC_TEXT).expect("mac");
+    let before = boot.running.entries.live(&m).expect("entry").expires_at;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    entry(&env, &boot, MAC_TEXT).await;
+    for _ in 0..200 {
+        if boot
+            .running
+            .entries
+            .live(&m)
+            .is_some_and(|e| e.expires_at != before)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (status, body) = get(stale).await;
+    assert_eq!(status, 404, "a link of a replaced entry: {body}");
+
     // UEFI HTTP boot fetches the same files as TFTP, with the same checks.
     let efi = http
         .get(format!("{base}/boot/ipxe.efi"))
@@ -269,7 +319,7 @@ proptest! {
     #[test]
     fn any_datagram_is_answered_without_an_address_or_not_at_all(bytes in proptest::collection::vec(any::<u8>(), 0..2000)) {
         for port in [bcm_boot::dhcp::Port::Dhcp, bcm_boot::dhcp::Port::Pxe] {
-            if let Ok(r) = bcm_boot::dhcp::answer(&proxy(), &bytes, port, from(), |_| true) {
+            if let Ok(r) = bcm_boot::dhcp::answer(&proxy(), &bytes, port, from(), |_| true, |_| Some("n".into())) {
                 use dhcproto::Decodable as _;
                 let m = dhcproto::v4::Message::decode(&mut dhcproto::Decoder::new(&r.bytes)).expect("decodes");
                 prop_assert_eq!(m.yiaddr(), Ipv4Addr::UNSPECIFIED);
@@ -286,7 +336,7 @@ proptest! {
             let i = at % p.len();
             p[i] = v;
         }
-        if let Ok(r) = bcm_boot::dhcp::answer(&proxy(), &p, bcm_boot::dhcp::Port::Dhcp, from(), |_| true) {
+        if let Ok(r) = bcm_boot::dhcp::answer(&proxy(), &p, bcm_boot::dhcp::Port::Dhcp, from(), |_| true, |_| Some("n".into())) {
             use dhcproto::Decodable as _;
             let m = dhcproto::v4::Message::decode(&mut dhcproto::Decoder::new(&r.bytes)).expect("decodes");
             prop_assert_eq!(m.yiaddr(), Ipv4Addr::UNSPECIFIED);
@@ -305,6 +355,7 @@ fn relayed_requests_go_back_to_the_relay() {
         bcm_boot::dhcp::Port::Dhcp,
         from(),
         |_| true,
+        |_| Some("n".into()),
     )
     .expect("answered");
     assert_eq!(r.to, SocketAddrV4::new(Ipv4Addr::new(10, 1, 2, 1), 67));
@@ -314,6 +365,7 @@ fn relayed_requests_go_back_to_the_relay() {
         bcm_boot::dhcp::Port::Dhcp,
         from(),
         |_| true,
+        |_| Some("n".into()),
     )
     .expect("answered");
     assert_eq!(direct.to, SocketAddrV4::new(Ipv4Addr::BROADCAST, 68));
@@ -324,6 +376,7 @@ fn relayed_requests_go_back_to_the_relay() {
         bcm_boot::dhcp::Port::Dhcp,
         from(),
         |_| true,
+        |_| Some("n".into()),
     )
     .expect("answered");
     assert_eq!(arm.file, "ipxe-arm64.efi");

@@ -1,6 +1,7 @@
 //! The boot service in the control plane: the simulated site leaves
 //! `site.*` to it and its machines PXE-boot by fetching their iPXE script
-//! from it, as real ones do. `metal-inspect`'s boot entry (with the
+//! from it, as real ones do (a DHCP exchange for the script's one-time
+//! link, then the script). `metal-inspect`'s boot entry (with the
 //! ramdisk's one-time join token) therefore reaches the ramdisk only through
 //! our boot service; the nodes get to `ready`, and the entries are cleared
 //! once inspection is done.
@@ -13,15 +14,16 @@ use std::time::Duration;
 use support::Scratch;
 
 /// The control plane with a simulated site whose machines boot through a
-/// boot service on the returned HTTP port (started by the test, or not).
+/// boot service whose proxy DHCP (PXE port) is on the returned UDP port
+/// (started by the test, or not).
 async fn env_with_boot_service() -> (TestEnv, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("port");
     let mut site = bcm_sim::SimConfig::new("s1");
     site.boot_service = true;
-    site.boot_url = Some(format!("http://127.0.0.1:{port}"));
+    site.boot_dhcp = Some(format!("127.0.0.1:{port}").parse().expect("addr"));
     let env = TestEnv::start_with(Options {
         site: Some(site),
         ..Options::with_site()
@@ -37,7 +39,7 @@ async fn inspection_boots_the_ramdisk_through_the_boot_service() {
     let dir = Scratch::new("wired");
     support::boot_files(&dir.0.join("boot"));
     let mut cfg = support::config(&env, &dir.0, 9, "a");
-    cfg.http_listen = format!("127.0.0.1:{port}").parse().expect("addr");
+    cfg.dhcp.pxe_port = port;
     let boot = support::Boot::start(&cfg).await;
 
     let nodes = env.enroll_sims("wired", 3).await;

@@ -13,6 +13,7 @@
 //! wipe result, an OS that never comes back.
 
 pub mod agent;
+pub mod pxe;
 pub mod site;
 pub mod store;
 
@@ -83,11 +84,12 @@ pub struct SimConfig {
     /// entries): the sim then leaves them alone.
     #[serde(default)]
     pub boot_service: bool,
-    /// The real boot service's HTTP base URL (with `boot_service`):
-    /// simulated machines PXE-boot by fetching their iPXE script there and
-    /// booting the kernel command line it names, as real ones do.
+    /// The real boot service's proxy DHCP (PXE) address, `host:4011` (with
+    /// `boot_service`): simulated machines PXE-boot as iPXE does, asking
+    /// there over DHCP for their script's one-time link, fetching the
+    /// script and booting the kernel command line it names.
     #[serde(default)]
-    pub boot_url: Option<String>,
+    pub boot_dhcp: Option<std::net::SocketAddr>,
     /// Boot a real agent as the ramdisk: the program and arguments, to
     /// which `--cmdline "<kernel command line>"` is appended (e.g. `bcd
     /// ramdisk --disk /dev/loop3`). The process lives while the simulated
@@ -117,7 +119,7 @@ impl SimConfig {
             bmc_service: false,
             boot_service: false,
             ramdisk_command: None,
-            boot_url: None,
+            boot_dhcp: None,
             nkey_file: None,
         }
     }

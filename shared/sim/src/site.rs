@@ -743,9 +743,8 @@ fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
                 }),
                 None => site
                     .cfg
-                    .boot_url
-                    .clone()
-                    .map(|base| Booted::AskBootService { base }),
+                    .boot_dhcp
+                    .map(|dhcp| Booted::AskBootService { dhcp }),
             }
         };
         m.rec.booted = boot.clone();
@@ -771,14 +770,25 @@ fn start_boot(site: &Arc<Site>, address: &str, boot: Booted, stop: CancellationT
                 http, cfg, faults, machines, address, params, stop,
             ));
         }
-        Booted::AskBootService { base } => {
+        Booted::AskBootService { dhcp } => {
             tokio::spawn(async move {
-                // As iPXE would: the script of our MAC, then its kernel line.
-                let url = format!("{}/ipxe/{}", base.trim_end_matches('/'), mac_of(&address));
-                let script = match http.get(&url).send().await {
-                    Ok(r) => r.text().await.unwrap_or_default(),
+                // As iPXE does: DHCP for our script's link, then the script.
+                let mac = mac_of(&address);
+                let url = match crate::pxe::script_link(dhcp, &mac).await {
+                    Ok(url) => url,
                     Err(e) => {
-                        tracing::warn!(%url, error = %e, "sim machine: the boot service did not answer; nothing boots");
+                        tracing::warn!(%dhcp, %mac, error = %e, "sim machine: no proxy DHCP answer; nothing boots");
+                        return;
+                    }
+                };
+                let script = match http.get(&url).send().await {
+                    Ok(r) if r.status().is_success() => r.text().await.unwrap_or_default(),
+                    Ok(r) => {
+                        tracing::warn!(status = %r.status(), "sim machine: the boot service refused its script link; nothing boots");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "sim machine: the boot service did not answer; nothing boots");
                         return;
                     }
                 };
@@ -798,7 +808,7 @@ fn start_boot(site: &Arc<Site>, address: &str, boot: Booted, stop: CancellationT
                         agent::ramdisk(http, cfg, faults, machines, address, params, stop).await
                     }
                     None => {
-                        tracing::info!(%url, "sim machine: the boot service has no entry for it; nothing boots")
+                        tracing::info!(%mac, "sim machine: the boot service's script boots no kernel; nothing boots")
                     }
                 }
             });

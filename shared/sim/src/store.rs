@@ -52,8 +52,9 @@ pub enum Booted {
         params: BootParams,
         agent: Option<RamdiskAgent>,
     },
-    /// PXE through the real boot service at this base URL.
-    AskBootService { base: String },
+    /// PXE through the real boot service whose proxy DHCP (PXE port) is
+    /// here.
+    AskBootService { dhcp: std::net::SocketAddr },
     /// The installed OS.
     Os,
 }

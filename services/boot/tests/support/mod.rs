@@ -87,6 +87,7 @@ pub fn config(
         http_listen: "127.0.0.1:0".parse().expect("addr"),
         http_port: None,
         lease_ttl_secs: 3,
+        script_link_ttl_secs: 120,
         holder: Some(holder.into()),
         image_cache: dir.join("cache"),
         images: vec![],
