@@ -126,6 +126,10 @@ impl From<DbError> for ApiError {
                 ErrorCode::Conflict,
                 "a node with this BMC address is already enrolled in the site",
             ),
+            DbError::Duplicate { constraint } if constraint == "node_macs_site_mac" => Self::new(
+                ErrorCode::Conflict,
+                "another node of the site already has one of these MACs (a MAC is unique within a site)",
+            ),
             DbError::Duplicate { constraint } => Self::new(
                 ErrorCode::Conflict,
                 format!("already exists ({constraint})"),

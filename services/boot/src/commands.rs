@@ -1,8 +1,12 @@
 //! `site.*` commands and the shared entry store. The consumer (`boot-<site>`,
 //! shared by every boot process of the site) applies `site.bootEntry.set`
 //! and `.clear` to the site's entries bucket and answers on
-//! `result.<site>.<commandId>`, acking after the result is stored. Applying
-//! is idempotent (a put or delete per MAC), so a redelivery does no harm.
+//! `result.<site>.<commandId>`, acking after the result is stored. A MAC is
+//! unique within the site: a set or clear for a MAC whose live entry was
+//! made for another node is refused (`CONFLICT`) and changes nothing; every
+//! write is a compare-and-set on the entry read, so two commands racing for
+//! one MAC cannot both win. Applying is otherwise idempotent, so a
+//! redelivery does no harm.
 //! Every process watches the bucket into its local [`Entries`].
 
 use async_nats::jetstream::kv::{self, Operation, Store};
@@ -101,34 +105,140 @@ fn apply(entries: &Entries, e: &kv::Entry) {
     }
 }
 
+/// A MAC's stored entry: the live value (if a put) and the revision to
+/// compare-and-set against (0: never written).
+async fn stored(kv: &Store, mac: &Mac) -> Result<(Option<BootEntry>, u64), String> {
+    match kv.entry(mac.key()).await {
+        Ok(None) => Ok((None, 0)),
+        Ok(Some(e)) => {
+            let value = match e.operation {
+                Operation::Put => serde_json::from_slice::<BootEntry>(&e.value).ok(),
+                Operation::Delete | Operation::Purge => None,
+            };
+            Ok((value, e.revision))
+        }
+        Err(e) => Err(format!("reading the boot entry of {mac}: {e}")),
+    }
+}
+
+/// How many times a write that lost a compare-and-set race is tried again.
+const CAS_TRIES: usize = 5;
+
+/// The MACs among `macs` whose live entry another node holds, with the
+/// revision each was read at.
+async fn read_all(
+    kv: &Store,
+    macs: &[Mac],
+    node: Option<&str>,
+) -> Result<(Vec<(Mac, u64)>, Vec<String>), String> {
+    let now = entries::now_secs();
+    let mut read = Vec::with_capacity(macs.len());
+    let mut held = vec![];
+    for mac in macs {
+        let (entry, revision) = stored(kv, mac).await?;
+        if entries::held_by_other(entry.as_ref(), node, now) {
+            let owner = entry
+                .and_then(|e| e.node_id)
+                .unwrap_or_else(|| "an entry without a node".into());
+            held.push(format!("{mac} ({owner})"));
+        }
+        read.push((*mac, revision));
+    }
+    Ok((read, held))
+}
+
 /// Applies one command to the bucket; the result's output.
 async fn execute(kv: &Store, cmd: &CommandEnvelope) -> Result<Output, String> {
+    let node = cmd.node_id.map(|n| n.to_string());
     match &cmd.command {
         Command::BootEntrySet(p) => {
-            let (macs, entry) = entries::entry_of(
-                &p.boot_entry,
-                cmd.node_id.map(|n| n.to_string()),
-                entries::now_secs(),
-            )
-            .map_err(|e| e.to_string())?;
-            let value = serde_json::to_vec(&entry).map_err(|e| e.to_string())?;
-            for mac in &macs {
-                kv.put(mac.key(), value.clone().into())
-                    .await
-                    .map_err(|e| format!("storing the boot entry of {mac}: {e}"))?;
+            let (macs, entry) = entries::entry_of(&p.boot_entry, node.clone(), entries::now_secs())
+                .map_err(|e| e.to_string())?;
+            let value: bytes::Bytes = serde_json::to_vec(&entry)
+                .map_err(|e| e.to_string())?
+                .into();
+            let mut todo = macs.clone();
+            for _ in 0..CAS_TRIES {
+                let (read, held) = read_all(kv, &todo, node.as_deref()).await?;
+                if !held.is_empty() {
+                    return Err(format!(
+                        "CONFLICT: the boot entry of {} is held by another node; a MAC is unique within a site",
+                        held.join(", ")
+                    ));
+                }
+                let mut lost = vec![];
+                for (mac, revision) in read {
+                    let wrote = if revision == 0 {
+                        kv.create(mac.key(), value.clone())
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    } else {
+                        kv.update(mac.key(), value.clone(), revision)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    };
+                    if let Err(e) = wrote {
+                        tracing::debug!(%mac, error = %e, "a boot entry changed while it was written; reading it again");
+                        lost.push(mac);
+                    }
+                }
+                if lost.is_empty() {
+                    return Ok(Output::BootEntrySet(BootEntryStored {
+                        macs: macs.iter().map(Mac::to_string).collect(),
+                        expires_at: entry.expires_at,
+                        sim: false,
+                    }));
+                }
+                todo = lost;
             }
-            Ok(Output::BootEntrySet(BootEntryStored {
-                macs: macs.iter().map(Mac::to_string).collect(),
-                expires_at: entry.expires_at,
-                sim: false,
-            }))
+            Err(format!(
+                "the boot entries of {} kept changing while they were written",
+                todo.iter()
+                    .map(Mac::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
         }
         Command::BootEntryClear(p) => {
             let macs = entries::macs_of(&p.macs).map_err(|e| e.to_string())?;
+            let (_, held) = read_all(kv, &macs, node.as_deref()).await?;
+            if !held.is_empty() {
+                return Err(format!(
+                    "CONFLICT: the boot entry of {} is held by another node; not cleared",
+                    held.join(", ")
+                ));
+            }
             for mac in &macs {
-                kv.delete(mac.key())
-                    .await
-                    .map_err(|e| format!("clearing the boot entry of {mac}: {e}"))?;
+                let mut cleared = false;
+                for _ in 0..CAS_TRIES {
+                    let (entry, revision) = stored(kv, mac).await?;
+                    if entries::held_by_other(entry.as_ref(), node.as_deref(), entries::now_secs())
+                    {
+                        return Err(format!(
+                            "CONFLICT: the boot entry of {mac} was taken by another node; not cleared"
+                        ));
+                    }
+                    if entry.is_none() {
+                        // Never written, already cleared, or unreadable.
+                        cleared = true;
+                        break;
+                    }
+                    if kv
+                        .delete_expect_revision(mac.key(), Some(revision))
+                        .await
+                        .is_ok()
+                    {
+                        cleared = true;
+                        break;
+                    }
+                }
+                if !cleared {
+                    return Err(format!(
+                        "the boot entry of {mac} kept changing while it was cleared"
+                    ));
+                }
             }
             Ok(Output::BootEntryClear(BootEntryCleared {
                 cleared: macs.iter().map(Mac::to_string).collect(),

@@ -140,6 +140,15 @@ pub fn entry_of(
     ))
 }
 
+/// Whether `existing` (the stored entry of a MAC, if any) stops `node`
+/// from setting or clearing that MAC's entry at `now`: a live entry made
+/// for another node is that node's until it expires or is cleared. A MAC
+/// is unique within a site; a conflicting entry is refused, never
+/// overwritten.
+pub fn held_by_other(existing: Option<&BootEntry>, node: Option<&str>, now: u64) -> bool {
+    existing.is_some_and(|e| e.live_at(now) && e.node_id.as_deref() != node)
+}
+
 /// The MACs of a `site.bootEntry.*` command, checked: 1–64 MAC addresses.
 pub fn macs_of(list: &[String]) -> Result<Vec<Mac>, EntryError> {
     if list.is_empty() || list.len() > 64 {
@@ -256,6 +265,24 @@ mod tests {
         ] {
             assert!(entry_of(&bad, None, 0).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_live_entry_of_another_node_is_held() {
+        let e = |node: Option<&str>, expires_at| BootEntry {
+            node_id: node.map(str::to_owned),
+            kernel: "k".into(),
+            initrd: "i".into(),
+            cmdline: "c".into(),
+            expires_at,
+        };
+        let a = e(Some("node_a"), 100);
+        assert!(held_by_other(Some(&a), Some("node_b"), 50));
+        assert!(held_by_other(Some(&a), None, 50));
+        assert!(!held_by_other(Some(&a), Some("node_a"), 50), "its own");
+        assert!(!held_by_other(Some(&a), Some("node_b"), 100), "expired");
+        assert!(!held_by_other(None, Some("node_b"), 50), "no entry");
+        assert!(held_by_other(Some(&e(None, 100)), Some("node_b"), 50));
     }
 
     #[test]

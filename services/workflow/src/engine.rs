@@ -725,6 +725,20 @@ async fn store_macs(tx: &mut Tx<'_>, steps: &[StepRow], node: &Node) -> Result<E
             "out-of-band inspection found no PXE MAC and none was given at enroll",
         ));
     }
+    let held =
+        bcm_db::nodes::mac_holders_in_txn(tx, node.site_id.as_str(), &node.id.to_string(), &macs)
+            .await?;
+    if !held.is_empty() {
+        let list: Vec<String> = held.iter().map(|(m, n)| format!("{m} ({n})")).collect();
+        return Ok(Ended::failed(
+            false,
+            format!(
+                "CONFLICT: MACs already held by another node of site {}: {}; a MAC is unique within a site",
+                node.site_id,
+                list.join(", ")
+            ),
+        ));
+    }
     bcm_db::nodes::node_set_macs_in_txn(tx, &node.id.to_string(), &macs).await?;
     Ok(Ended::succeeded(Some(serde_json::json!({ "macs": macs }))))
 }

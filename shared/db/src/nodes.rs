@@ -367,6 +367,27 @@ pub async fn node_count_by_state(db: &crate::Db) -> Result<Vec<(ProvisionState, 
     rows.into_iter().map(|(s, c)| Ok((state(&s)?, c))).collect()
 }
 
+/// Which of `macs` another live node of `site` holds: `(mac, node)` pairs
+/// (MACs compared in one spelling; a MAC is unique within a site, kept by
+/// the `node_macs` table).
+pub async fn mac_holders_in_txn(
+    tx: &mut Tx<'_>,
+    site: &str,
+    node: &str,
+    macs: &[String],
+) -> Result<Vec<(String, String)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT m.mac, m.node_id FROM node_macs m \
+         WHERE m.site_id = $1 AND m.node_id <> $2 \
+         AND m.mac IN (SELECT canonical_mac(x) FROM unnest($3::text[]) AS x) ORDER BY m.mac",
+    )
+    .bind(site)
+    .bind(node)
+    .bind(macs)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
 /// Records the PXE MACs found by inspection. Not a provision change: the
 /// version stays, no event is due.
 pub async fn node_set_macs_in_txn(

@@ -406,3 +406,67 @@ async fn a_deploy_profile_seeded_by_many_writers_at_once_is_stored_once() {
         Err(DbError::Duplicate { .. })
     ));
 }
+
+#[tokio::test]
+async fn a_mac_belongs_to_one_live_node_of_a_site() {
+    let db = support::fresh_db("macs").await;
+    let (t, s, p) = support::tenancy(&db).await;
+    let (a, b) = (support::new_node(&t, &s, &p), support::new_node(&t, &s, &p));
+    let mut tx = db.begin().await.expect("tx");
+    bcm_db::nodes::node_insert_in_txn(&mut tx, &a)
+        .await
+        .expect("a");
+    bcm_db::nodes::node_insert_in_txn(&mut tx, &b)
+        .await
+        .expect("b");
+    bcm_db::nodes::node_set_macs_in_txn(&mut tx, &a.id.to_string(), &["52:54:00:AA:BB:01".into()])
+        .await
+        .expect("a's MAC");
+    tx.commit().await.expect("commit");
+
+    // b asks whether its inspected MACs are free: a holds one, in any spelling.
+    let mut tx = db.begin().await.expect("tx");
+    let held = bcm_db::nodes::mac_holders_in_txn(
+        &mut tx,
+        s.as_str(),
+        &b.id.to_string(),
+        &["52-54-00-aa-bb-01".into(), "52:54:00:aa:bb:02".into()],
+    )
+    .await
+    .expect("holders");
+    assert_eq!(held, vec![("525400aabb01".to_owned(), a.id.to_string())]);
+    // a's own MAC is not held against a.
+    let own = bcm_db::nodes::mac_holders_in_txn(
+        &mut tx,
+        s.as_str(),
+        &a.id.to_string(),
+        &["52:54:00:aa:bb:01".into()],
+    )
+    .await
+    .expect("holders");
+    assert!(own.is_empty(), "{own:?}");
+    // Writing it anyway is refused by the record itself.
+    let err =
+        bcm_db::nodes::node_set_macs_in_txn(&mut tx, &b.id.to_string(), &["525400aabb01".into()])
+            .await
+            .expect_err("a MAC is unique within a site");
+    assert!(
+        matches!(&err, DbError::Duplicate { constraint } if constraint == "node_macs_site_mac"),
+        "{err:?}"
+    );
+    drop(tx);
+
+    // Retired, a boots nothing and holds no MAC: the machine may come back.
+    let mut tx = db.begin().await.expect("tx");
+    let mut retired = bcm_db::nodes::node_fetch_for_update_in_txn(&mut tx, &a.id)
+        .await
+        .expect("a");
+    retired.provision_state = ProvisionState::Retired;
+    bcm_db::nodes::node_update_guarded_in_txn(&mut tx, &retired)
+        .await
+        .expect("retire");
+    bcm_db::nodes::node_set_macs_in_txn(&mut tx, &b.id.to_string(), &["52:54:00:aa:bb:01".into()])
+        .await
+        .expect("b takes the MAC");
+    tx.commit().await.expect("commit");
+}
