@@ -4,7 +4,7 @@
 # a new volume starts with that owner): generates what
 # must never be committed, once, into the `secrets` volume, and leaves what
 # is there: an nkey per bus identity and the NATS server's authorization
-# of them (`bcm nats-auth`), the admin token, the sealing key, the Postgres
+# of them, the join keys (`bcm nats-auth`), the admin token, the sealing key, the Postgres
 # password, and per service a TOML file of its secrets that the service
 # merges over its committed configuration (`<PREFIX>SECRETS`).
 set -eu
@@ -34,6 +34,8 @@ admin_token = "$token"
 database_url = "$db"
 [bus]
 nkey_file = "$d/nats/api.nk"
+[join_key]
+file = "$d/nats/join.key"
 [[sealing_keys]]
 id = "compose-1"
 key = "$key"
@@ -41,17 +43,22 @@ EOF
 for s in workflow reconciler attestation; do
   printf 'database_url = "%s"\n[bus]\nnkey_file = "%s"\n' "$db" "$d/nats/$s.nk" >"$d/$s.toml"
 done
+printf '[engine.join_key]\nfile = "%s"\n' "$d/nats/join.key" >>"$d/workflow.toml"
 cat >"$d/sim.toml" <<EOF
 [api]
 admin_token = "$token"
 database_url = "$db"
 [api.bus]
 nkey_file = "$d/nats/control.nk"
+[api.join_key]
+file = "$d/nats/join.key"
 [[api.sealing_keys]]
 id = "compose-1"
 key = "$key"
 [sim]
 nkey_file = "$d/nats/sim-local.nk"
+[sim.join_key]
+file = "$d/nats/join-local.key"
 EOF
 cat >"$d/bmc.toml" <<EOF
 [bus]
@@ -60,5 +67,5 @@ nkey_file = "$d/nats/bmc-lab.nk"
 id = "compose-1"
 key = "$key"
 EOF
-printf '[bus]\nnkey_file = "%s"\n' "$d/nats/boot-lab.nk" >"$d/boot.toml"
+printf '[bus]\nnkey_file = "%s"\n[join_key]\nfile = "%s"\n' "$d/nats/boot-lab.nk" "$d/nats/join-lab.key" >"$d/boot.toml"
 echo "secrets ready in $d (admin token: docker-compose exec api cat $d/admin-token)"

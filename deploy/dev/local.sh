@@ -39,6 +39,9 @@ admin_token = "$token"
 url = "$nats_addr"
 nkey_file = "$repo/.bcm/nats/control.nk"
 
+[api.join_key]
+file = "$repo/.bcm/nats/join.key"
+
 [[api.sealing_keys]]
 id = "local-1"
 key = "$key"
@@ -64,6 +67,10 @@ poll_ms = 2000
 site = "local"
 nkey_file = "$repo/.bcm/nats/sim-local.nk"
 TOML
+fi
+if ! grep -q 'join_key' .bcm/bcm.toml; then
+  # A config generated before join references: the keys `bcm nats-auth` wrote.
+  printf '\n[api.join_key]\nfile = "%s"\n' "$repo/.bcm/nats/join.key" >> .bcm/bcm.toml
 fi
 if ! grep -q '^nkey_file' .bcm/bcm.toml; then
   # A config generated before the bus had identities: connect with them,

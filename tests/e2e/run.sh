@@ -165,6 +165,8 @@ admin_token = "$TOKEN"
 [api.bus]
 url = "$NATS_ADDR"
 nkey_file = "$dir/nats/control.nk"
+[api.join_key]
+file = "$dir/nats/join.key"
 [[api.sealing_keys]]
 id = "e2e"
 key = "$seal"
@@ -222,6 +224,8 @@ interface = "eth0"
 [bus]
 url = "$NATS_ADDR"
 nkey_file = "$dir/nats/boot-lab.nk"
+[join_key]
+file = "$dir/nats/join-lab.key"
 EOF
     grep -v '^#' "$dir/ramdisk/catalog.toml"
     for f in raw qcow2; do

@@ -83,6 +83,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let base = format!("http://{}", listener.local_addr()?);
+    let mut cfg = cfg;
+    with_join_keys(&mut cfg);
     let state = bcm_api::prepare(&cfg.api).await?;
     let db = state.inner.db.clone();
     let bus = state.inner.bus.clone();
@@ -98,10 +100,12 @@ pub async fn run(
         )));
     }
     if on(Service::Workflow) {
-        let engine = cfg
-            .engine
-            .clone()
-            .unwrap_or_else(|| bcm_workflow::EngineConfig::new(base.clone()));
+        let engine = cfg.engine.clone().unwrap_or_else(|| {
+            // The engine mints what the API reveals: the same key.
+            let mut e = bcm_workflow::EngineConfig::new(base.clone());
+            e.join_key = cfg.api.join_key.clone();
+            e
+        });
         tasks.push(tokio::spawn(bcm_workflow::run(
             db.clone(),
             bus.clone(),
@@ -189,6 +193,33 @@ pub async fn run(
     }
     db.close().await;
     Ok(())
+}
+
+/// The join keys of the services of this process. Where none is given one,
+/// a process-wide key is made now: the API, the engine and the simulated
+/// site (its site's key) share it, and it dies with the process (as the
+/// tokens it makes are meant to). Where only the API is given one, the
+/// engine mints under it too and the simulated site holds its site's key.
+/// Separate processes are given `join.key` files (`bcm nats-auth`).
+fn with_join_keys(cfg: &mut Config) {
+    let engine_set = cfg.engine.as_ref().is_some_and(|e| e.join_key.is_set());
+    if !cfg.api.join_key.is_set() && !engine_set && !cfg.sim.join_key.is_set() {
+        cfg.api.join_key = bcm_pki::JoinKeyConfig::with_key(bcm_pki::JoinKey::generate());
+    }
+    if let Some(e) = cfg.engine.as_mut() {
+        if !e.join_key.is_set() {
+            e.join_key = cfg.api.join_key.clone();
+        }
+    }
+    if !cfg.sim.join_key.is_set() {
+        match cfg.api.join_key.resolve() {
+            Ok(Some(master)) => {
+                cfg.sim.join_key = bcm_pki::JoinKeyConfig::with_key(master.for_site(&cfg.sim.site))
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "the API's join key cannot be read"),
+        }
+    }
 }
 
 async fn axum_serve(

@@ -35,7 +35,9 @@ enum Command {
     /// Writes an nkey seed for each bus identity (the control plane's
     /// services and, per site, its bmc, boot and simulated services) that
     /// has none yet in DIR, and the NATS server's configuration of them
-    /// (`auth.conf`, an `authorization` block; `users.conf`, its entries).
+    /// (`auth.conf`, an `authorization` block; `users.conf`, its entries);
+    /// and the join keys: the control plane's `join.key`, and per site
+    /// `join-<site>.key` for its boot service (derived from `join.key`).
     NatsAuth {
         /// Where the seeds and the server configuration go.
         #[arg(long)]
@@ -60,6 +62,8 @@ async fn main() -> anyhow::Result<()> {
     {
         let subjects = bcm_bus::Subjects::new(namespace.clone(), 16);
         let made = bcm_bus::auth::generate(dir, &subjects, sites)?;
+        let sites: Vec<&str> = sites.iter().map(|s| s.as_str()).collect();
+        bcm_pki::join_key::write_keys(dir, &sites)?;
         println!("{}", made.authorization.display());
         return Ok(());
     }

@@ -20,7 +20,7 @@ use axum::Json;
 use bcm_contracts::agent::{
     AgentCommand, AgentResult, Heartbeat, JoinRequest, JoinResponse, PresenceEvent,
 };
-use bcm_contracts::attest::{AttestJoin, AttestReply, AttestResult, ResultRecorded};
+use bcm_contracts::attest::{AttestJoin, AttestReply, AttestResult, JoinGranted, ResultRecorded};
 use bcm_contracts::CommandKind;
 use bcm_core::ErrorCode;
 use serde::Deserialize;
@@ -155,7 +155,32 @@ pub async fn join(
     Body(req): Body<JoinRequest>,
 ) -> Result<Json<JoinResponse>, ApiError> {
     req.check().map_err(|e| ApiError::invalid(e.to_string()))?;
-    Ok(Json(attest(&app, "join", &AttestJoin { join: req }).await?))
+    // Neither the join token nor the session token goes on the bus: the
+    // attestation service gets their hashes, and the session token is
+    // derived here, the same for every answer to one join.
+    let key = app.inner.join_key.as_ref().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidConfig,
+            "the control plane holds no join key (api.join_key.file); agents cannot join",
+        )
+    })?;
+    let (session, session_hash) = key.session_token(&req.token, &req.csr);
+    let ask = AttestJoin {
+        token_hash: hex::encode(bcm_pki::tokens::hash(&req.token)),
+        session_hash: hex::encode(session_hash),
+        csr: req.csr,
+        role: req.role,
+        hostname: req.hostname,
+    };
+    let granted: JoinGranted = attest(&app, "join", &ask).await?;
+    Ok(Json(JoinResponse {
+        node_id: granted.node_id,
+        session_token: session,
+        cert_serial: granted.cert_serial,
+        certificate: granted.certificate,
+        ca_certificate: granted.ca_certificate,
+        image_keys: granted.image_keys,
+    }))
 }
 
 /// `POST /api/agent/heartbeat`.
@@ -223,6 +248,7 @@ pub async fn commands(
                 for c in taken {
                     match CommandKind::parse(&c.kind) {
                         Ok(kind) => handed.push(AgentCommand {
+                            join_tokens: join_tokens(&app, &c),
                             command_id: c.id,
                             kind,
                             params: c.params,
@@ -261,6 +287,26 @@ pub async fn commands(
             }
         })
         .await;
+    }
+}
+
+/// The tokens a command's join references stand for, derived under its
+/// site's join key; none without a key (the agent then writes the
+/// reference, and whatever joins with it is refused).
+fn join_tokens(
+    app: &AppState,
+    c: &bcm_db::commands::CommandRow,
+) -> std::collections::BTreeMap<String, String> {
+    let text = c.params.to_string();
+    if !bcm_pki::join_key::has_reference(&text) {
+        return Default::default();
+    }
+    match (&app.inner.join_key, &c.site_id) {
+        (Some(master), Some(site)) => master.for_site(site).tokens_for(&text),
+        _ => {
+            tracing::error!(command = %c.id, "a command holds join references but no join key (or site) is configured; handed without tokens");
+            Default::default()
+        }
     }
 }
 

@@ -48,6 +48,11 @@ pub struct ApiConfig {
     pub sealing_keys: Vec<KeyConfig>,
     /// The bootstrap admin's bearer token.
     pub admin_token: SecretString,
+    /// The control plane's join key (master): the API hands an agent the
+    /// tokens its command's join references stand for. `bcm nats-auth`
+    /// writes `join.key`.
+    #[serde(default)]
+    pub join_key: bcm_pki::JoinKeyConfig,
     /// How long a verb waits for a node's row lock before `CONFLICT`.
     #[serde(default = "default_lock_timeout_ms")]
     pub lock_timeout_ms: u32,
@@ -225,6 +230,8 @@ pub struct Inner {
     /// Node ids with new agent commands, fanned out to long-polls.
     pub agent_wakeups: tokio::sync::broadcast::Sender<String>,
     pub agents: AgentProtocolConfig,
+    /// The join key (master), if configured.
+    pub join_key: Option<bcm_pki::JoinKey>,
 }
 
 /// The router of the service, for tests and the all-in-one binary.
@@ -293,6 +300,13 @@ async fn readyz(
 /// Connects, migrates, seeds and builds the handlers' state.
 pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
     let sealer = Sealer::new(&cfg.sealing_keys).map_err(|e| StartError::Config(e.to_string()))?;
+    let join_key = cfg
+        .join_key
+        .resolve()
+        .map_err(|e| StartError::Config(e.to_string()))?;
+    if join_key.is_none() {
+        tracing::warn!("no join key is configured (api.join_key.file): agents are handed no join token, so a deployed OS cannot join");
+    }
     if cfg.admin_token.expose_secret().len() < 16 {
         return Err(StartError::Config(
             "admin_token must be at least 16 characters".into(),
@@ -313,6 +327,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             lock_timeout_ms: cfg.lock_timeout_ms,
             agent_wakeups,
             agents: cfg.agents.clone(),
+            join_key,
         }),
     })
 }

@@ -15,6 +15,10 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let cfg = bcm_api::ApiConfig::load(args.config.as_deref())?;
+    anyhow::ensure!(
+        cfg.join_key.is_set(),
+        "join_key.file is required: the control plane's join key (`bcm nats-auth` writes join.key)"
+    );
     bcm_telemetry::init("bcm-api", &cfg.telemetry)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
     let shutdown = bcm_telemetry::signals::shutdown_token();

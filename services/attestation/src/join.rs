@@ -8,15 +8,17 @@
 //! session, never a second identity and never a refusal. Any other key is
 //! refused as for any spent token.
 //!
-//! The session's bearer token is derived from the join token and the
-//! certificate with the CA's session key ([`session_token`]), so every
+//! No token reaches this service: the API forwards the join token's hash
+//! and the hash of the session's bearer token, which the API derives from
+//! the join token and the CSR under the control plane's join key, so every
 //! answer to one join carries the same token. A join can be processed twice
 //! with both answers delivered — the agent gave up on a slow first request
 //! and retried, and the first, still queued, is processed after the retry —
 //! and a token minted anew for the second would end the session the agent
 //! holds from the first.
 
-use bcm_contracts::agent::{AgentPresence, AgentRole, JoinRequest, JoinResponse, PresenceEvent};
+use bcm_contracts::agent::{AgentPresence, AgentRole, PresenceEvent};
+use bcm_contracts::attest::{AttestJoin, JoinGranted};
 use bcm_db::agents::{CertRow, TokenScope};
 use bcm_db::Db;
 use bcm_pki::{Ca, IssueRequest};
@@ -33,15 +35,12 @@ pub fn role_of(purpose: &str) -> Option<AgentRole> {
     }
 }
 
-/// The bearer token of the session a join with `join_token` opened for
-/// the certificate `serial`, and the hash to store: the same for every
-/// answer to that join.
-fn session_token(ca: &Ca, join_token: &str, serial: &str) -> (String, Vec<u8>) {
-    bcm_pki::tokens::derive_prefixed(
-        "bcms_",
-        &ca.session_key(),
-        &[join_token.as_bytes(), serial.as_bytes()],
-    )
+/// A 64-digit hex SHA-256 from the bus, decoded.
+fn digest(what: &str, hex_text: &str) -> Result<Vec<u8>, AttestError> {
+    hex::decode(hex_text)
+        .ok()
+        .filter(|b| b.len() == 32)
+        .ok_or_else(|| AttestError::Invalid(format!("{what} is not a hex SHA-256")))
 }
 
 /// Joins an agent.
@@ -50,14 +49,15 @@ pub async fn join(
     subjects: &bcm_bus::Subjects,
     ca: &Ca,
     cfg: &AttestationConfig,
-    req: &JoinRequest,
-) -> Result<JoinResponse, AttestError> {
-    let token_hash = bcm_pki::tokens::hash(&req.token);
+    req: &AttestJoin,
+) -> Result<JoinGranted, AttestError> {
+    let token_hash = digest("tokenHash", &req.token_hash)?;
+    let session_hash = digest("sessionHash", &req.session_hash)?;
     let mut tx = db.begin().await?;
     let Some((purpose, scope)) =
         bcm_db::agents::join_token_consume_in_txn(&mut tx, &token_hash).await?
     else {
-        return rejoin(tx, ca, cfg, req, &token_hash).await;
+        return rejoin(tx, ca, cfg, req, &token_hash, &session_hash).await;
     };
     if role_of(&purpose) != Some(req.role) {
         return Err(AttestError::WrongRole {
@@ -100,7 +100,6 @@ pub async fn join(
     )
     .await?;
     bcm_db::agents::join_token_spent_on_in_txn(&mut tx, &token_hash, &issued.serial).await?;
-    let (session, session_hash) = session_token(ca, &req.token, &issued.serial);
     bcm_db::agents::session_insert_in_txn(
         &mut tx,
         &session_hash,
@@ -126,9 +125,8 @@ pub async fn join(
     bcm_db::workflows::steps_wake_for_node_in_txn(&mut tx, &node_id).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     tracing::info!(node = %node_id, %purpose, serial = %issued.serial, "agent joined");
-    Ok(JoinResponse {
+    Ok(JoinGranted {
         node_id,
-        session_token: session,
         cert_serial: issued.serial,
         certificate: issued.pem,
         ca_certificate: ca.cert_pem().to_owned(),
@@ -143,9 +141,10 @@ async fn rejoin(
     mut tx: bcm_db::Tx<'_>,
     ca: &Ca,
     cfg: &AttestationConfig,
-    req: &JoinRequest,
+    req: &AttestJoin,
     token_hash: &[u8],
-) -> Result<JoinResponse, AttestError> {
+    session_hash: &[u8],
+) -> Result<JoinGranted, AttestError> {
     let Some((purpose, cert)) = bcm_db::agents::join_token_spent_recently_in_txn(
         &mut tx,
         token_hash,
@@ -165,18 +164,16 @@ async fn rejoin(
         tracing::warn!(node = %cert.node_id, serial = %cert.serial, "a spent join token presented with another key: refused");
         return Err(AttestError::BadToken);
     }
-    // The same token as the first answer's (a session opened before tokens
-    // were derived is re-keyed to it).
-    let (session, session_hash) = session_token(ca, &req.token, &cert.serial);
-    if !bcm_db::agents::session_rekey_in_txn(&mut tx, &cert.serial, &session_hash).await? {
+    // The same token as the first answer's (the API derives it from the
+    // same join token and CSR); a session opened before is re-keyed to it.
+    if !bcm_db::agents::session_rekey_in_txn(&mut tx, &cert.serial, session_hash).await? {
         return Err(AttestError::BadToken);
     }
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     metrics::counter!("bcm_attest_joins_retried_total").increment(1);
     tracing::info!(node = %cert.node_id, %purpose, serial = %cert.serial, "agent join retried: the same identity again");
-    Ok(JoinResponse {
+    Ok(JoinGranted {
         node_id: cert.node_id,
-        session_token: session,
         cert_serial: cert.serial,
         certificate: cert.cert_pem,
         ca_certificate: ca.cert_pem().to_owned(),

@@ -49,7 +49,7 @@ async fn answer(ctx: Arc<Ctx>, msg: async_nats::Message, join: bool) {
     let payload = if join {
         match serde_json::from_slice::<AttestJoin>(&msg.payload) {
             Ok(req) => {
-                reply(crate::join::join(&ctx.db, &ctx.subjects, &ctx.ca, &ctx.cfg, &req.join).await)
+                reply(crate::join::join(&ctx.db, &ctx.subjects, &ctx.ca, &ctx.cfg, &req).await)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "malformed attest.join dropped");

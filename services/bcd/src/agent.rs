@@ -238,7 +238,7 @@ pub fn execute(cfg: &AgentConfig, image_keys: &[VerifyingKey], cmd: &AgentComman
             Outcome::ok(Output::Inventory(crate::inventory::collect(&cfg.disks)))
         }
         Command::DiskWipe(p) => wipe(cfg, &p),
-        Command::DeployImage(p) => deploy(cfg, image_keys, &p),
+        Command::DeployImage(p) => deploy(cfg, image_keys, &p, &cmd.join_tokens),
         Command::DiagDcgm(p) => match crate::dcgm::run(p.level) {
             Ok(report) => Outcome::ok(Output::DiagDcgm(report)),
             Err(e) => Outcome::failed(e),
@@ -283,7 +283,12 @@ fn wipe(cfg: &AgentConfig, p: &WipeParams) -> Outcome {
 
 /// `deploy.image`: the signed image to the target disk, then the user data
 /// as a NoCloud seed.
-fn deploy(cfg: &AgentConfig, image_keys: &[VerifyingKey], p: &DeployImageParams) -> Outcome {
+fn deploy(
+    cfg: &AgentConfig,
+    image_keys: &[VerifyingKey],
+    p: &DeployImageParams,
+    join_tokens: &std::collections::BTreeMap<String, String>,
+) -> Outcome {
     let disk = match disks::discover(&cfg.disks) {
         Ok(d) => match &p.disk {
             Some(name) => d.into_iter().find(|x| x.name == *name),
@@ -312,7 +317,11 @@ fn deploy(cfg: &AgentConfig, image_keys: &[VerifyingKey], p: &DeployImageParams)
     };
     if let Some(user_data) = &p.user_data {
         let node = cfg.node.as_deref().unwrap_or_default();
-        match crate::seed::write_nocloud(&disk, user_data, node) {
+        // The installed OS joins with the tokens handed beside the command,
+        // written in place of their references; the signed parameters keep
+        // the references.
+        let user_data = bcm_pki::join_key::substitute(user_data, join_tokens);
+        match crate::seed::write_nocloud(&disk, &user_data, node) {
             Ok(seed) => report.user_data = Some(seed),
             Err(e) => {
                 return Outcome {

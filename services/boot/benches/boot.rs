@@ -223,6 +223,7 @@ async fn main() -> anyhow::Result<()> {
         http_port: None,
         lease_ttl_secs: 6,
         script_link_ttl_secs: 120,
+        join_key: Default::default(),
         holder: Some("bench".into()),
         image_cache: dir.join("cache"),
         images: vec![],

@@ -148,9 +148,16 @@ async fn read_all(
 }
 
 /// Applies one command to the bucket; the result's output.
-async fn execute(kv: &Store, cmd: &CommandEnvelope) -> Result<Output, String> {
+async fn execute(kv: &Store, has_join_key: bool, cmd: &CommandEnvelope) -> Result<Output, String> {
     let node = cmd.node_id.map(|n| n.to_string());
     match &cmd.command {
+        Command::BootEntrySet(p)
+            if !has_join_key && bcm_pki::join_key::has_reference(&p.boot_entry.cmdline) =>
+        {
+            // The script could not carry the token: the machine would boot
+            // a ramdisk that can never join. Say so now.
+            Err("INVALID_CONFIG: the boot entry carries a join reference and this boot service holds no join key for its site (join_key.file)".into())
+        }
         Command::BootEntrySet(p) => {
             let (macs, entry) = entries::entry_of(&p.boot_entry, node.clone(), entries::now_secs())
                 .map_err(|e| e.to_string())?;
@@ -255,6 +262,7 @@ struct SiteHandler {
     bus: Bus,
     site: SiteId,
     kv: Store,
+    has_join_key: bool,
 }
 
 impl Handler<CloudEvent<CommandEnvelope>> for SiteHandler {
@@ -286,7 +294,7 @@ impl SiteHandler {
             tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), deadline = ?cmd.deadline, "refused a command past its deadline; not run");
             CommandResult::expired(cmd)
         } else {
-            match execute(&self.kv, cmd).await {
+            match execute(&self.kv, self.has_join_key, cmd).await {
                 Ok(output) => {
                     tracing::info!(command = %cmd.command_id, kind = %cmd.kind(), "site command applied");
                     CommandResult::succeeded(cmd, output)
@@ -306,7 +314,13 @@ impl SiteHandler {
 
 /// Consumes `cmd.<site>.site.>` (durable `boot-<site>`, shared by every
 /// boot process of the site) until `shutdown`.
-pub async fn run(bus: Bus, site: SiteId, kv: Store, shutdown: CancellationToken) {
+pub async fn run(
+    bus: Bus,
+    site: SiteId,
+    kv: Store,
+    has_join_key: bool,
+    shutdown: CancellationToken,
+) {
     // The name and filter its bus identity may use.
     let (durable, filter) = bcm_bus::auth::boot_consumer(bus.subjects(), &site);
     let mut spec = ConsumerSpec::new(StreamKind::Commands, durable, vec![filter]);
@@ -316,6 +330,7 @@ pub async fn run(bus: Bus, site: SiteId, kv: Store, shutdown: CancellationToken)
         bus: bus.clone(),
         site,
         kv,
+        has_join_key,
     });
     bcm_bus::consumer::run(bus, spec, handler, shutdown).await
 }

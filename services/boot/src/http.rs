@@ -29,6 +29,8 @@ use crate::tftp::RootHandler;
 pub struct HttpState {
     pub entries: Arc<Entries>,
     pub nonces: Arc<Nonces>,
+    /// The site's join key: reveals the command line's join references.
+    pub join_key: Option<bcm_pki::JoinKey>,
     pub lease: Arc<Lease>,
     pub proxy: ProxyConfig,
     pub boot_files: RootHandler,
@@ -60,9 +62,15 @@ fn artifact_url(proxy: &ProxyConfig, path: &str) -> String {
     }
 }
 
-/// The iPXE script of an entry. `initrd=<name>` is what the EFI stub
-/// needs to find the initrd iPXE hands it.
-pub fn render(proxy: &ProxyConfig, mac: &Mac, e: &BootEntry) -> String {
+/// The iPXE script of an entry, its join references revealed under the
+/// site's `join_key`. `initrd=<name>` is what the EFI stub needs to find
+/// the initrd iPXE hands it.
+pub fn render(
+    proxy: &ProxyConfig,
+    join_key: Option<&bcm_pki::JoinKey>,
+    mac: &Mac,
+    e: &BootEntry,
+) -> String {
     let initrd_name = e
         .initrd
         .rsplit('/')
@@ -74,7 +82,10 @@ pub fn render(proxy: &ProxyConfig, mac: &Mac, e: &BootEntry) -> String {
         node = e.node_id.as_deref().unwrap_or("its boot entry"),
         kernel = artifact_url(proxy, &e.kernel),
         initrd = artifact_url(proxy, &e.initrd),
-        cmdline = e.cmdline,
+        cmdline = match join_key {
+            Some(k) => k.reveal(&e.cmdline),
+            None => e.cmdline.clone(),
+        },
     )
 }
 
@@ -93,7 +104,7 @@ async fn script(State(s): State<HttpState>, UrlPath(nonce): UrlPath<String>) -> 
         Some((mac, e)) => {
             tracing::info!(%mac, node = e.node_id.as_deref().unwrap_or(""), "iPXE script served");
             metrics::counter!("bcm_boot_scripts_total", "outcome" => "entry").increment(1);
-            ipxe(render(&s.proxy, &mac, &e))
+            ipxe(render(&s.proxy, s.join_key.as_ref(), &mac, &e))
         }
         None => {
             // The nonce is not logged: it names nothing worth keeping.

@@ -121,6 +121,11 @@ pub struct BootConfig {
     /// The port URLs name (the listen port unless behind a forwarder).
     #[serde(default)]
     pub http_port: Option<u16>,
+    /// This site's join key (from `bcm nats-auth`: `join-<site>.key`): the
+    /// boot entries' kernel command lines carry join references, revealed
+    /// only in the script served behind a one-time link.
+    #[serde(default)]
+    pub join_key: bcm_pki::JoinKeyConfig,
     /// Seconds a DHCP answer's script link (`/ipxe/<nonce>`) stays usable.
     #[serde(default = "default_script_link_ttl")]
     pub script_link_ttl_secs: u64,
@@ -236,6 +241,13 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
     let (entries_kv, lease_kv) = commands::buckets(&bus, &site, ttl).await?;
 
     images::prewarm(&cfg.image_cache, &cfg.images).await?;
+    let join_key = cfg
+        .join_key
+        .resolve()
+        .map_err(|e| BootError::Config(e.to_string()))?;
+    if join_key.is_none() {
+        tracing::warn!(site = %site, "no join key is configured (join_key.file): boot entries that carry a join token are refused");
+    }
 
     let entries = Arc::new(entries::Entries::default());
     let nonces = Arc::new(nonces::Nonces::new(Duration::from_secs(
@@ -258,6 +270,7 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
     let app = http::router(http::HttpState {
         entries: entries.clone(),
         nonces: nonces.clone(),
+        join_key: join_key.clone(),
         lease: lease.clone(),
         proxy: proxy.clone(),
         boot_files: tftp::RootHandler::new(&cfg.boot_files)?,
@@ -331,6 +344,7 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
         bus.clone(),
         site.clone(),
         entries_kv,
+        join_key.is_some(),
         shutdown.clone(),
     )));
     tasks.push(tokio::spawn(lease::run(lease.clone(), lease_kv, shutdown)));

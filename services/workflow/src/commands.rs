@@ -1,6 +1,8 @@
 //! What each step kind sends and how its result is judged: the typed
 //! command a step sends (the BMC's sealed credentials travel sealed; join
-//! tokens are minted here and only their hashes are stored), and the
+//! tokens are minted here as references, `bcmjref_<id>`, derived under the
+//! node's site's join key: only their hashes are stored, and no command
+//! holds a token), and the
 //! verdict on a result (a wipe counts only when node-signed and every disk
 //! passed read-back, and the attestation service verified the signature).
 
@@ -18,30 +20,38 @@ use bcm_db::{DbError, Tx};
 
 use crate::EngineConfig;
 
-/// Mints a one-time join token for `node` and stores its hash.
+/// Mints a one-time join token for `node` as a reference (its hash is
+/// stored; the site's boot service, or the API handing the command to an
+/// agent, reveals it).
 pub async fn mint_join_token(
     tx: &mut Tx<'_>,
     cfg: &EngineConfig,
     node: &Node,
     purpose: &str,
-) -> Result<String, DbError> {
+) -> Result<String, ParamsError> {
+    let master = cfg.join_key.key.as_ref().ok_or_else(|| {
+        ParamsError::Invalid(
+            "INVALID_CONFIG: the engine holds no join key (engine.join_key.file)".into(),
+        )
+    })?;
     let expires = chrono::Utc::now() + chrono::Duration::seconds(cfg.join_token_ttl_secs as i64);
-    bcm_metal::identity::mint_join_token_in_txn(
+    Ok(bcm_metal::identity::mint_join_ref_in_txn(
         tx,
+        &master.for_site(node.site_id.as_str()),
         purpose,
         &bcm_db::agents::TokenScope::Node(node.id.to_string()),
         expires,
     )
-    .await
+    .await?)
 }
 
-/// The boot entry of the node's ramdisk, with a fresh discovery token on
-/// its kernel command line.
+/// The boot entry of the node's ramdisk, with a fresh discovery token (a
+/// reference) on its kernel command line.
 async fn boot_entry(
     tx: &mut Tx<'_>,
     cfg: &EngineConfig,
     node: &Node,
-) -> Result<BootEntrySpec, DbError> {
+) -> Result<BootEntrySpec, ParamsError> {
     let token = mint_join_token(tx, cfg, node, "discovery").await?;
     Ok(BootEntrySpec {
         macs: node.macs.clone(),

@@ -36,6 +36,11 @@ pub struct EngineConfig {
     /// The control plane URL agents join through (put on the ramdisk's
     /// kernel command line and into user data).
     pub control_plane_url: String,
+    /// The control plane's join key (master): join tokens are minted as
+    /// references derived under it, so no command, event or stream holds a
+    /// token. Required; `bcm nats-auth` writes `join.key`.
+    #[serde(default)]
+    pub join_key: bcm_pki::JoinKeyConfig,
     /// Lifetime of discovery and provisioned join tokens.
     #[serde(default = "default_token_ttl")]
     pub join_token_ttl_secs: u64,
@@ -87,6 +92,7 @@ impl EngineConfig {
             batch: default_batch(),
             poll_ms: default_poll_ms(),
             control_plane_url: control_plane_url.into(),
+            join_key: Default::default(),
             join_token_ttl_secs: default_token_ttl(),
             join_poll_ms: default_join_poll_ms(),
             agent_silence_ms: default_agent_silence_ms(),
@@ -96,7 +102,14 @@ impl EngineConfig {
 
 /// Runs the engine until `shutdown`: the step workers and the results
 /// consumer.
-pub async fn run(db: Db, bus: Bus, cfg: EngineConfig, shutdown: CancellationToken) {
+pub async fn run(db: Db, bus: Bus, mut cfg: EngineConfig, shutdown: CancellationToken) {
+    // Read the key file once; without a key every step that mints a join
+    // token fails for good, saying why.
+    match cfg.join_key.resolve() {
+        Ok(Some(key)) => cfg.join_key = bcm_pki::JoinKeyConfig::with_key(key),
+        Ok(None) => tracing::error!("no join key is configured (engine.join_key.file): steps that boot a ramdisk or deploy will fail"),
+        Err(e) => tracing::error!(error = %e, "the join key cannot be read: steps that boot a ramdisk or deploy will fail"),
+    }
     let ctx = std::sync::Arc::new(engine::Ctx::new(db.clone(), bus.clone(), cfg.clone()));
     let mut tasks = vec![tokio::spawn(engine::listen(ctx.clone(), shutdown.clone()))];
     for i in 0..cfg.workers.max(1) {

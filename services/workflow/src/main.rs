@@ -27,6 +27,10 @@ struct Config {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let cfg: Config = bcm_config::load(args.config.as_deref(), "BCM_WORKFLOW_")?;
+    anyhow::ensure!(
+        cfg.engine.join_key.is_set(),
+        "engine.join_key.file is required: the control plane's join key (`bcm nats-auth` writes join.key)"
+    );
     bcm_telemetry::init("bcm-workflow", &cfg.telemetry)?;
     let db = bcm_db::Db::connect(&cfg.database_url, 16).await?;
     db.migrate().await?;

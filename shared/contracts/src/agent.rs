@@ -169,6 +169,13 @@ pub struct AgentCommand {
     pub params: serde_json::Value,
     /// When the control plane issued it; part of the signing input.
     pub issued_at: DateTime<Utc>,
+    /// The join tokens the parameters' references (`bcmjref_<id>`) stand
+    /// for, by reference. The parameters as stored and signed keep the
+    /// references (no command row, event or stream holds a token); the
+    /// agent puts each token in place of its reference only where it uses
+    /// the value (the user data it writes), and never logs or reports it.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub join_tokens: std::collections::BTreeMap<String, String>,
 }
 
 impl AgentCommand {

@@ -4,13 +4,45 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::agent::{AgentResult, JoinRequest};
+use crate::agent::{AgentResult, AgentRole};
 
-/// `attest.join`: an agent's join, forwarded by the API.
+/// `attest.join`: an agent's join, forwarded by the API without a secret:
+/// the join token travels as its hash (what the record keeps), and the
+/// session's bearer token, which the API derives and hands the agent, as
+/// the hash the attestation service stores for it. Neither token is ever on
+/// the bus.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AttestJoin {
-    pub join: JoinRequest,
+    /// SHA-256 of the join token, hex.
+    #[schemars(regex(pattern = "^[0-9a-f]{64}$"))]
+    pub token_hash: String,
+    /// SHA-256 of the session token the API hands the agent, hex: the same
+    /// for every answer to one join (derived from the join token and the
+    /// CSR), so a retried join keeps the session the agent holds.
+    #[schemars(regex(pattern = "^[0-9a-f]{64}$"))]
+    pub session_hash: String,
+    /// The agent's CSR (PEM), as it sent it.
+    pub csr: String,
+    pub role: AgentRole,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+}
+
+/// The attestation service's answer to a join: the identity issued (or, to
+/// a retried join, issued before). The API adds the session token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinGranted {
+    pub node_id: String,
+    pub cert_serial: String,
+    /// The node certificate (PEM) issued for the CSR's key.
+    pub certificate: String,
+    /// The CA certificate (PEM) that issued it.
+    pub ca_certificate: String,
+    /// ed25519 public keys (base64) trusted to sign image manifests.
+    #[serde(default)]
+    pub image_keys: Vec<String>,
 }
 
 /// `attest.result`: a result from an authenticated agent session, forwarded

@@ -5,8 +5,7 @@
 use schemars::schema_for;
 use serde_json::Value;
 
-use crate::agent::JoinResponse;
-use crate::attest::{AttestJoin, AttestReply, AttestResult, ResultRecorded};
+use crate::attest::{AttestJoin, AttestReply, AttestResult, JoinGranted, ResultRecorded};
 use crate::envelope::CloudEvent;
 use crate::events::*;
 use crate::work::ReconcileRequest;
@@ -73,7 +72,7 @@ pub fn json_schemas() -> Vec<(&'static str, Value)> {
         ("attest.join.request.json", s(schema_for!(AttestJoin))),
         (
             "attest.join.reply.json",
-            s(schema_for!(AttestReply<JoinResponse>)),
+            s(schema_for!(AttestReply<JoinGranted>)),
         ),
         ("attest.result.request.json", s(schema_for!(AttestResult))),
         (

@@ -492,18 +492,20 @@ fn every_event_validates_against_its_schema_and_round_trips() {
 
 #[test]
 fn attestation_requests_and_replies_validate_and_round_trip() {
-    let join = JoinRequest {
-        token: "bcmj_x".into(),
-        csr: "-----BEGIN CERTIFICATE REQUEST-----".into(),
-        role: AgentRole::Ramdisk,
-        hostname: None,
-    };
-    holds("attest.join.request.json", &AttestJoin { join });
+    holds(
+        "attest.join.request.json",
+        &AttestJoin {
+            token_hash: "ab".repeat(32),
+            session_hash: "cd".repeat(32),
+            csr: "-----BEGIN CERTIFICATE REQUEST-----".into(),
+            role: AgentRole::Ramdisk,
+            hostname: None,
+        },
+    );
     holds(
         "attest.join.reply.json",
-        &AttestReply::Ok(JoinResponse {
+        &AttestReply::Ok(JoinGranted {
             node_id: node().to_string(),
-            session_token: "bcms_x".into(),
             cert_serial: "01".into(),
             certificate: "pem".into(),
             ca_certificate: "pem".into(),
@@ -512,7 +514,7 @@ fn attestation_requests_and_replies_validate_and_round_trip() {
     );
     holds(
         "attest.join.reply.json",
-        &AttestReply::<JoinResponse>::Err {
+        &AttestReply::<JoinGranted>::Err {
             code: ErrorCode::Forbidden,
             message: "spent".into(),
         },

@@ -22,6 +22,25 @@ pub async fn mint_join_token_in_txn(
     Ok(token)
 }
 
+/// Mints a token of `purpose` for `scope`, live until `expires_at`, as a
+/// join reference: the token is derived under `site_key` (the node's
+/// site's join key) from the reference's id, only its hash is stored, and
+/// what is returned (`bcmjref_<id>`) holds no secret. Whoever delivers it
+/// to the machine reveals it ([`bcm_pki::JoinKey::reveal`]).
+pub async fn mint_join_ref_in_txn(
+    tx: &mut Tx<'_>,
+    site_key: &bcm_pki::JoinKey,
+    purpose: &str,
+    scope: &TokenScope,
+    expires_at: DateTime<Utc>,
+) -> Result<String, DbError> {
+    let ulid = ulid::Ulid::new().to_string().to_lowercase();
+    let (_token, hash) = site_key.token(&ulid);
+    let id = format!("jt_{ulid}");
+    bcm_db::agents::join_token_insert_in_txn(tx, &id, &hash, purpose, scope, expires_at).await?;
+    Ok(bcm_pki::join_key::reference(&ulid))
+}
+
 /// Revokes every certificate and session of a node and expires its unused
 /// join tokens (retire); returns how many certificates were revoked.
 pub async fn revoke_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<u64, DbError> {

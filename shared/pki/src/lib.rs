@@ -6,10 +6,12 @@
 
 pub mod ca;
 pub mod image;
+pub mod join_key;
 pub mod signing;
 pub mod tokens;
 
 pub use ca::{csr_pem, Ca, CheckedCert, IssueRequest, IssuedCert};
+pub use join_key::{JoinKey, JoinKeyConfig};
 pub use signing::{canonical_json, format_ts, signing_input, SignedFacts};
 
 /// What can go wrong in the PKI.

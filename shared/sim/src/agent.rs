@@ -469,7 +469,13 @@ fn execute(
         Command::DeployImage(p) => {
             // The installed OS's bcd reads its join parameters from the
             // file the rendered user data writes (/etc/bcd/join.env).
-            let Some((token, api)) = p.user_data.as_deref().and_then(join_env) else {
+            // The user data as written: its join references replaced by
+            // the tokens handed beside the command.
+            let written = p
+                .user_data
+                .as_deref()
+                .map(|u| bcm_pki::join_key::substitute(u, &cmd.join_tokens));
+            let Some((token, api)) = written.as_deref().and_then(join_env) else {
                 return Err(
                     "the user data gives the installed OS no BCD_JOIN_TOKEN and BCD_API".into(),
                 );

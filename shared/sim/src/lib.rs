@@ -97,6 +97,11 @@ pub struct SimConfig {
     /// ramdisk agent runs in-process.
     #[serde(default)]
     pub ramdisk_command: Option<Vec<String>>,
+    /// The site's join key (`join-<site>.key` from `bcm nats-auth`): when
+    /// the sim plays the boot service, it reveals the boot entries' join
+    /// references as a boot service does, at boot.
+    #[serde(default)]
+    pub join_key: bcm_pki::JoinKeyConfig,
     /// The simulated site's own bus identity (an nkey seed file from `bcm
     /// nats-auth`): it then connects as the site would, with the site's
     /// permissions, not the control plane's.
@@ -121,6 +126,7 @@ impl SimConfig {
             ramdisk_command: None,
             boot_dhcp: None,
             nkey_file: None,
+            join_key: Default::default(),
         }
     }
 }

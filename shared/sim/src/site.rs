@@ -367,6 +367,8 @@ struct Site {
     flaky: Mutex<HashMap<(String, CommandKind), u32>>,
     /// Booting power actions carried out per address, for `PowerAnswerLost`.
     boots: Mutex<HashMap<String, u32>>,
+    /// The site's join key, when the sim plays the boot service.
+    join_key: Option<bcm_pki::JoinKey>,
 }
 
 /// The sim's consumer of the command families no real service serves.
@@ -497,7 +499,12 @@ pub async fn run(
     spec.max_deliver = 20;
     spec.concurrency = cfg.concurrency.max(1);
     let kept = machines.clone();
+    let join_key = cfg
+        .join_key
+        .resolve()
+        .map_err(|e| SimError::Config(e.to_string()))?;
     let site = Arc::new(Site {
+        join_key,
         cfg: Arc::new(cfg),
         faults,
         machines,
@@ -568,6 +575,16 @@ async fn execute(
 ) -> CommandResult {
     // The boot service keys its entries by MAC: it needs no machine.
     match &cmd.command {
+        Command::BootEntrySet(p)
+            if site.join_key.is_none()
+                && bcm_pki::join_key::has_reference(&p.boot_entry.cmdline) =>
+        {
+            return CommandResult::failed(
+                cmd,
+                false,
+                "INVALID_CONFIG: the boot entry carries a join reference and the simulated site holds no join key (sim.join_key.file)",
+            );
+        }
         Command::BootEntrySet(p) => {
             site.machines
                 .set_boot_entries(&p.boot_entry.macs, Some(&p.boot_entry.cmdline))
@@ -745,7 +762,13 @@ fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
             let cmdline = if site.cfg.boot_service {
                 None
             } else {
-                site.machines.boot_entry(&mac_of(address))
+                // Revealed at boot, as a boot service's script does.
+                site.machines
+                    .boot_entry(&mac_of(address))
+                    .map(|c| match &site.join_key {
+                        Some(k) => k.reveal(&c),
+                        None => c,
+                    })
             };
             match cmdline.as_deref().and_then(parse_cmdline) {
                 Some(params) => Some(Booted::Ramdisk {

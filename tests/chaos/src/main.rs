@@ -90,6 +90,8 @@ database_max_connections = 16
 url = "{nats}"
 namespace = "{ns}"
 nkey_file = "{ids}/control.nk"
+[api.join_key]
+file = "{ids}/join.key"
 [[api.sealing_keys]]
 id = "chaos"
 key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
@@ -169,6 +171,7 @@ async fn main() -> anyhow::Result<()> {
         &bcm_bus::Subjects::new(Some(ns.clone()), 16),
         &["local".parse()?],
     )?;
+    bcm_pki::join_key::write_keys(&dir.join("nats"), &["local"])?;
     let stack = stack::Stack::up(
         &repo,
         &dir.join("stack"),

@@ -60,6 +60,7 @@ async fn boot_service(
         http_listen: "127.0.0.1:0".parse().expect("addr"),
         http_port: None,
         script_link_ttl_secs: 120,
+        join_key: bcm_pki::JoinKeyConfig::with_key(env.join_key.for_site("s1")),
         lease_ttl_secs: 3,
         holder: Some("security".into()),
         image_cache: dir.join("cache"),

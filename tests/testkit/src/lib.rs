@@ -81,6 +81,9 @@ pub struct TestEnv {
     pub faults: bcm_sim::Faults,
     /// The API's sealing keys (a site's bmc service opens with them).
     pub sealing_keys: Vec<bcm_seal::KeyConfig>,
+    /// The control plane's join key (a site's boot service holds
+    /// `join_key.for_site(site)`).
+    pub join_key: bcm_pki::JoinKey,
     agent_silence_ms: u64,
     /// Every site command the simulated sites of this test executed.
     pub executions: bcm_sim::site::Executions,
@@ -127,6 +130,7 @@ impl TestEnv {
         };
         let admin_token = format!("admin-{}", random_suffix());
         let sealing_keys = vec![bcm_seal::KeyConfig::generate("test-1")];
+        let join_key = bcm_pki::JoinKey::generate();
         let seed: bcm_api::Seed = serde_json::from_value(json!({
             "tenants": [{"id": "a", "name": "Tenant A"}, {"id": "b", "name": "Tenant B"}],
             "sites": [{"id": "s1", "name": "Site 1"}],
@@ -150,6 +154,7 @@ impl TestEnv {
             bus: bus_config.clone(),
             sealing_keys: sealing_keys.clone(),
             admin_token: admin_token.clone().into(),
+            join_key: bcm_pki::JoinKeyConfig::with_key(join_key.clone()),
             lock_timeout_ms: opts.lock_timeout_ms,
             relay: RelayConfig {
                 enabled: opts.relay,
@@ -183,6 +188,7 @@ impl TestEnv {
                 .map(bcm_sim::Faults::from_config)
                 .unwrap_or_default(),
             sealing_keys,
+            join_key,
             agent_silence_ms: opts.agent_silence_ms,
             executions: Default::default(),
             site: std::sync::Mutex::new(None),
@@ -210,7 +216,10 @@ impl TestEnv {
     /// Starts a simulated site with `cfg` on the machines its store kept
     /// (none, the first time); a running one is stopped first, as a restart
     /// of the site process. Returns once the new one was started.
-    pub async fn spawn_site(&self, cfg: bcm_sim::SimConfig) -> anyhow::Result<()> {
+    pub async fn spawn_site(&self, mut cfg: bcm_sim::SimConfig) -> anyhow::Result<()> {
+        if !cfg.join_key.is_set() {
+            cfg.join_key = bcm_pki::JoinKeyConfig::with_key(self.join_key.for_site(&cfg.site));
+        }
         let old = self.site.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some((stop, task)) = old {
             stop.cancel();
@@ -259,6 +268,7 @@ impl TestEnv {
         cfg.poll_ms = 100;
         cfg.join_poll_ms = 50;
         cfg.agent_silence_ms = self.agent_silence_ms;
+        cfg.join_key = bcm_pki::JoinKeyConfig::with_key(self.join_key.clone());
         tokio::spawn(bcm_workflow::run(
             self.db.clone(),
             self.state.inner.bus.clone(),

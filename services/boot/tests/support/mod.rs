@@ -88,6 +88,7 @@ pub fn config(
         http_port: None,
         lease_ttl_secs: 3,
         script_link_ttl_secs: 120,
+        join_key: bcm_pki::JoinKeyConfig::with_key(env.join_key.for_site("s1")),
         holder: Some(holder.into()),
         image_cache: dir.join("cache"),
         images: vec![],
