@@ -479,5 +479,18 @@ bus_permissions() {
   fi
 }
 phase "no service refused by the bus's permissions" bus_permissions
+# Join and session tokens reached the machines (they joined) and nothing
+# else: not a service's log, not the database (the machines' own consoles,
+# which print their kernel command line, are theirs).
+no_tokens() {
+  local pg_dump; pg_dump=$(ls -d /usr/lib/postgresql/*/bin/pg_dump | sort -V | tail -1)
+  in_ctl "$pg_dump" "$DATABASE_URL" > "$dir/logs/db.dump"
+  grep -q 'bcmjref_' "$dir/logs/db.dump" || { echo "the commands carry no join reference" >&2; return 1; }
+  if grep -EHo 'bcm[js]_[0-9a-f]{64}' "$dir"/logs/allinone.log "$dir"/logs/bmc.log "$dir"/logs/boot.log "$dir/logs/db.dump"; then
+    echo "a join or session token is in a log or the database (above)" >&2
+    return 1
+  fi
+}
+phase "no join or session token in a service's log or the database" no_tokens
 phase_name=""
 say "PASS"

@@ -61,8 +61,12 @@ impl FromRequestParts<AppState> for Agent {
         } else {
             0
         };
-        match bcm_db::agents::session_touch_live(&state.inner.db, &token_hash(secret), alive_for_ms)
-            .await?
+        match bcm_db::agents::session_touch_live(
+            &state.inner.agent_db,
+            &token_hash(secret),
+            alive_for_ms,
+        )
+        .await?
         {
             Some((node_id, cert_serial, purpose)) => Ok(Agent {
                 node_id,
@@ -193,7 +197,7 @@ pub async fn heartbeat(
     agent: Agent,
     Body(hb): Body<Heartbeat>,
 ) -> Result<axum::http::StatusCode, ApiError> {
-    let mut tx = app.inner.db.begin().await?;
+    let mut tx = app.inner.agent_db.begin().await?;
     bcm_db::agents::node_fact_merge_in_txn(
         &mut tx,
         &agent.node_id,
@@ -232,8 +236,9 @@ pub async fn commands(
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
     let mut wakeups = app.inner.agent_wakeups.subscribe();
     loop {
-        if bcm_db::commands::commands_pending_for_agent(&app.inner.db, &agent.node_id).await? {
-            let mut tx = app.inner.db.begin().await?;
+        if bcm_db::commands::commands_pending_for_agent(&app.inner.agent_db, &agent.node_id).await?
+        {
+            let mut tx = app.inner.agent_db.begin().await?;
             let taken = bcm_db::commands::commands_take_for_agent_in_txn(
                 &mut tx,
                 &agent.node_id,

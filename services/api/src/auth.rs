@@ -85,6 +85,27 @@ impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let who = Self::identify(parts, state).await?;
+        match state.inner.limits.check(&who.name, who.admin) {
+            Ok(()) => Ok(who),
+            Err(wait) => {
+                metrics::counter!("bcm_api_rate_limited_total").increment(1);
+                Err(ApiError::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "{} is over its request rate; retry in {} ms",
+                        who.name,
+                        wait.as_millis().max(1)
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+impl Principal {
+    /// The caller, from its bearer token.
+    async fn identify(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let unauthenticated = |m: &str| ApiError::new(ErrorCode::Unauthenticated, m);
         let header = parts
             .headers

@@ -38,6 +38,10 @@ pub enum ErrorResponses {
     /// one the caller may see.
     #[response(status = 404)]
     NotFound(ApiErrorBody),
+    /// `RATE_LIMITED`: the caller's principal is over its request rate;
+    /// the message names the wait.
+    #[response(status = 429)]
+    RateLimited(ApiErrorBody),
     /// `INVALID_STATE` (the move is not legal from the node's state),
     /// `CONFLICT` (a concurrent change won, or the resource exists) or
     /// `UNVERIFIED_WIPE`.

@@ -11,6 +11,7 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod join_tokens;
+pub mod limits;
 pub mod openapi;
 pub mod reads;
 pub mod relay;
@@ -42,6 +43,11 @@ pub struct ApiConfig {
     /// Connection pool size.
     #[serde(default = "default_db_connections")]
     pub database_max_connections: u32,
+    /// A second pool, for the agent endpoints alone (join, heartbeat,
+    /// command polls, results): a flood of agents waits on it, never on the
+    /// pool the verbs and reads use.
+    #[serde(default = "default_agent_db_connections")]
+    pub database_agent_connections: u32,
     /// NATS JetStream.
     pub bus: BusConfig,
     /// Sealing keys for BMC credentials; the first seals, all open.
@@ -62,6 +68,9 @@ pub struct ApiConfig {
     /// How the agent endpoints ride out lost answers.
     #[serde(default)]
     pub agents: AgentProtocolConfig,
+    /// Per-principal request limits.
+    #[serde(default)]
+    pub rate_limit: limits::RateLimitConfig,
     /// Logs, traces and metrics.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
@@ -159,6 +168,9 @@ fn default_listen() -> SocketAddr {
 fn default_db_connections() -> u32 {
     16
 }
+fn default_agent_db_connections() -> u32 {
+    6
+}
 fn default_lock_timeout_ms() -> u32 {
     2000
 }
@@ -223,6 +235,8 @@ pub struct AppState {
 /// What the handlers share.
 pub struct Inner {
     pub db: Db,
+    /// The agent endpoints' own pool.
+    pub agent_db: Db,
     pub bus: Bus,
     pub sealer: Sealer,
     pub admin_token_hash: Vec<u8>,
@@ -232,6 +246,8 @@ pub struct Inner {
     pub agents: AgentProtocolConfig,
     /// The join key (master), if configured.
     pub join_key: Option<bcm_pki::JoinKey>,
+    /// Per-principal request limits.
+    pub limits: limits::Limits,
 }
 
 /// The router of the service, for tests and the all-in-one binary.
@@ -314,6 +330,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
     }
     let db = Db::connect(&cfg.database_url, cfg.database_max_connections).await?;
     db.migrate().await?;
+    let agent_db = Db::connect(&cfg.database_url, cfg.database_agent_connections.max(1)).await?;
     seed(&db, &cfg.seed).await?;
     let bus = Bus::connect(&cfg.bus).await?;
     let (agent_wakeups, _) = tokio::sync::broadcast::channel(4096);
@@ -321,6 +338,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
     Ok(AppState {
         inner: Arc::new(Inner {
             db,
+            agent_db,
             bus,
             sealer,
             admin_token_hash: auth::token_hash(cfg.admin_token.expose_secret()),
@@ -328,6 +346,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             agent_wakeups,
             agents: cfg.agents.clone(),
             join_key,
+            limits: limits::Limits::new(cfg.rate_limit.clone()),
         }),
     })
 }

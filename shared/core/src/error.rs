@@ -21,6 +21,8 @@ crate::wire_enum! {
         Unauthenticated = "UNAUTHENTICATED",
         /// A dependency is down; retry later.
         Unavailable = "UNAVAILABLE",
+        /// The caller is over its request rate; retry after the wait named.
+        RateLimited = "RATE_LIMITED",
         /// A bug or an unexpected failure; the message says no more.
         Internal = "INTERNAL",
     }
@@ -39,12 +41,16 @@ impl ErrorCode {
             ErrorCode::Forbidden => 403,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::Unavailable => 503,
+            ErrorCode::RateLimited => 429,
             ErrorCode::Internal => 500,
         }
     }
 
     /// Whether a caller may retry the same request unchanged.
     pub const fn retryable(self) -> bool {
-        matches!(self, ErrorCode::Conflict | ErrorCode::Unavailable)
+        matches!(
+            self,
+            ErrorCode::Conflict | ErrorCode::Unavailable | ErrorCode::RateLimited
+        )
     }
 }

@@ -103,6 +103,10 @@ fn server_away(e: &sqlx::Error) -> bool {
     }
 }
 
+/// A connection held out of its pool ([`Db::hold_connection`]); returned
+/// on drop.
+pub struct HeldConnection(#[allow(dead_code)] sqlx::pool::PoolConnection<sqlx::Postgres>);
+
 impl Db {
     /// Connects to `url` with at most `max_connections`.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, DbError> {
@@ -161,6 +165,13 @@ impl Db {
     pub async fn ping(&self) -> Result<(), DbError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    /// Takes one connection out of the pool until the returned guard is
+    /// dropped, without giving access to it: how a test plays a flood that
+    /// holds every connection of a pool.
+    pub async fn hold_connection(&self) -> Result<HeldConnection, DbError> {
+        Ok(HeldConnection(self.pool.acquire().await?))
     }
 
     /// The underlying pool, for the modules of this crate.

@@ -140,6 +140,35 @@ fn bus_refusals(logs: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// The lines of the processes' logs that hold a join or session token
+/// (`bcmj_`/`bcms_` and 64 hex digits): none may.
+fn tokens_in_logs(logs: &std::path::Path) -> Vec<String> {
+    let holds_token = |line: &str| {
+        ["bcmj_", "bcms_"].iter().any(|prefix| {
+            line.match_indices(prefix).any(|(at, _)| {
+                line[at + prefix.len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_hexdigit())
+                    .count()
+                    >= 64
+            })
+        })
+    };
+    let Ok(entries) = std::fs::read_dir(logs) else {
+        return vec![];
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter(|l| holds_token(l))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -292,11 +321,14 @@ async fn run(
     // Every process ran under its own bus identity: a request its
     // permissions refused is a bug (it waits out a timeout and fails).
     let refused = bus_refusals(&dir.join("logs"));
+    // No process logs a join or session token.
+    let leaked = tokens_in_logs(&dir.join("logs"));
     let held = v.held()
         && exited.is_empty()
         && crashed.is_empty()
         && phases.len() == 3
-        && refused.is_empty();
+        && refused.is_empty()
+        && leaked.is_empty();
     let figures = json!({
         "nodes": args.nodes,
         "quiet": args.quiet,
@@ -316,12 +348,16 @@ async fn run(
         "exitedByThemselves": exited,
         "crashedDuringRun": crashed,
         "busPermissionRefusals": refused.len(),
+        "logLinesWithTokens": leaked.len(),
         "slowestSigtermStopMs": slowest_stop.as_millis(),
         "held": held,
     });
     println!("{figures}");
     for line in refused.iter().take(10) {
         eprintln!("chaos: refused by the bus: {line}");
+    }
+    for line in leaked.iter().take(10) {
+        eprintln!("chaos: a log line holds a token: {line}");
     }
     for id in v.lost.iter().take(10) {
         eprintln!("chaos: lost event {id}");

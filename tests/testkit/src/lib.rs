@@ -41,6 +41,10 @@ pub struct Options {
     pub agents: bcm_api::AgentProtocolConfig,
     /// How long the engine lets a ramdisk agent stay silent.
     pub agent_silence_ms: u64,
+    /// The API's per-principal limits.
+    pub rate_limit: bcm_api::limits::RateLimitConfig,
+    /// The size of the API's pool for agent endpoints.
+    pub agent_db_connections: u32,
 }
 
 impl Default for Options {
@@ -54,6 +58,8 @@ impl Default for Options {
             attestation: true,
             agents: Default::default(),
             agent_silence_ms: 60_000,
+            rate_limit: Default::default(),
+            agent_db_connections: 4,
         }
     }
 }
@@ -151,6 +157,7 @@ impl TestEnv {
             listen: "127.0.0.1:0".parse()?,
             database_url: database_url.clone(),
             database_max_connections: 10,
+            database_agent_connections: opts.agent_db_connections,
             bus: bus_config.clone(),
             sealing_keys: sealing_keys.clone(),
             admin_token: admin_token.clone().into(),
@@ -162,6 +169,7 @@ impl TestEnv {
                 poll_ms: 200,
             },
             agents: opts.agents.clone(),
+            rate_limit: opts.rate_limit.clone(),
             telemetry: Default::default(),
             seed,
         };

@@ -13,6 +13,10 @@ pub const T: Duration = Duration::from_secs(240);
 
 pub fn child_config(env: &TestEnv, dir: &std::path::Path) -> std::path::PathBuf {
     let ns = env.bus_config.namespace.clone().expect("namespace");
+    // The child mints join tokens the test's API and site must reveal: the
+    // test's join key.
+    let join_key = dir.join("join.key");
+    std::fs::write(&join_key, env.join_key.to_text()).expect("write join key");
     let text = format!(
         r#"
 [api]
@@ -21,6 +25,8 @@ admin_token = "child-admin-token-unused"
 [api.bus]
 url = "{nats}"
 namespace = "{ns}"
+[api.join_key]
+file = "{join_key}"
 [[api.sealing_keys]]
 id = "child"
 key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
@@ -37,6 +43,7 @@ site = "s1"
         db = env.database_url,
         nats = env.bus_config.url,
         api = env.base,
+        join_key = join_key.display(),
     );
     let path = dir.join("child.toml");
     std::fs::write(&path, text).expect("write config");

@@ -1,0 +1,117 @@
+//! Limits (issue 18, finding 8): one principal's flood of requests is
+//! answered `RATE_LIMITED` (429, retryable, with the wait) once past its
+//! burst, while another principal and the bootstrap admin go on unslowed.
+
+use bcm_api::limits::RateLimitConfig;
+use bcm_testkit::{Options, TestEnv};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_past_its_rate_is_refused_and_nobody_else_is() {
+    let env = TestEnv::start_with(Options {
+        rate_limit: RateLimitConfig {
+            requests_per_second: 0.5,
+            burst: 5,
+            admin: false,
+        },
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let alice = env
+        .token("alice", &[("compute:nodes:read", "tenant", "a")])
+        .await
+        .expect("alice");
+    let bob = env
+        .token("bob", &[("compute:nodes:read", "tenant", "a")])
+        .await
+        .expect("bob");
+    let list = "/api/compute/metal/nodes?tenantId=a";
+    for i in 0..5 {
+        let (s, b) = env.get(list, Some(&alice)).await.expect("read");
+        assert_eq!(s, 200, "request {i} within the burst: {b}");
+    }
+    let (s, b) = env.get(list, Some(&alice)).await.expect("read");
+    assert_eq!(s, 429, "{b}");
+    assert_eq!(b["code"], "RATE_LIMITED", "{b}");
+    assert!(
+        b["message"].as_str().unwrap_or("").contains("retry in"),
+        "{b}"
+    );
+    // A verb is refused the same way, and changes nothing.
+    let (s, b) = env
+        .post(
+            "/api/compute/metal/enroll",
+            Some(&alice),
+            &serde_json::json!({"tenantId": "a", "poolId": "a-pool",
+                "bmc": {"driver": "sim", "address": "sim://limited", "username": "u", "password": "p"}}),
+        )
+        .await
+        .expect("enroll");
+    assert_eq!((s, b["code"].as_str()), (429, Some("RATE_LIMITED")), "{b}");
+    let (_, nodes) = env.get(list, Some(&env.admin_token)).await.expect("read");
+    assert!(!nodes.to_string().contains("sim://limited"), "{nodes}");
+
+    let (s, b) = env.get(list, Some(&bob)).await.expect("read");
+    assert_eq!(s, 200, "bob is not slowed by alice: {b}");
+    for _ in 0..30 {
+        let (s, b) = env.get(list, Some(&env.admin_token)).await.expect("read");
+        assert_eq!(s, 200, "the bootstrap admin is not limited: {b}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_holding_every_agent_connection_do_not_stop_the_verbs() {
+    let env = TestEnv::start_with(Options {
+        agent_db_connections: 2,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    // A flood of agents has taken every connection of the agent pool.
+    let pool = &env.state.inner.agent_db;
+    let held = [
+        pool.hold_connection().await.expect("one"),
+        pool.hold_connection().await.expect("two"),
+    ];
+    let heartbeat = {
+        let http = env.http.clone();
+        let url = format!("{}/api/agent/heartbeat", env.base);
+        tokio::spawn(async move {
+            http.post(url)
+                .bearer_auth(format!("bcms_{}", "0".repeat(64)))
+                .json(&serde_json::json!({"role": "ramdisk"}))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    // Verbs and reads go on, on their own pool.
+    let (s, b) = env
+        .post(
+            "/api/compute/metal/enroll",
+            Some(&env.admin_token),
+            &serde_json::json!({"tenantId": "a", "poolId": "a-pool",
+                "bmc": {"driver": "sim", "address": "sim://during-a-flood", "username": "u", "password": "p"}}),
+        )
+        .await
+        .expect("enroll");
+    assert_eq!(s, 200, "{b}");
+    let (s, b) = env
+        .get(
+            "/api/compute/metal/nodes?tenantId=a",
+            Some(&env.admin_token),
+        )
+        .await
+        .expect("read");
+    assert_eq!(s, 200, "{b}");
+    assert!(
+        !heartbeat.is_finished(),
+        "the agent's request waits on the agent pool"
+    );
+    drop(held);
+    let status = heartbeat.await.expect("task").expect("answered");
+    assert_eq!(
+        status, 401,
+        "a made-up session, answered once the pool frees"
+    );
+}
