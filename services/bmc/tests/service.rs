@@ -261,16 +261,7 @@ async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
         wire.iter().all(|b| !b.contains(&sushy.password)),
         "a NATS message carries the password"
     );
-    let dump = std::process::Command::new(bcm_testkit::pg_dump())
-        .arg(&env.database_url)
-        .output()
-        .expect("pg_dump");
-    assert!(
-        dump.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dump.stderr)
-    );
-    assert!(!String::from_utf8_lossy(&dump.stdout).contains(&sushy.password));
+    assert!(!bcm_testkit::dump_database(&env.database_url).contains(&sushy.password));
     for id in &ids {
         let (s, b) = env
             .get(

@@ -13,10 +13,9 @@
 //! A dump of the database, a copy of a stream or a log line therefore holds
 //! no token, and one site's boot service cannot make another site's.
 
+use crate::tokens::hmac_parts as hmac;
 use base64::Engine as _;
-use hmac::{Hmac, Mac};
 use rand::RngCore;
-use sha2::Sha256;
 use std::path::{Path, PathBuf};
 
 /// The prefix of a join reference.
@@ -43,19 +42,6 @@ pub enum JoinKeyError {
     Malformed,
     #[error("a join reference names no token this key can make: {0}")]
     NoKey(String),
-}
-
-fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
-    // HMAC takes a key of any length; `new_from_slice` cannot fail for it.
-    let mut mac = match <Hmac<Sha256> as Mac>::new_from_slice(key) {
-        Ok(m) => m,
-        Err(_) => unreachable!("HMAC accepts keys of every length"),
-    };
-    for p in parts {
-        mac.update(&(p.len() as u64).to_be_bytes());
-        mac.update(p);
-    }
-    mac.finalize().into_bytes().into()
 }
 
 impl JoinKey {

@@ -30,6 +30,14 @@ pub fn mint_prefixed(prefix: &str) -> (String, Vec<u8>) {
 /// (a retried join racing the orphaned first request) hands out one token,
 /// and whoever holds either answer holds the live one.
 pub fn derive_prefixed(prefix: &str, key: &[u8], parts: &[&[u8]]) -> (String, Vec<u8>) {
+    let token = format!("{prefix}{}", hex::encode(hmac_parts(key, parts)));
+    let hash = hash(&token);
+    (token, hash)
+}
+
+/// HMAC-SHA-256 under `key` over the length-prefixed `parts` (so moving a
+/// byte from one part to the next changes it).
+pub fn hmac_parts(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     // HMAC takes a key of any length; `new_from_slice` cannot fail for it.
     let mut mac = match <Hmac<Sha256> as Mac>::new_from_slice(key) {
         Ok(m) => m,
@@ -39,9 +47,7 @@ pub fn derive_prefixed(prefix: &str, key: &[u8], parts: &[&[u8]]) -> (String, Ve
         mac.update(&(p.len() as u64).to_be_bytes());
         mac.update(p);
     }
-    let token = format!("{prefix}{}", hex::encode(mac.finalize().into_bytes()));
-    let hash = hash(&token);
-    (token, hash)
+    mac.finalize().into_bytes().into()
 }
 
 /// The stored form of a token.

@@ -122,9 +122,8 @@ nkey_file = "{ids}/sim-local.nk"
     )
 }
 
-/// The lines of the processes' logs where the server refused a request
-/// under the bus permissions.
-fn bus_refusals(logs: &std::path::Path) -> Vec<String> {
+/// The lines of the processes' logs that `keep` keeps.
+fn log_lines(logs: &std::path::Path, keep: impl Fn(&str) -> bool) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(logs) else {
         return vec![];
     };
@@ -133,11 +132,17 @@ fn bus_refusals(logs: &std::path::Path) -> Vec<String> {
         .filter_map(|e| std::fs::read_to_string(e.path()).ok())
         .flat_map(|text| {
             text.lines()
-                .filter(|l| l.contains("Permissions Violation"))
+                .filter(|l| keep(l))
                 .map(str::to_owned)
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// The lines of the processes' logs where the server refused a request
+/// under the bus permissions.
+fn bus_refusals(logs: &std::path::Path) -> Vec<String> {
+    log_lines(logs, |l| l.contains("Permissions Violation"))
 }
 
 /// The lines of the processes' logs that hold a join or session token
@@ -154,19 +159,7 @@ fn tokens_in_logs(logs: &std::path::Path) -> Vec<String> {
             })
         })
     };
-    let Ok(entries) = std::fs::read_dir(logs) else {
-        return vec![];
-    };
-    entries
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .flat_map(|text| {
-            text.lines()
-                .filter(|l| holds_token(l))
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
-        })
-        .collect()
+    log_lines(logs, holds_token)
 }
 
 fn free_port() -> anyhow::Result<u16> {

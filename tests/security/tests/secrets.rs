@@ -175,16 +175,7 @@ async fn a_whole_lifecycle_leaves_no_token_or_password_in_the_record_or_on_the_b
         .await
         .expect("released");
 
-    let dump = std::process::Command::new(bcm_testkit::pg_dump())
-        .arg(&env.database_url)
-        .output()
-        .expect("pg_dump");
-    assert!(
-        dump.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dump.stderr)
-    );
-    let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
+    let dump = bcm_testkit::dump_database(&env.database_url);
     assert!(dump.contains("bcmjref_"), "the commands carry references");
     assert_clean("the database", &dump);
 

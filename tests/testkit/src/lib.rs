@@ -781,6 +781,20 @@ pub fn sim_profile(id: &str, version: u32, role: &str) -> serde_json::Value {
     })
 }
 
+/// A whole database as `pg_dump` writes it, for tests that search it.
+pub fn dump_database(url: &str) -> String {
+    let dump = std::process::Command::new(pg_dump())
+        .arg(url)
+        .output()
+        .expect("pg_dump");
+    assert!(
+        dump.status.success(),
+        "pg_dump: {}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    String::from_utf8_lossy(&dump.stdout).into_owned()
+}
+
 /// Debian's newest `pg_dump`, for tests that grep a whole database.
 pub fn pg_dump() -> std::path::PathBuf {
     let mut found: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
