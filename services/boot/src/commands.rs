@@ -124,8 +124,8 @@ async fn stored(kv: &Store, mac: &Mac) -> Result<(Option<BootEntry>, u64), Strin
 /// How many times a write that lost a compare-and-set race is tried again.
 const CAS_TRIES: usize = 5;
 
-/// The MACs among `macs` whose live entry another node holds, with the
-/// revision each was read at.
+/// Every MAC of `macs` with the revision it was read at, and those whose
+/// live entry another node holds (named with their holder).
 async fn read_all(
     kv: &Store,
     macs: &[Mac],

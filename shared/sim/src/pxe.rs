@@ -33,10 +33,10 @@ fn mac_bytes(mac: &str) -> Result<[u8; 6], PxeError> {
 pub async fn script_link(server: SocketAddr, mac: &str) -> Result<String, PxeError> {
     const TRIES: u32 = 4;
     let chaddr = mac_bytes(mac)?;
-    let bind: SocketAddr = if server.is_ipv4() {
-        "0.0.0.0:0".parse().map_err(|_| PxeError::Mac(mac.into()))?
+    let bind = if server.is_ipv4() {
+        SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0))
     } else {
-        "[::]:0".parse().map_err(|_| PxeError::Mac(mac.into()))?
+        SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0))
     };
     let socket = tokio::net::UdpSocket::bind(bind).await?;
     let xid: u32 = rand::random();
