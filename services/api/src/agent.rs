@@ -18,7 +18,7 @@ use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::Json;
 use bcm_contracts::agent::{
-    AgentCommand, AgentResult, Heartbeat, JoinRequest, JoinResponse, PresenceEvent,
+    AgentCommand, AgentPurpose, AgentResult, Heartbeat, JoinRequest, JoinResponse, PresenceEvent,
 };
 use bcm_contracts::attest::{AttestJoin, AttestReply, AttestResult, JoinGranted, ResultRecorded};
 use bcm_contracts::CommandKind;
@@ -75,6 +75,16 @@ impl FromRequestParts<AppState> for Agent {
             }),
             None => Err(bad()),
         }
+    }
+}
+
+impl Agent {
+    /// The command kinds this session's identity runs (none for a purpose
+    /// this build does not know).
+    fn runs(&self) -> Vec<CommandKind> {
+        AgentPurpose::parse(&self.purpose)
+            .map(CommandKind::run_by_purpose)
+            .unwrap_or_default()
     }
 }
 
@@ -198,10 +208,12 @@ pub async fn heartbeat(
     Body(hb): Body<Heartbeat>,
 ) -> Result<axum::http::StatusCode, ApiError> {
     let mut tx = app.inner.agent_db.begin().await?;
+    // Kept apart from the join's record (`agent:<purpose>`): a heartbeat
+    // is never taken for a join.
     bcm_db::agents::node_fact_merge_in_txn(
         &mut tx,
         &agent.node_id,
-        &format!("agent:{}", agent.purpose),
+        &format!("heartbeat:{}", agent.purpose),
         &serde_json::json!({ "role": hb.role, "event": PresenceEvent::Heartbeat }),
     )
     .await?;
@@ -238,11 +250,15 @@ pub async fn commands(
     loop {
         if bcm_db::commands::commands_pending_for_agent(&app.inner.agent_db, &agent.node_id).await?
         {
+            let kinds = agent.runs();
+            let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
             let mut tx = app.inner.agent_db.begin().await?;
             let taken = bcm_db::commands::commands_take_for_agent_in_txn(
                 &mut tx,
                 &agent.node_id,
                 &agent.cert_serial,
+                &agent.purpose,
+                &kinds,
                 16,
                 app.inner.agents.command_lease_ms,
             )

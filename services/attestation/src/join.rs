@@ -17,7 +17,7 @@
 //! and a token minted anew for the second would end the session the agent
 //! holds from the first.
 
-use bcm_contracts::agent::{AgentPresence, AgentRole, PresenceEvent};
+use bcm_contracts::agent::{AgentPresence, AgentPurpose, AgentRole, PresenceEvent};
 use bcm_contracts::attest::{AttestJoin, JoinGranted};
 use bcm_db::agents::{CertRow, TokenScope};
 use bcm_db::Db;
@@ -28,11 +28,7 @@ use crate::{AttestError, AttestationConfig};
 
 /// The agent role a token purpose admits.
 pub fn role_of(purpose: &str) -> Option<AgentRole> {
-    match purpose {
-        "discovery" => Some(AgentRole::Ramdisk),
-        "provisioned" | "node" => Some(AgentRole::Node),
-        _ => None,
-    }
+    AgentPurpose::parse(purpose).ok().map(AgentPurpose::role)
 }
 
 /// A 64-digit hex SHA-256 from the bus, decoded.
@@ -71,6 +67,9 @@ pub async fn join(
             crate::adopt::create_node_in_txn(db, &mut tx, subjects, &pool).await?
         }
     };
+    // The certificate names the node's identity epoch as this transaction
+    // reads it: a release committed meanwhile leaves it out of force.
+    let epoch = bcm_db::agents::epoch_in_txn(&mut tx, &node_id).await?;
     let now = Utc::now();
     let life = if purpose == "discovery" {
         cfg.ramdisk_cert_ttl_secs
@@ -82,6 +81,7 @@ pub async fn join(
         csr_pem: &req.csr,
         node_id: &node_id,
         purpose: &purpose,
+        epoch: epoch as u32,
         not_before: now - chrono::Duration::minutes(5),
         not_after,
     })?;
@@ -96,6 +96,7 @@ pub async fn join(
             not_after,
             revoked_at: None,
             purpose: purpose.clone(),
+            epoch,
         },
     )
     .await?;

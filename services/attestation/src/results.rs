@@ -62,6 +62,7 @@ pub async fn record(
         };
     };
     check_contract(&cmd, r)?;
+    check_identity(&mut tx, &cmd, &req.cert_serial).await?;
     let attested_by = if signature.is_some() {
         let mut certs = bcm_db::agents::certs_live_of_node_in_txn(&mut tx, &req.node_id).await?;
         // The session's own certificate first: it is the one that signed.
@@ -97,6 +98,37 @@ pub async fn record(
         recorded: true,
         attested_by,
     })
+}
+
+/// The session's identity answers for the command: its certificate is in
+/// force (unrevoked, of the node's current epoch) and of the purpose the
+/// command is for. Checked for every result, signed or not, in the
+/// transaction that records it.
+async fn check_identity(
+    tx: &mut bcm_db::Tx<'_>,
+    cmd: &bcm_db::commands::CommandRow,
+    cert_serial: &str,
+) -> Result<(), AttestError> {
+    let cert = bcm_db::agents::cert_in_force_in_txn(tx, cert_serial)
+        .await?
+        .ok_or_else(|| {
+            AttestError::Rejected(format!(
+                "certificate {cert_serial} is revoked, expired or of an ended epoch"
+            ))
+        })?;
+    let wanted = CommandKind::parse(&cmd.kind)
+        .ok()
+        .and_then(CommandKind::run_by)
+        .map(|p| p.as_str());
+    if cmd.node_id.as_deref() != Some(cert.node_id.as_str())
+        || wanted != Some(cert.purpose.as_str())
+    {
+        return Err(AttestError::Rejected(format!(
+            "command {} is not for a {} identity of node {}",
+            cmd.id, cert.purpose, cert.node_id
+        )));
+    }
+    Ok(())
 }
 
 /// An agent answers only the commands agents run, with the output their

@@ -2,8 +2,12 @@
 //! rebuilt from the STORED command row (id, node, kind, params, issue time)
 //! and the stored result, and the signature must verify against a
 //! certificate of that node that chains to the CA, is in its validity
-//! window and is not revoked (the caller passes only unrevoked rows).
+//! window and is not revoked (the caller passes only the node's
+//! certificates in force: unrevoked, of its current epoch), of the purpose
+//! the command is for ([`CommandKind::run_by`]), and naming the epoch its
+//! row says.
 
+use bcm_contracts::CommandKind;
 use bcm_db::agents::CertRow;
 use bcm_db::commands::CommandRow;
 use bcm_pki::{Ca, SignedFacts};
@@ -20,6 +24,11 @@ pub fn verify_stored(
     now: DateTime<Utc>,
 ) -> Result<String, String> {
     let node_id = cmd.node_id.as_deref().ok_or("the command has no node")?;
+    let kind = CommandKind::parse(&cmd.kind).map_err(|e| e.to_string())?;
+    let purpose = kind
+        .run_by()
+        .ok_or_else(|| format!("a {kind} is no agent's command"))?
+        .as_str();
     let sig = cmd.signature.as_deref().ok_or("the result is not signed")?;
     let sig = Signature::from_slice(sig).map_err(|_| "not an ed25519 signature")?;
     let result = cmd.result.as_ref().ok_or("the command has no result")?;
@@ -53,6 +62,20 @@ pub fn verify_stored(
             }
         };
         if checked.node_id != node_id || cert.node_id != node_id {
+            continue;
+        }
+        if checked.purpose != purpose || cert.purpose != purpose {
+            why = format!(
+                "certificate {} is a {} identity; a {kind} is answered only by a {purpose} one",
+                cert.serial, checked.purpose
+            );
+            continue;
+        }
+        if i64::from(checked.epoch) != i64::from(cert.epoch) {
+            why = format!(
+                "certificate {} names epoch {}, not the epoch {} it is recorded in",
+                cert.serial, checked.epoch, cert.epoch
+            );
             continue;
         }
         let Some(key) = <[u8; 32]>::try_from(checked.public_key.as_slice())
@@ -95,6 +118,7 @@ mod tests {
                 csr_pem: &csr,
                 node_id: "node_1",
                 purpose: "discovery",
+                epoch: 2,
                 not_before: now - chrono::Duration::minutes(1),
                 not_after: now + chrono::Duration::hours(1),
             })
@@ -108,6 +132,7 @@ mod tests {
             not_after: now + chrono::Duration::hours(1),
             revoked_at: None,
             purpose: "discovery".into(),
+            epoch: 2,
         };
         let issued_at: DateTime<Utc> = "2026-11-30T10:00:00.123456Z".parse().expect("ts");
         let finished = "2026-11-30T10:01:00.654321Z";
@@ -186,6 +211,15 @@ mod tests {
         let mut revoked = f.cert.clone();
         revoked.revoked_at = Some(Utc::now());
         assert!(verify_stored(&f.ca, &f.cmd, &[revoked], Utc::now()).is_err());
+        // Nor a certificate of another purpose (an installed OS's key
+        // answering a ramdisk command), however its row is labelled.
+        let mut os = f.cert.clone();
+        os.purpose = "provisioned".into();
+        assert!(verify_stored(&f.ca, &f.cmd, &[os], Utc::now()).is_err());
+        // Nor one whose row is of another epoch than the certificate names.
+        let mut stale = f.cert.clone();
+        stale.epoch = 3;
+        assert!(verify_stored(&f.ca, &f.cmd, &[stale], Utc::now()).is_err());
         // Nor one from another CA.
         let rogue = Ca::generate("test").expect("rogue");
         assert!(verify_stored(&rogue, &f.cmd, &certs, Utc::now()).is_err());

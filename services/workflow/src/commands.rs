@@ -141,6 +141,7 @@ pub async fn command_for(
         | StepKind::ForgetBmcCredentials
         | StepKind::WaitRamdiskJoin
         | StepKind::WaitOsJoin { .. }
+        | StepKind::WaitOsBack { .. }
         | StepKind::RetiredEnsureRamdisk => return Ok(None),
     }))
 }

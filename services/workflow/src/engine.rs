@@ -688,7 +688,7 @@ async fn run_in_engine(
             "metal.ensureRamdisk is a step of profile v1, which no site service \
              executes any more; recover the node to run this state with v2",
         ))),
-        StepKind::WaitRamdiskJoin | StepKind::WaitOsJoin { .. } => {
+        StepKind::WaitRamdiskJoin | StepKind::WaitOsJoin { .. } | StepKind::WaitOsBack { .. } => {
             check_join(tx, at, steps, pos).await
         }
         other => Ok(Some(Ended::failed(
@@ -762,9 +762,17 @@ async fn check_join(
         node,
         now,
     } = *at;
-    let (fact, role) = match &def.kind {
-        StepKind::WaitOsJoin { role, .. } => ("agent:provisioned", Some(role.as_str())),
-        _ => ("agent:discovery", None),
+    // A join, of the purpose and role the step waits for; unrescue's kept
+    // OS is heard by any request of its identity (the API writes a
+    // heartbeat only for an identity in force).
+    let (fact, role, heard) = match &def.kind {
+        StepKind::WaitOsJoin { role, .. } => ("agent:provisioned", Some(role.as_str()), None),
+        StepKind::WaitOsBack { role, .. } => (
+            "agent:provisioned",
+            Some(role.as_str()),
+            Some("heartbeat:provisioned"),
+        ),
+        _ => ("agent:discovery", None, None),
     };
     // Both sides on the database's clock: the join's fact is stamped by
     // Postgres, and so are the workflow and the boot entry's command.
@@ -786,8 +794,17 @@ async fn check_join(
             None
         }
     };
-    if presence.is_some_and(|p| role.is_none_or(|r| p.role.as_str() == r)) {
+    if presence.is_some_and(|p| p.is_join_of(role)) {
         return Ok(Some(Ended::succeeded(None)));
+    }
+    if let Some(heard) = heard {
+        let beat =
+            bcm_db::agents::node_fact_since_in_txn(tx, &node.id.to_string(), heard, since).await?;
+        if let Ok(Some(p)) = AgentPresence::from_stored(beat) {
+            if role.is_none_or(|r| p.role.as_str() == r) {
+                return Ok(Some(Ended::succeeded(None)));
+            }
+        }
     }
     if step.deadline_at.is_some_and(|d| now >= d) {
         return Ok(Some(Ended::timed_out()));

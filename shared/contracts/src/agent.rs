@@ -69,6 +69,67 @@ impl AgentRole {
     }
 }
 
+/// Why an agent identity exists: what its join token was minted for and
+/// what its certificate names (OU). A command is answered only by an
+/// identity of the purpose it is for ([`CommandKind::run_by`]), and a
+/// transition ends the purposes it ends (`bcm_core::identity`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentPurpose {
+    /// A ramdisk session, for one workflow's commands.
+    Discovery,
+    /// The installed OS a deploy wrote.
+    Provisioned,
+    /// An adopted machine's OS (a pool's `node` token).
+    Node,
+}
+
+impl AgentPurpose {
+    /// Every purpose.
+    pub const ALL: [AgentPurpose; 3] = [
+        AgentPurpose::Discovery,
+        AgentPurpose::Provisioned,
+        AgentPurpose::Node,
+    ];
+
+    /// The wire name (a certificate's OU, a join token's purpose).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AgentPurpose::Discovery => "discovery",
+            AgentPurpose::Provisioned => "provisioned",
+            AgentPurpose::Node => "node",
+        }
+    }
+
+    /// Parses the wire name.
+    pub fn parse(s: &str) -> Result<Self, ContractError> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| ContractError::Undecodable {
+                what: "agent purpose",
+                why: format!(
+                    "unknown purpose {:?}",
+                    s.chars().take(32).collect::<String>()
+                ),
+            })
+    }
+
+    /// The agent role an identity of this purpose joins as.
+    pub const fn role(self) -> AgentRole {
+        match self {
+            AgentPurpose::Discovery => AgentRole::Ramdisk,
+            AgentPurpose::Provisioned | AgentPurpose::Node => AgentRole::Node,
+        }
+    }
+}
+
+impl std::fmt::Display for AgentPurpose {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl std::fmt::Display for AgentRole {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -262,11 +323,12 @@ pub enum PresenceEvent {
     Heartbeat,
 }
 
-/// An agent's last sign of life as the record keeps it (the `node_facts`
-/// row `agent:<purpose>`): written by the attestation service at a join and
-/// by the API at a heartbeat, read by the engine (a step waiting for a
-/// join) and the reconciler (an adoption's acceptance check), which run in
-/// other processes.
+/// An agent's join as the record keeps it (the `node_facts` row
+/// `agent:<purpose>`), written by the attestation service at a join and
+/// read by the engine (a step waiting for a join) and the reconciler (an
+/// adoption's acceptance check), which run in other processes. The API
+/// keeps heartbeats apart (`heartbeat:<purpose>`): a heartbeat is never a
+/// join.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentPresence {
@@ -281,6 +343,12 @@ pub struct AgentPresence {
 }
 
 impl AgentPresence {
+    /// Whether this is a join (never a heartbeat), of `role` when one is
+    /// asked for.
+    pub fn is_join_of(&self, role: Option<&str>) -> bool {
+        self.event == PresenceEvent::Join && role.is_none_or(|r| self.role.as_str() == r)
+    }
+
     /// Reads a stored presence (`None` when there is none).
     pub fn from_stored(v: Option<serde_json::Value>) -> Result<Option<Self>, ContractError> {
         v.map(|v| {
@@ -303,6 +371,39 @@ mod tests {
     /// The agents' retries double from 250 ms and never wait past 8 s, so
     /// within the engine's default silence limit (60 s) an agent asks at
     /// least ten times.
+    #[test]
+    fn a_heartbeat_is_never_a_join() {
+        let p = |event| AgentPresence {
+            role: AgentRole::Node,
+            event,
+            cert_serial: None,
+            hostname: None,
+        };
+        assert!(p(PresenceEvent::Join).is_join_of(Some("node")));
+        assert!(p(PresenceEvent::Join).is_join_of(None));
+        assert!(!p(PresenceEvent::Join).is_join_of(Some("ramdisk")));
+        assert!(!p(PresenceEvent::Heartbeat).is_join_of(Some("node")));
+        assert!(!p(PresenceEvent::Heartbeat).is_join_of(None));
+    }
+
+    #[test]
+    fn only_a_ramdisk_session_runs_agent_commands() {
+        use crate::commands::Family;
+        for k in CommandKind::ALL {
+            let by = k.run_by();
+            assert_eq!(by.is_some(), k.family() == Family::Agent, "{k}");
+        }
+        assert!(CommandKind::run_by_purpose(AgentPurpose::Provisioned).is_empty());
+        assert!(CommandKind::run_by_purpose(AgentPurpose::Node).is_empty());
+        assert!(
+            CommandKind::run_by_purpose(AgentPurpose::Discovery).contains(&CommandKind::DiskWipe)
+        );
+        for p in AgentPurpose::ALL {
+            assert_eq!(AgentPurpose::parse(p.as_str()).ok(), Some(p));
+        }
+        assert!(AgentPurpose::parse("ramdisk").is_err());
+    }
+
     #[test]
     fn agents_retry_often_enough_to_be_heard_within_the_silence_limit() {
         assert_eq!(retry_backoff(0).as_millis(), 250);

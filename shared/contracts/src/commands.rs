@@ -99,6 +99,26 @@ impl CommandKind {
             .ok_or_else(|| ContractError::UnknownKind(s.chars().take(64).collect()))
     }
 
+    /// The agent identity that runs the command: every agent command is
+    /// the ramdisk's (a `discovery` session); the others are no agent's.
+    /// A poll hands a command only to a session of this purpose, and a
+    /// result is kept only from one.
+    pub const fn run_by(self) -> Option<crate::agent::AgentPurpose> {
+        match self.family() {
+            Family::Agent => Some(crate::agent::AgentPurpose::Discovery),
+            Family::Bmc | Family::Site => None,
+        }
+    }
+
+    /// The kinds an identity of `purpose` runs.
+    pub fn run_by_purpose(purpose: crate::agent::AgentPurpose) -> Vec<CommandKind> {
+        Self::ALL
+            .iter()
+            .copied()
+            .filter(|k| k.run_by() == Some(purpose))
+            .collect()
+    }
+
     /// Whether the command destroys data or changes the machine: such a
     /// command is recorded before it is sent and never executed twice.
     pub const fn destructive(self) -> bool {

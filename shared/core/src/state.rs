@@ -49,3 +49,54 @@ impl ProvisionState {
 /// `schedulableProvisionStates` of the spec.
 pub const SCHEDULABLE_PROVISION_STATES: [ProvisionState; 2] =
     [ProvisionState::Adopted, ProvisionState::Deployed];
+
+/// Which agent identities of a node a provision-state transition ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentitiesEnded {
+    /// Nothing (no transition).
+    Nothing,
+    /// The ramdisk's: every state that boots a ramdisk boots it anew and
+    /// waits for a new join, so a transition ends the ramdisk session of
+    /// the state it leaves.
+    Ramdisk,
+    /// Every identity, in a new epoch: release and undeploy end the
+    /// tenant's OS, retire ends the machine's service.
+    All,
+}
+
+/// What the transition `from` → `to` ends: entering `releasing`,
+/// `retiring` or `retired` ends every identity; any other transition ends
+/// the ramdisk's. The installed OS's and an adopted machine's identities
+/// live on through rescue and back.
+pub const fn identities_ended(from: ProvisionState, to: ProvisionState) -> IdentitiesEnded {
+    use ProvisionState::*;
+    match (from, to) {
+        (_, Releasing | Retiring | Retired) => IdentitiesEnded::All,
+        _ if from as u8 == to as u8 => IdentitiesEnded::Nothing,
+        _ => IdentitiesEnded::Ramdisk,
+    }
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+
+    #[test]
+    fn release_undeploy_and_retire_end_every_identity_other_moves_the_ramdisks() {
+        use ProvisionState::*;
+        assert_eq!(identities_ended(Deployed, Releasing), IdentitiesEnded::All);
+        assert_eq!(identities_ended(Rescue, Releasing), IdentitiesEnded::All);
+        assert_eq!(identities_ended(Ready, Retiring), IdentitiesEnded::All);
+        assert_eq!(identities_ended(Retiring, Retired), IdentitiesEnded::All);
+        assert_eq!(
+            identities_ended(Deploying, Deployed),
+            IdentitiesEnded::Ramdisk
+        );
+        assert_eq!(identities_ended(Rescue, Deployed), IdentitiesEnded::Ramdisk);
+        assert_eq!(
+            identities_ended(Inspecting, Commissioning),
+            IdentitiesEnded::Ramdisk
+        );
+        assert_eq!(identities_ended(Rescue, Rescue), IdentitiesEnded::Nothing);
+    }
+}

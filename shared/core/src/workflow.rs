@@ -66,8 +66,14 @@ pub enum StepKind {
     DiskWipe { mode: WipeMode },
     /// Stream the profile's signed image to disk.
     DeployImage,
-    /// Wait for the installed OS to (re)join with `role`, up to `timeout_secs`.
+    /// Wait for the installed OS a deploy wrote to join with `role` (a
+    /// join with the deploy's token; a heartbeat is never a join), up to
+    /// `timeout_secs`.
     WaitOsJoin { role: String, timeout_secs: u32 },
+    /// Wait for the installed OS that rescue kept to be heard again with
+    /// `role`: a join, or a request of its identity in force (rescue does
+    /// not end it), since the step began; up to `timeout_secs`.
+    WaitOsBack { role: String, timeout_secs: u32 },
     /// Revoke the node's certificates and join tokens.
     RevokeIdentity,
     /// Forget the sealed BMC credentials.
@@ -102,7 +108,7 @@ impl StepKind {
             | StepKind::BmcBootDisk { .. }
             | StepKind::BmcPower { .. }
             | StepKind::BmcPowerOff => StepTarget::Site,
-            StepKind::WaitOsJoin { .. } => StepTarget::Node,
+            StepKind::WaitOsJoin { .. } | StepKind::WaitOsBack { .. } => StepTarget::Node,
             StepKind::Inventory
             | StepKind::DiagDcgm { .. }
             | StepKind::DiskWipe { .. }
@@ -127,6 +133,7 @@ impl StepKind {
             StepKind::DiskWipe { .. } => "disk.wipe",
             StepKind::DeployImage => "deploy.image",
             StepKind::WaitOsJoin { .. } => "metal.waitOsJoin",
+            StepKind::WaitOsBack { .. } => "metal.waitOsBack",
             StepKind::RevokeIdentity => "pki.revoke",
             StepKind::ForgetBmcCredentials => "bmc.forgetCredentials",
             StepKind::RetiredEnsureRamdisk => "metal.ensureRamdisk",
@@ -342,12 +349,13 @@ pub fn metal_rescue() -> Profile {
     }
 }
 
-/// `metal-unrescue` v1: disk persistently, power cycle, wait ≤ 20 min for
-/// the installed OS with role `node`, clean up boot entries.
+/// `metal-unrescue` v2: disk persistently, power cycle, wait ≤ 20 min for
+/// the installed OS with role `node` to be heard again, clean up boot
+/// entries. (v1 waited for a join, which the kept OS never makes.)
 pub fn metal_unrescue() -> Profile {
     Profile {
         id: "metal-unrescue".into(),
-        version: 1,
+        version: 2,
         steps: vec![
             step("boot-disk", StepKind::BmcBootDisk { persistent: true }, 120),
             step(
@@ -359,7 +367,7 @@ pub fn metal_unrescue() -> Profile {
             ),
             once(
                 "wait-os",
-                StepKind::WaitOsJoin {
+                StepKind::WaitOsBack {
                     role: "node".into(),
                     timeout_secs: 1_200,
                 },

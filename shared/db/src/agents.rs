@@ -132,15 +132,17 @@ pub struct CertRow {
     pub not_after: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
     pub purpose: String,
+    /// The node's identity epoch the certificate was issued in.
+    pub epoch: i32,
 }
 
 const CERT_COLUMNS: &str =
-    "serial, node_id, public_key, cert_pem, not_before, not_after, revoked_at, purpose";
+    "serial, node_id, public_key, cert_pem, not_before, not_after, revoked_at, purpose, epoch";
 
 /// Records a certificate.
 pub async fn cert_insert_in_txn(tx: &mut Tx<'_>, c: &CertRow) -> Result<(), DbError> {
     sqlx::query(
-        "INSERT INTO node_certs (serial, node_id, public_key, cert_pem, not_before, not_after, purpose) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO node_certs (serial, node_id, public_key, cert_pem, not_before, not_after, purpose, epoch) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(&c.serial)
     .bind(&c.node_id)
@@ -149,13 +151,33 @@ pub async fn cert_insert_in_txn(tx: &mut Tx<'_>, c: &CertRow) -> Result<(), DbEr
     .bind(c.not_before)
     .bind(c.not_after)
     .bind(&c.purpose)
+    .bind(c.epoch)
     .execute(&mut **tx)
     .await?;
     Ok(())
 }
 
-/// Revokes every certificate and session of a node; returns how many certs.
+/// The node's identity epoch (0 until its identities were first ended).
+pub async fn epoch_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<i32, DbError> {
+    let e: Option<i32> =
+        sqlx::query_scalar("SELECT epoch FROM node_agent_epochs WHERE node_id = $1")
+            .bind(node_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    Ok(e.unwrap_or(0))
+}
+
+/// Ends every identity of a node: a new epoch, every certificate revoked,
+/// every session ended, every unused join token expired. Returns how many
+/// certificates were revoked.
 pub async fn certs_revoke_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<u64, DbError> {
+    sqlx::query(
+        "INSERT INTO node_agent_epochs (node_id, epoch) VALUES ($1, 1) \
+         ON CONFLICT (node_id) DO UPDATE SET epoch = node_agent_epochs.epoch + 1",
+    )
+    .bind(node_id)
+    .execute(&mut **tx)
+    .await?;
     let n = sqlx::query(
         "UPDATE node_certs SET revoked_at = now() WHERE node_id = $1 AND revoked_at IS NULL",
     )
@@ -174,7 +196,40 @@ pub async fn certs_revoke_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<u64, 
     Ok(n)
 }
 
-/// Revokes one certificate (its sessions end with it).
+/// Ends a node's identities of the given purposes (the epoch stays):
+/// their certificates revoked, their sessions ended, their unused join
+/// tokens expired. Returns how many certificates were revoked.
+pub async fn certs_revoke_purposes_in_txn(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+    purposes: &[&str],
+) -> Result<u64, DbError> {
+    let n = sqlx::query(
+        "UPDATE node_certs SET revoked_at = now() \
+         WHERE node_id = $1 AND purpose = ANY($2) AND revoked_at IS NULL",
+    )
+    .bind(node_id)
+    .bind(purposes)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    sqlx::query("DELETE FROM agent_sessions WHERE node_id = $1 AND purpose = ANY($2)")
+        .bind(node_id)
+        .bind(purposes)
+        .execute(&mut **tx)
+        .await?;
+    sqlx::query(
+        "UPDATE join_tokens SET expires_at = now() \
+         WHERE node_id = $1 AND purpose = ANY($2) AND used_at IS NULL AND expires_at > now()",
+    )
+    .bind(node_id)
+    .bind(purposes)
+    .execute(&mut **tx)
+    .await?;
+    Ok(n)
+}
+
+/// Revokes one certificate and ends its sessions.
 pub async fn cert_revoke_in_txn(tx: &mut Tx<'_>, serial: &str) -> Result<bool, DbError> {
     let n = sqlx::query(
         "UPDATE node_certs SET revoked_at = now() WHERE serial = $1 AND revoked_at IS NULL",
@@ -183,7 +238,27 @@ pub async fn cert_revoke_in_txn(tx: &mut Tx<'_>, serial: &str) -> Result<bool, D
     .execute(&mut **tx)
     .await?
     .rows_affected();
+    sqlx::query("DELETE FROM agent_sessions WHERE cert_serial = $1")
+        .bind(serial)
+        .execute(&mut **tx)
+        .await?;
     Ok(n == 1)
+}
+
+/// A certificate that answers for its node now: unrevoked, in its
+/// validity window and of the node's current epoch.
+pub async fn cert_in_force_in_txn(
+    tx: &mut Tx<'_>,
+    serial: &str,
+) -> Result<Option<CertRow>, DbError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {CERT_COLUMNS} FROM node_certs c \
+         WHERE c.serial = $1 AND c.revoked_at IS NULL AND c.not_after > now() \
+           AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0)"
+    ))
+    .bind(serial)
+    .fetch_optional(&mut **tx)
+    .await?)
 }
 
 /// How many live (unrevoked, unexpired) certificates a node has.
@@ -221,14 +296,17 @@ pub async fn node_fact_fetch_in_txn(
     )
 }
 
-/// Every live (unrevoked, unexpired) certificate of a node.
+/// Every certificate in force of a node: unrevoked, unexpired, of its
+/// current epoch.
 pub async fn certs_live_of_node_in_txn(
     tx: &mut Tx<'_>,
     node_id: &str,
 ) -> Result<Vec<CertRow>, DbError> {
     Ok(sqlx::query_as(&format!(
-        "SELECT {CERT_COLUMNS} FROM node_certs \
-         WHERE node_id = $1 AND revoked_at IS NULL AND not_after > now() ORDER BY not_before DESC"
+        "SELECT {CERT_COLUMNS} FROM node_certs c \
+         WHERE c.node_id = $1 AND c.revoked_at IS NULL AND c.not_after > now() \
+           AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0) \
+         ORDER BY c.not_before DESC"
     ))
     .bind(node_id)
     .fetch_all(&mut **tx)
@@ -265,7 +343,8 @@ pub async fn session_insert_in_txn(
     Ok(())
 }
 
-/// A live session, marked alive for at least `alive_for_ms` from now (a
+/// A live session whose certificate is in force (unrevoked, of the
+/// node's current epoch), marked alive for at least `alive_for_ms` from now (a
 /// request is a sign of life; a long poll keeps it for as long as it waits):
 /// `(node id, cert serial, purpose)`.
 pub async fn session_touch_live(
@@ -274,8 +353,12 @@ pub async fn session_touch_live(
     alive_for_ms: u64,
 ) -> Result<Option<(String, String, String)>, DbError> {
     Ok(sqlx::query_as(
-        "UPDATE agent_sessions SET alive_until = greatest(alive_until, now() + make_interval(secs => $2)) \
-         WHERE token_hash = $1 AND expires_at > now() RETURNING node_id, cert_serial, purpose",
+        "UPDATE agent_sessions s SET alive_until = greatest(s.alive_until, now() + make_interval(secs => $2)) \
+         FROM node_certs c \
+         WHERE s.token_hash = $1 AND s.expires_at > now() \
+           AND c.serial = s.cert_serial AND c.revoked_at IS NULL \
+           AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0) \
+         RETURNING s.node_id, s.cert_serial, s.purpose",
     )
     .bind(hash)
     .bind(alive_for_ms as f64 / 1000.0)

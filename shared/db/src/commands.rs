@@ -351,32 +351,38 @@ pub async fn command_kinds_in_txn(
     )
 }
 
-/// Hands the offerable ramdisk commands of a node to its agent, marking them
-/// sent under a lease of `lease_ms` — only to the agent of the node's newest live session (`cert_serial`
-/// is the session's certificate), and only when that is a ramdisk's
-/// (`discovery`): an installed OS never gets a ramdisk command. A machine runs one agent at a time: a
-/// poll still open from before a reboot (its connection half-open, nobody
-/// reading) must never take a command the new agent is waiting for.
+/// Hands the offerable commands of `kinds` (those an identity of `purpose`
+/// runs) to a node's agent, marking them sent under a lease of `lease_ms` —
+/// only to the agent of the node's newest live session of that purpose
+/// (`cert_serial` is the session's certificate): an installed OS never gets
+/// a ramdisk command. A machine runs one agent at a time: a poll still open
+/// from before a reboot (its connection half-open, nobody reading) must
+/// never take a command the new agent is waiting for.
 pub async fn commands_take_for_agent_in_txn(
     tx: &mut Tx<'_>,
     node_id: &str,
     cert_serial: &str,
+    purpose: &str,
+    kinds: &[&str],
     limit: i64,
     lease_ms: u64,
 ) -> Result<Vec<CommandRow>, DbError> {
     Ok(sqlx::query_as(&format!(
         "UPDATE commands SET status = 'sent', sent_at = now(), \
            lease_until = now() + make_interval(secs => $4) WHERE id IN ( \
-           SELECT id FROM commands WHERE node_id = $1 AND target = 'ramdisk' AND {OFFERABLE} \
+           SELECT id FROM commands WHERE node_id = $1 AND target = 'ramdisk' AND kind = ANY($6) AND {OFFERABLE} \
            AND EXISTS (SELECT 1 FROM agent_sessions s WHERE s.node_id = $1 AND s.cert_serial = $3 \
-             AND s.purpose = 'discovery' AND s.expires_at > now() \
-             AND NOT EXISTS (SELECT 1 FROM agent_sessions n WHERE n.node_id = $1 AND n.created_at > s.created_at)) \
+             AND s.purpose = $5 AND s.expires_at > now() \
+             AND NOT EXISTS (SELECT 1 FROM agent_sessions n WHERE n.node_id = $1 \
+               AND n.purpose = s.purpose AND n.created_at > s.created_at)) \
            ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING {COLUMNS}"
     ))
     .bind(node_id)
     .bind(limit)
     .bind(cert_serial)
     .bind(lease_ms as f64 / 1000.0)
+    .bind(purpose)
+    .bind(kinds)
     .fetch_all(&mut **tx)
     .await?)
 }

@@ -1,8 +1,9 @@
-//! A node's agent identity as the engine and the API change it in their own
-//! transactions: one-time join tokens minted with the command or answer
-//! that carries them (only the hash is stored), and the revocation that
-//! ends every certificate and session of a node. Issuing certificates is
-//! the attestation service's alone (it holds the CA key).
+//! A node's agent identity as the engine, the reconciler and the API change
+//! it in their own transactions: one-time join tokens minted with the
+//! command or answer that carries them (only the hash is stored), and the
+//! revocation a transition makes of the identities it ends
+//! (`bcm_core::state::identities_ended`). Issuing certificates is the
+//! attestation service's alone (it holds the CA key).
 
 use bcm_db::agents::TokenScope;
 use bcm_db::{DbError, Tx};
@@ -41,8 +42,27 @@ pub async fn mint_join_ref_in_txn(
     Ok(bcm_pki::join_key::reference(&ulid))
 }
 
-/// Revokes every certificate and session of a node and expires its unused
-/// join tokens (retire); returns how many certificates were revoked.
+/// Ends every identity of a node in a new epoch: every certificate and
+/// session revoked, unused join tokens expired (retire's last steps);
+/// returns how many certificates were revoked.
 pub async fn revoke_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<u64, DbError> {
     bcm_db::agents::certs_revoke_in_txn(tx, node_id).await
+}
+
+/// Ends what a transition of the node ends (in the transition's
+/// transaction); returns how many certificates were revoked.
+pub async fn end_in_txn(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+    ended: bcm_core::state::IdentitiesEnded,
+) -> Result<u64, DbError> {
+    use bcm_core::state::IdentitiesEnded;
+    match ended {
+        IdentitiesEnded::Nothing => Ok(0),
+        IdentitiesEnded::Ramdisk => {
+            let ramdisk = bcm_contracts::agent::AgentPurpose::Discovery.as_str();
+            bcm_db::agents::certs_revoke_purposes_in_txn(tx, node_id, &[ramdisk]).await
+        }
+        IdentitiesEnded::All => bcm_db::agents::certs_revoke_in_txn(tx, node_id).await,
+    }
 }

@@ -50,6 +50,11 @@ pub async fn commit_in_txn(
 ) -> Result<Node, DbError> {
     let version = nodes::node_update_guarded_in_txn(tx, &next).await?;
     let next = Node { version, ..next };
+    let ended = bcm_core::state::identities_ended(t.from, t.to);
+    let revoked = crate::identity::end_in_txn(tx, &next.id.to_string(), ended).await?;
+    if revoked > 0 {
+        tracing::info!(node = %next.id, from = %t.from, to = %t.to, ?ended, revoked, "identities ended");
+    }
     let mut rows = vec![];
     match t.event {
         Some(MoveEvent::Provision(_)) => rows.push(outbox::provision_event(

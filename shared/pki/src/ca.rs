@@ -35,6 +35,8 @@ pub struct IssueRequest<'a> {
     pub node_id: &'a str,
     /// The join purpose (`discovery`, `provisioned`, `node`).
     pub purpose: &'a str,
+    /// The node's identity epoch.
+    pub epoch: u32,
     pub not_before: DateTime<Utc>,
     pub not_after: DateTime<Utc>,
 }
@@ -55,7 +57,28 @@ pub struct CheckedCert {
     pub serial: String,
     pub node_id: String,
     pub purpose: String,
+    /// The identity epoch the certificate names (0 when it names none:
+    /// issued before epochs).
+    pub epoch: u32,
     pub public_key: Vec<u8>,
+}
+
+/// The URI a node certificate's subject alternative name holds: node,
+/// purpose and epoch, as the CA alone can vouch for them.
+pub fn identity_uri(node_id: &str, purpose: &str, epoch: u32) -> String {
+    format!("urn:bcm:agent:{node_id}:{purpose}:epoch:{epoch}")
+}
+
+/// The epoch an identity URI names, if it is one for `node_id` and
+/// `purpose`.
+fn epoch_of_uri(uri: &str, node_id: &str, purpose: &str) -> Option<u32> {
+    uri.strip_prefix("urn:bcm:agent:")?
+        .strip_prefix(node_id)?
+        .strip_prefix(':')?
+        .strip_prefix(purpose)?
+        .strip_prefix(":epoch:")?
+        .parse()
+        .ok()
 }
 
 fn to_time(t: DateTime<Utc>) -> Result<::time::OffsetDateTime, PkiError> {
@@ -157,6 +180,10 @@ impl Ca {
         params
             .distinguished_name
             .push(DnType::OrganizationalUnitName, req.purpose);
+        let uri = identity_uri(req.node_id, req.purpose, req.epoch);
+        params.subject_alt_names = vec![rcgen::SanType::URI(
+            rcgen::Ia5String::try_from(uri).map_err(|e| PkiError::BadCert(e.to_string()))?,
+        )];
         let mut serial = [0u8; 16];
         rand::thread_rng().fill_bytes(&mut serial);
         serial[0] &= 0x7f; // a positive INTEGER
@@ -221,10 +248,31 @@ fn check_der(ca_der: &[u8], cert_pem: &str, at: DateTime<Utc>) -> Result<Checked
     };
     let node_id = text(cert.subject().iter_common_name().next());
     let purpose = text(cert.subject().iter_organizational_unit().next());
+    let uris: Vec<&str> = match cert.subject_alternative_name() {
+        Ok(Some(san)) => san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                GeneralName::URI(u) => Some(*u),
+                _ => None,
+            })
+            .collect(),
+        Ok(None) => vec![],
+        Err(e) => return Err(PkiError::BadCert(e.to_string())),
+    };
+    let epoch = match uris.as_slice() {
+        [] => 0,
+        [one] => epoch_of_uri(one, &node_id, &purpose).ok_or_else(|| {
+            PkiError::BadCert(format!("the identity {one:?} does not name the subject"))
+        })?,
+        _ => return Err(PkiError::BadCert("more than one identity".into())),
+    };
     let checked = CheckedCert {
         serial: hex::encode(cert.raw_serial()),
         node_id,
         purpose,
+        epoch,
         public_key: cert.public_key().subject_public_key.data.to_vec(),
     };
     Ok(checked)
@@ -254,6 +302,7 @@ mod tests {
             csr_pem: csr,
             node_id: node,
             purpose: "discovery",
+            epoch: 3,
             not_before: now - chrono::Duration::minutes(5),
             not_after: now + chrono::Duration::hours(1),
         }
@@ -269,6 +318,7 @@ mod tests {
         let checked = ca.check(&issued.pem, Utc::now()).expect("check");
         assert_eq!(checked.node_id, "node_1");
         assert_eq!(checked.purpose, "discovery");
+        assert_eq!(checked.epoch, 3);
         assert_eq!(checked.serial, issued.serial);
         assert_eq!(checked.public_key, issued.public_key);
         // Outside its window it does not check.

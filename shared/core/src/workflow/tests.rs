@@ -80,10 +80,15 @@ fn profiles_do_what_the_spec_says() {
     }
     let unrescue = metal_unrescue();
     assert!(unrescue.steps.iter().any(|s| s.kind
-        == StepKind::WaitOsJoin {
+        == StepKind::WaitOsBack {
             role: "node".into(),
             timeout_secs: 1_200
         }));
+    // A deploy waits for a join with its own token, never a sign of life.
+    assert!(tenant_deploy("t", 1)
+        .steps
+        .iter()
+        .any(|s| matches!(s.kind, StepKind::WaitOsJoin { .. })));
     assert_eq!(
         unrescue.steps[0].kind,
         StepKind::BmcBootDisk { persistent: true }
