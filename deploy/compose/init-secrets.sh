@@ -4,13 +4,16 @@
 # a new volume starts with that owner): generates what
 # must never be committed, once, into the `secrets` volume, and leaves what
 # is there: an nkey per bus identity and the NATS server's authorization
-# of them, the join keys (`bcm nats-auth`), the admin token, the sealing key, the Postgres
+# of them, the join keys (`bcm nats-auth`), the API's TLS (`bcm local-tls`), the admin token, the sealing key, the Postgres
 # password, and per service a TOML file of its secrets that the service
 # merges over its committed configuration (`<PREFIX>SECRETS`).
 set -eu
 d="${BCM_SECRETS_DIR:-/var/lib/bcm-secrets}"
 umask 077
 bcm nats-auth --dir "$d/nats" --site local --site lab >/dev/null
+# The API's HTTPS: a local CA (ca.crt, which clients pin) and the API's
+# certificate for the names it is reached by.
+bcm local-tls --dir "$d/tls" --name api --name localhost --name 127.0.0.1 >/dev/null
 new() { [ -s "$d/$1" ] || head -c "$2" /dev/urandom | od -An -tx1 | tr -d ' \n' >"$d/$1"; }
 new pg-password 24
 # The official postgres image reads POSTGRES_PASSWORD_FILE as its own user
@@ -32,6 +35,9 @@ EOF
 cat >"$d/api.toml" <<EOF
 admin_token = "$token"
 database_url = "$db"
+[tls]
+cert_file = "$d/tls/api.crt"
+key_file = "$d/tls/api.key"
 [bus]
 nkey_file = "$d/nats/api.nk"
 [join_key]
@@ -57,6 +63,7 @@ id = "compose-1"
 key = "$key"
 [sim]
 nkey_file = "$d/nats/sim-local.nk"
+api_ca_file = "$d/tls/ca.crt"
 [sim.join_key]
 file = "$d/nats/join-local.key"
 EOF

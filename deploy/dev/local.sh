@@ -17,6 +17,9 @@ cargo build --release -q -p bcm-allinone -p metalctl
 # Every service and the simulated site connect to NATS with an nkey of
 # their own and only their permissions (generated once, kept in .bcm/nats).
 target/release/bcm nats-auth --dir .bcm/nats --site local >/dev/null
+# The API serves HTTPS from a local CA (generated once, kept in .bcm/tls):
+# the simulated agents and metalctl pin .bcm/tls/ca.crt.
+target/release/bcm local-tls --dir .bcm/tls --name 127.0.0.1 --name localhost >/dev/null
 export BCM_STACK_NATS_USERS="$repo/.bcm/nats/users.conf"
 stack_env="$("$here/stack.sh" env)"
 eval "$stack_env"
@@ -42,6 +45,10 @@ nkey_file = "$repo/.bcm/nats/control.nk"
 [api.join_key]
 file = "$repo/.bcm/nats/join.key"
 
+[api.tls]
+cert_file = "$repo/.bcm/tls/api.crt"
+key_file = "$repo/.bcm/tls/api.key"
+
 [[api.sealing_keys]]
 id = "local-1"
 key = "$key"
@@ -66,7 +73,14 @@ poll_ms = 2000
 [sim]
 site = "local"
 nkey_file = "$repo/.bcm/nats/sim-local.nk"
+api_ca_file = "$repo/.bcm/tls/ca.crt"
 TOML
+fi
+if ! grep -q 'api.tls' .bcm/bcm.toml; then
+  # A config generated before HTTPS: serve it, and have the agents pin the CA.
+  printf '\n[api.tls]\ncert_file = "%s"\nkey_file = "%s"\n' \
+    "$repo/.bcm/tls/api.crt" "$repo/.bcm/tls/api.key" >> .bcm/bcm.toml
+  sed -i "/^\[sim\]/a api_ca_file = \"$repo/.bcm/tls/ca.crt\"" .bcm/bcm.toml
 fi
 if ! grep -q 'join_key' .bcm/bcm.toml; then
   # A config generated before join references: the keys `bcm nats-auth` wrote.
@@ -94,13 +108,13 @@ addr="$(sed -n 's/^listen = "\(.*\)"/\1/p' .bcm/bcm.toml)"
 cat <<MSG
 
 Better Compute Metal: every service in one process, with a simulated site
-of ${BCM_LOCAL_MACHINES:-8} machines, on http://$addr
+of ${BCM_LOCAL_MACHINES:-8} machines, on https://$addr (local CA: .bcm/tls/ca.crt)
   admin token:  $token   (in .bcm/bcm.toml)
-  CLI:          export BCM_TOKEN=$token NATS_URL=$NATS_URL
-                target/release/metalctl list
-                target/release/metalctl watch <node>
-  OpenAPI:      curl -s http://$addr/api/openapi.json
-  metrics:      curl -s http://$addr/metrics
+  CLI:          export BCM_TOKEN=$token BCM_CA_FILE=$repo/.bcm/tls/ca.crt NATS_URL=$NATS_URL
+                target/release/metalctl --api https://$addr list
+                target/release/metalctl --api https://$addr watch <node>
+  OpenAPI:      curl -s --cacert .bcm/tls/ca.crt https://$addr/api/openapi.json
+  metrics:      curl -s --cacert .bcm/tls/ca.crt https://$addr/metrics
 Ctrl-C stops the control plane, Postgres and NATS.
 
 MSG

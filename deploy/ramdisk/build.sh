@@ -18,7 +18,10 @@
 # sha256 of each artifact and writes `catalog.toml` (the boot service's
 # `[[images]]` entries, file:// URLs) and SHA256SUMS next to them.
 # Environment: BCD_BIN (a static bcd; default: deploy/bcd/build-static.sh),
-# KERNEL_PACKAGE (default: what linux-image-amd64 depends on today).
+# KERNEL_PACKAGE (default: what linux-image-amd64 depends on today),
+# BCD_TRUST_DIR (what bcd pins, copied to /etc/bcd/trust: `ca.crt`, the
+# control plane's CA, and `image-keys`, one base64 ed25519 image-signing
+# key a line; bcd never takes either from a network answer).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 out="$(mkdir -p "${1:-$root/.bcm/ramdisk}" && cd "${1:-$root/.bcm/ramdisk}" && pwd)"
@@ -97,6 +100,13 @@ case "$1" in
     echo "bcm-ramdisk: $interface $ip/${mask:-24}" ;;
 esac
 DHCP
+if [ -n "${BCD_TRUST_DIR:-}" ]; then
+  mkdir -p "$rd/etc/bcd/trust"
+  for f in ca.crt image-keys; do
+    if [ -f "$BCD_TRUST_DIR/$f" ]; then cp "$BCD_TRUST_DIR/$f" "$rd/etc/bcd/trust/$f"; fi
+  done
+  log "pinned: $(ls "$rd/etc/bcd/trust" | tr '\n' ' ')"
+fi
 cat > "$rd/init" <<'INIT'
 #!/bin/busybox sh
 # The ramdisk's /init: mounts, modules, DHCP on every NIC, then bcd.

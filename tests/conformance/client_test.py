@@ -27,7 +27,13 @@ from bcm_client.models import (
 
 base = os.environ["BCM_URL"]
 token = os.environ["BCM_TOKEN"]
-client = AuthenticatedClient(base_url=base, token=token, raise_on_unexpected_status=True)
+# HTTPS: the generated client trusts the local CA alone.
+client = AuthenticatedClient(
+    base_url=base,
+    token=token,
+    raise_on_unexpected_status=True,
+    verify_ssl=os.environ["BCM_CA_FILE"],
+)
 
 
 def wait_for(node_id: str, state: ProvisionState, within: float = 120.0) -> NodeView:

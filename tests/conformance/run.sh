@@ -74,11 +74,21 @@ profile = { id = "ubuntu-24.04", version = 1, role = "host", image = { url = "ht
 [reconciler]
 poll_ms = 2000
 
+[api.tls]
+cert_file = "$out/tls/api.crt"
+key_file = "$out/tls/api.key"
+
 [sim]
 site = "local"
+api_ca_file = "$out/tls/ca.crt"
 TOML
 
 (cd "$repo" && cargo build -q -p bcm-allinone --bin bcm)
+# HTTPS from a local CA that every client here pins (curl, schemathesis
+# through requests, the generated client through httpx).
+"$repo/target/debug/bcm" local-tls --dir "$out/tls" --name 127.0.0.1 >/dev/null
+ca="$out/tls/ca.crt"
+export REQUESTS_CA_BUNDLE="$ca" SSL_CERT_FILE="$ca"
 RUST_LOG="${RUST_LOG:-warn}" "$repo/target/debug/bcm" --config "$out/bcm.toml" --sim-machines 0 > "$out/bcm.log" 2>&1 &
 bcm_pid=$!
 cleanup() {
@@ -88,14 +98,14 @@ cleanup() {
 }
 trap cleanup EXIT
 for _ in $(seq 1 300); do
-  curl -fsS "http://$addr/readyz" >/dev/null 2>&1 && break
+  curl -fsS --cacert "$ca" "https://$addr/readyz" >/dev/null 2>&1 && break
   kill -0 "$bcm_pid" 2>/dev/null || { log "bcm exited; its log:"; cat "$out/bcm.log" >&2; exit 1; }
   sleep 0.2
 done
-curl -fsS "http://$addr/readyz" >/dev/null
+curl -fsS --cacert "$ca" "https://$addr/readyz" >/dev/null
 
 # The document the running API serves is the checked-in one.
-curl -fsS "http://$addr/api/openapi.json" > "$out/served-openapi.json"
+curl -fsS --cacert "$ca" "https://$addr/api/openapi.json" > "$out/served-openapi.json"
 python3 - "$out/served-openapi.json" "$repo/proto/openapi.json" <<'PY'
 import json, sys
 served, checked = (json.load(open(p)) for p in sys.argv[1:3])
@@ -104,12 +114,12 @@ PY
 
 # An agent session for the agent endpoints: a machine adopted into the
 # pool through a join token and an ed25519 CSR, as bcd would.
-api() { curl -fsS -H "Authorization: Bearer $token" -H 'Content-Type: application/json' "$@"; }
-join_token="$(api -d '{"tenantId":"root","poolId":"default"}' "http://$addr/api/compute/metal/joinTokens" \
+api() { curl -fsS --cacert "$ca" -H "Authorization: Bearer $token" -H 'Content-Type: application/json' "$@"; }
+join_token="$(api -d '{"tenantId":"root","poolId":"default"}' "https://$addr/api/compute/metal/joinTokens" \
   | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')"
 openssl genpkey -algorithm ed25519 -out "$out/agent.key" 2>/dev/null
 openssl req -new -key "$out/agent.key" -subj /CN=conformance -out "$out/agent.csr"
-agent_session="$(python3 - "$join_token" "$out/agent.csr" <<'PY' | curl -fsS -H 'Content-Type: application/json' -d @- "http://$addr/api/agent/join" \
+agent_session="$(python3 - "$join_token" "$out/agent.csr" <<'PY' | curl -fsS --cacert "$ca" -H 'Content-Type: application/json' -d @- "https://$addr/api/agent/join" \
   | python3 -c 'import json,sys; print(json.load(sys.stdin)["sessionToken"])'
 import json, sys
 print(json.dumps({"token": sys.argv[1], "csr": open(sys.argv[2]).read(), "role": "node", "hostname": "conformance-adopted"}))
@@ -119,12 +129,12 @@ PY
 # One worker: hypothesis describes its strategies with ast.parse, which
 # CPython 3.11 does not make safe across threads ("AST constructor
 # recursion depth mismatch" with two workers).
-log "schemathesis against http://$addr (report in $out)"
+log "schemathesis against https://$addr (report in $out)"
 started=$(date +%s)
 set +e
 (cd "$here" && BCM_ADMIN_TOKEN="$token" BCM_AGENT_SESSION="$agent_session" SCHEMATHESIS_HOOKS=hooks \
   "$venv/bin/schemathesis" --config-file "$here/schemathesis.toml" \
-  run "http://$addr/api/openapi.json" \
+  run "https://$addr/api/openapi.json" \
   --checks all --max-examples "${BCM_CONFORMANCE_EXAMPLES:-25}" --workers 1 \
   --report junit --report-dir "$out" --seed 1 --no-color) > "$out/schemathesis.log" 2>&1
 st=$?
@@ -145,5 +155,5 @@ rm -rf "$out/bcm-client"
 (cd "$out" && "$venv/bin/openapi-python-client" generate --path "$repo/proto/openapi.json" \
   --config "$out/client-config.yaml" --meta none --output-path "$out/bcm-client" >/dev/null)
 mkdir -p "$out/pkg" && rm -rf "$out/pkg/bcm_client" && mv "$out/bcm-client" "$out/pkg/bcm_client"
-BCM_URL="http://$addr" BCM_TOKEN="$token" PYTHONPATH="$out/pkg" "$venv/bin/python" "$here/client_test.py"
+BCM_URL="https://$addr" BCM_CA_FILE="$ca" BCM_TOKEN="$token" PYTHONPATH="$out/pkg" "$venv/bin/python" "$here/client_test.py"
 log "passed"

@@ -25,7 +25,7 @@ chmod a+rx "$dir"               # Postgres (user postgres) lives under it
 lab="$dir/lab"                 # the lab's own files: tests/e2e/lab.sh
 CTL=bcme2e-ctl
 IP=10.78.0.3
-API="http://$IP:8080"
+API="https://$IP:8080"
 TOKEN="e2e-admin-token-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 FIRMWARE="${E2E_FIRMWARE:-uefi bios}"
 T0=$(date +%s.%N)
@@ -94,7 +94,7 @@ collect_state() {
     > "$dir/logs/commands.txt" 2>&1
 }
 
-ctl() { in_ctl env BCM_API_URL="$API" BCM_TOKEN="$TOKEN" NATS_URL="$NATS_URL" "$root/target/debug/metalctl" "$@"; }
+ctl() { in_ctl env BCM_API_URL="$API" BCM_CA_FILE="$dir/tls/ca.crt" BCM_TOKEN="$TOKEN" NATS_URL="$NATS_URL" "$root/target/debug/metalctl" "$@"; }
 psql_ctl() { in_ctl psql -X -q "$DATABASE_URL" "$@"; }
 
 # start NAME CMD...: a service in the control namespace, pid and log in DIR.
@@ -111,7 +111,16 @@ install() {
 
 build() {
   (cd "$root" && cargo build -q -p bcm-allinone -p bcm-bmc -p bcm-boot -p metalctl) 2>&1 | tail -n 20
-  "$root/deploy/ramdisk/build.sh" "$dir/ramdisk" 2>>"$dir/logs/build.log" | sed 's/^/  /'
+  # What the ramdisk pins in its build (never from a network answer): the
+  # control plane's CA (the API serves HTTPS from it) and the key images
+  # are signed with.
+  "$root/target/debug/bcm" local-tls --dir "$dir/tls" --name "$IP" >/dev/null
+  rm -f "$dir/img/publisher.key"
+  PUBLIC_KEY=$("$root/target/debug/metalctl" -o json image keygen "$dir/img/publisher.key" | jq -r .publicKey)
+  mkdir -p "$dir/trust"
+  cp "$dir/tls/ca.crt" "$dir/trust/ca.crt"
+  echo "$PUBLIC_KEY" > "$dir/trust/image-keys"
+  BCD_TRUST_DIR="$dir/trust" "$root/deploy/ramdisk/build.sh" "$dir/ramdisk" 2>>"$dir/logs/build.log" | sed 's/^/  /'
 }
 
 lab_up() {
@@ -138,8 +147,6 @@ stack_up() {
 
 images() {
   "$here/os-image.sh" "$dir/ramdisk" "$dir/img" | sed 's/^/  os image /'
-  rm -f "$dir/img/publisher.key"
-  PUBLIC_KEY=$(ctl -o json image keygen "$dir/img/publisher.key" | jq -r .publicKey)
   # The same system as raw and as qcow2 (bcd converts while it streams):
   # the BIOS machine gets one, the UEFI machine the other.
   qemu-img convert -f raw -O qcow2 "$dir/img/os.raw" "$dir/img/os.qcow2"
@@ -167,6 +174,9 @@ url = "$NATS_ADDR"
 nkey_file = "$dir/nats/control.nk"
 [api.join_key]
 file = "$dir/nats/join.key"
+[api.tls]
+cert_file = "$dir/tls/api.crt"
+key_file = "$dir/tls/api.key"
 [[api.sealing_keys]]
 id = "e2e"
 key = "$seal"
@@ -241,7 +251,7 @@ control_plane_up() {
   start bmc "$root/target/debug/bcm-bmc" --config "$dir/run/bmc.toml"
   start boot "$root/target/debug/bcm-boot" --config "$dir/run/boot.toml"
   for _ in $(seq 1 120); do
-    in_ctl curl -fsS "$API/healthz" >/dev/null 2>&1 && return 0
+    in_ctl curl -fsS --cacert "$dir/tls/ca.crt" "$API/healthz" >/dev/null 2>&1 && return 0
     sleep 0.5
   done
   echo "the API did not come up; see logs/allinone.log" >&2

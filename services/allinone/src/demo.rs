@@ -32,10 +32,11 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client of the API at `base` with a bearer token.
-    pub fn new(base: &str, token: &str) -> Self {
+    /// A client of the API at `base` with a bearer token, trusting the CA
+    /// of `http` (a pinned client for HTTPS).
+    pub fn new(http: reqwest::Client, base: &str, token: &str) -> Self {
         Self {
-            http: reqwest::Client::new(),
+            http,
             base: base.to_owned(),
             token: token.to_owned(),
         }

@@ -82,7 +82,20 @@ pub async fn run(
     ready: tokio::sync::oneshot::Sender<String>,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
-    let base = format!("http://{}", listener.local_addr()?);
+    // Only a process that serves the API needs its certificate.
+    let serving = if services.contains(&Service::Api) {
+        cfg.api
+            .tls
+            .serving()
+            .map_err(|e| bcm_api::StartError::Config(format!("api.tls: {e}")))?
+    } else {
+        bcm_pki::tls::Serving::Plain
+    };
+    let scheme = match serving {
+        bcm_pki::tls::Serving::Tls(_) => "https",
+        bcm_pki::tls::Serving::Plain => "http",
+    };
+    let base = format!("{scheme}://{}", listener.local_addr()?);
     let mut cfg = cfg;
     with_join_keys(&mut cfg);
     let state = bcm_api::prepare(&cfg.api).await?;
@@ -179,7 +192,8 @@ pub async fn run(
     if on(Service::Api) {
         let app = bcm_api::router(state.clone());
         let stop = shutdown.clone();
-        let server = tokio::spawn(async move { axum_serve(listener, app, stop).await });
+        let server =
+            tokio::spawn(async move { bcm_api::serve(listener, app, serving, stop).await });
         let _ = ready.send(base);
         server.await.map_err(|e| RunError::Task(e.to_string()))??;
     } else {
@@ -220,12 +234,4 @@ fn with_join_keys(cfg: &mut Config) {
             Err(e) => tracing::error!(error = %e, "the API's join key cannot be read"),
         }
     }
-}
-
-async fn axum_serve(
-    listener: tokio::net::TcpListener,
-    app: bcm_api::Router,
-    stop: CancellationToken,
-) -> std::io::Result<()> {
-    bcm_api::serve(listener, app, stop).await
 }

@@ -49,6 +49,18 @@ enum Command {
         #[arg(long)]
         namespace: Option<String>,
     },
+    /// Writes a local CA (`ca.crt`) and a server certificate signed by it
+    /// (`api.crt`, `api.key` 0600) for the API's HTTPS into DIR, unless
+    /// they are there already: for local use, where no CA of your own
+    /// issues one. Clients pin `ca.crt`.
+    LocalTls {
+        /// Where the files go.
+        #[arg(long)]
+        dir: std::path::PathBuf,
+        /// A DNS name or IP address the API is reached by (repeatable).
+        #[arg(long = "name", required = true)]
+        names: Vec<String>,
+    },
 }
 
 #[tokio::main]
@@ -67,7 +79,17 @@ async fn main() -> anyhow::Result<()> {
         println!("{}", made.authorization.display());
         return Ok(());
     }
+    if let Some(Command::LocalTls { dir, names }) = &args.command {
+        let files = bcm_pki::tls::LocalTls::write_missing(dir, names)?;
+        println!("{}", files.ca.display());
+        return Ok(());
+    }
     let cfg = bcm_allinone::Config::load(args.config.as_deref())?;
+    // The demo trusts the CA the simulated agents pin.
+    let demo_http = match &cfg.sim.api_ca_file {
+        Some(path) => bcm_pki::tls::client_pinned_to_file(path)?,
+        None => reqwest::Client::new(),
+    };
     bcm_telemetry::init("bcm", &cfg.api.telemetry)?;
     let listener = tokio::net::TcpListener::bind(cfg.api.listen).await?;
     let token = secrecy::ExposeSecret::expose_secret(&cfg.api.admin_token).to_owned();
@@ -92,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
         return ran.map_err(anyhow::Error::from);
     };
     if args.sim_machines > 0 && with_demo {
-        let client = bcm_allinone::demo::Client::new(&base, &token);
+        let client = bcm_allinone::demo::Client::new(demo_http, &base, &token);
         if let Err(e) =
             bcm_allinone::demo::run(&client, &args.tenant, &args.pool, args.sim_machines).await
         {

@@ -51,6 +51,7 @@ fn example_configs_parse() {
                 let cfg = load(&path, Some(&secrets.join("sim.toml")));
                 assert!(cfg.sim.nkey_file.as_deref().is_some_and(Path::exists));
                 assert!(cfg.api.bus.nkey_file.as_deref().is_some_and(Path::exists));
+                assert!(cfg.sim.api_ca_file.as_deref().is_some_and(Path::exists));
                 cfg
             } else {
                 load(&path, None)
@@ -64,6 +65,12 @@ fn example_configs_parse() {
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(!api.sealing_keys.is_empty());
             assert!(api.bus.nkey_file.as_deref().is_some_and(Path::exists));
+            // HTTPS from the generated local CA, never plain HTTP.
+            assert!(
+                matches!(api.tls.serving(), Ok(bcm_pki::tls::Serving::Tls(_))),
+                "{:?}",
+                api.tls
+            );
         }
     }
     assert!(n >= 1);

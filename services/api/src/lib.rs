@@ -74,6 +74,10 @@ pub struct ApiConfig {
     /// Logs, traces and metrics.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// HTTPS: the server's certificate and key (`bcm local-tls` writes a
+    /// local CA and certificate), or `plain_http = true` by name.
+    #[serde(default)]
+    pub tls: bcm_pki::tls::ServerTlsConfig,
     /// Tenants, sites and pools to create at start-up if missing.
     #[serde(default)]
     pub seed: Seed,
@@ -207,13 +211,28 @@ pub type Router = axum::Router;
 /// off and will never read its answer, must not hold the process.
 pub const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Serves `app` on `listener` until `stop`, then drains for at most
+/// Serves `app` on `listener` until `stop` — HTTPS, or plain HTTP when
+/// the configuration asked for it by name — then drains for at most
 /// [`DRAIN`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
+    serving: bcm_pki::tls::Serving,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
+    if let bcm_pki::tls::Serving::Tls(tls) = serving {
+        let handle = axum_server::Handle::new();
+        let h = handle.clone();
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            h.graceful_shutdown(Some(DRAIN));
+        });
+        let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
+        return axum_server::from_tcp_rustls(listener.into_std()?, config)
+            .handle(handle)
+            .serve(app.into_make_service())
+            .await;
+    }
     let s = stop.clone();
     let server =
         axum::serve(listener, app).with_graceful_shutdown(async move { s.cancelled().await });
@@ -435,6 +454,10 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
+    let serving = cfg
+        .tls
+        .serving()
+        .map_err(|e| StartError::Config(format!("api.tls: {e}")))?;
     let state = prepare(&cfg).await?;
     let relay = cfg.relay.enabled.then(|| {
         tokio::spawn(relay::run(
@@ -445,9 +468,9 @@ pub async fn run(
             shutdown.clone(),
         ))
     });
-    tracing::info!(addr = %listener.local_addr()?, "metal API listening");
+    tracing::info!(addr = %listener.local_addr()?, tls = matches!(serving, bcm_pki::tls::Serving::Tls(_)), "metal API listening");
     let app = router(state.clone());
-    serve(listener, app, shutdown.clone()).await?;
+    serve(listener, app, serving, shutdown.clone()).await?;
     shutdown.cancel();
     if let Some(r) = relay {
         let _ = r.await;

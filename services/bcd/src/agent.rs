@@ -33,8 +33,14 @@ pub struct AgentConfig {
     pub hostname: Option<String>,
     /// Disks to see (tests); empty: every disk in `/sys/block`.
     pub disks: Vec<PathBuf>,
-    /// Image keys trusted besides those the control plane hands out.
+    /// The image-signing keys this agent trusts: pinned in its build (the
+    /// ramdisk's `/etc/bcd/trust/image-keys`), never taken from a network
+    /// answer.
     pub image_keys: Vec<VerifyingKey>,
+    /// The control plane's CA (PEM), pinned in the build: an `https` API
+    /// is trusted through it alone. Plain `http` (tests on loopback) needs
+    /// none.
+    pub ca_pem: Option<String>,
     /// `site.httpProxy`.
     pub proxy: Option<String>,
     pub heartbeat: Duration,
@@ -148,15 +154,43 @@ pub async fn join(
     }
 }
 
-/// The image keys the control plane handed out, and the configured ones.
+/// The image keys an image must be signed by: the pinned ones alone. What
+/// the join answer lists is only compared: a network answer never adds a
+/// key.
 fn image_keys_of(cfg: &AgentConfig, joined: &JoinResponse) -> Vec<VerifyingKey> {
-    let mut keys: Vec<VerifyingKey> = joined
+    let unpinned = joined
         .image_keys
         .iter()
         .filter_map(|k| bcm_pki::image::parse_public_key(k))
-        .collect();
-    keys.extend(cfg.image_keys.iter().copied());
-    keys
+        .filter(|k| !cfg.image_keys.contains(k))
+        .count();
+    if unpinned > 0 {
+        tracing::warn!(
+            unpinned,
+            "the control plane names image keys this build does not pin; they are not trusted"
+        );
+    }
+    cfg.image_keys.clone()
+}
+
+/// The HTTP client of the agent: an `https` control plane is trusted
+/// through the pinned CA alone (no system roots); plain `http` is for
+/// loopback tests.
+pub fn http_client(cfg: &AgentConfig) -> Result<reqwest::Client, AgentError> {
+    let builder = if cfg.api.starts_with("https://") {
+        let ca = cfg.ca_pem.as_deref().ok_or_else(|| {
+            AgentError::JoinRefused(
+                "the control plane is https but this build pins no CA (--ca-file)".into(),
+            )
+        })?;
+        bcm_pki::tls::pinned_client(ca).map_err(|e| AgentError::JoinRefused(e.to_string()))?
+    } else {
+        reqwest::Client::builder()
+    };
+    builder
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| AgentError::JoinRefused(e.to_string()))
 }
 
 /// Heartbeats until `stop`.
@@ -403,10 +437,7 @@ async fn post_result(
 
 /// Runs the ramdisk agent until `stop` or the session ends.
 pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<(), AgentError> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .map_err(|e| AgentError::JoinRefused(e.to_string()))?;
+    let http = http_client(&cfg)?;
     // One boot's state: keyed by its join token, so a new boot (a new
     // token) starts afresh and two agents on one host never share one.
     let boot_dir = cfg.state_dir.as_ref().map(|d| {
@@ -513,10 +544,7 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
 /// Runs the node agent (installed OS or adopted machine): joins, then
 /// heartbeats with role `node` until `stop`.
 pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), AgentError> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .map_err(|e| AgentError::JoinRefused(e.to_string()))?;
+    let http = http_client(&cfg)?;
     let session = join(&http, &cfg, &AgentState::default(), &stop).await?;
     println!("joined as node {}", session.joined.node_id);
     heartbeat(

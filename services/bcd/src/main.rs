@@ -1,7 +1,7 @@
 //! `bcd`: the on-machine agent's command line.
 
 use bcm_contracts::agent::AgentRole;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bcm_bcd::agent::{self, AgentConfig};
@@ -10,8 +10,49 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(version, about = "The Better Compute Metal on-machine agent")]
 struct Args {
+    /// The control plane's CA (PEM), pinned in this build: an https API is
+    /// trusted through it alone.
+    #[arg(long, global = true, default_value = "/etc/bcd/trust/ca.crt")]
+    ca_file: PathBuf,
+    /// The image-signing keys this build trusts, one base64 ed25519 key a
+    /// line; a key the control plane names is never added.
+    #[arg(long, global = true, default_value = "/etc/bcd/trust/image-keys")]
+    image_keys_file: PathBuf,
     #[command(subcommand)]
     mode: Mode,
+}
+
+/// What the build pins: the CA, if its file is there, and the image keys
+/// of the keys file (if there) and of `--image-key`.
+fn pinned(
+    args_ca: &Path,
+    keys_file: &Path,
+    extra: &[String],
+) -> anyhow::Result<(Option<String>, Vec<ed25519_dalek::VerifyingKey>)> {
+    let ca = match std::fs::read_to_string(args_ca) {
+        Ok(pem) => Some(pem),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => anyhow::bail!("{}: {e}", args_ca.display()),
+    };
+    let mut lines: Vec<String> = match std::fs::read_to_string(keys_file) {
+        Ok(text) => text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
+        Err(e) => anyhow::bail!("{}: {e}", keys_file.display()),
+    };
+    lines.extend(extra.iter().cloned());
+    let mut keys = vec![];
+    for k in &lines {
+        keys.push(
+            bcm_pki::image::parse_public_key(k)
+                .ok_or_else(|| anyhow::anyhow!("image key {k:?} is not a base64 ed25519 key"))?,
+        );
+    }
+    Ok((ca, keys))
 }
 
 #[derive(Subcommand)]
@@ -24,7 +65,8 @@ enum Mode {
         /// Only these disks (block devices or plain files), for tests.
         #[arg(long = "disk")]
         disks: Vec<PathBuf>,
-        /// An extra trusted image-signing key (base64 ed25519).
+        /// An image-signing key trusted besides the keys file's (base64
+        /// ed25519; tests).
         #[arg(long = "image-key")]
         image_keys: Vec<String>,
         /// Random stripes read back after a device erase.
@@ -74,6 +116,7 @@ async fn main() -> anyhow::Result<()> {
     // Ctrl-C, or SIGTERM when the ramdisk or the OS shuts down.
     let stop = bcm_telemetry::signals::shutdown_token();
     let args = Args::parse();
+    let (ca_file, image_keys_file) = (args.ca_file.clone(), args.image_keys_file.clone());
     let ran = match args.mode {
         Mode::Ramdisk {
             cmdline,
@@ -89,12 +132,7 @@ async fn main() -> anyhow::Result<()> {
             let Some(boot) = bcm_bcd::cmdline::parse(&line) else {
                 anyhow::bail!("the kernel command line has no bcm.node, bcm.api and bcm.join");
             };
-            let mut keys = vec![];
-            for k in &image_keys {
-                keys.push(bcm_pki::image::parse_public_key(k).ok_or_else(|| {
-                    anyhow::anyhow!("--image-key {k:?} is not a base64 ed25519 key")
-                })?);
-            }
+            let (ca_pem, keys) = pinned(&ca_file, &image_keys_file, &image_keys)?;
             agent::run_ramdisk(
                 AgentConfig {
                     api: boot.api,
@@ -104,6 +142,7 @@ async fn main() -> anyhow::Result<()> {
                     hostname: None,
                     disks,
                     image_keys: keys,
+                    ca_pem,
                     proxy: boot.proxy,
                     heartbeat: Duration::from_secs(10),
                     wipe_stripes,
@@ -128,6 +167,7 @@ async fn main() -> anyhow::Result<()> {
                 .ok_or_else(|| {
                     anyhow::anyhow!("no --token and no BCD_JOIN_TOKEN in {}", env_file.display())
                 })?;
+            let (ca_pem, _) = pinned(&ca_file, &image_keys_file, &[])?;
             agent::run_node(
                 AgentConfig {
                     api,
@@ -137,6 +177,7 @@ async fn main() -> anyhow::Result<()> {
                     hostname,
                     disks: vec![],
                     image_keys: vec![],
+                    ca_pem,
                     proxy: None,
                     heartbeat: Duration::from_secs(10),
                     wipe_stripes: 0,

@@ -17,10 +17,15 @@ struct Cli {
     #[arg(
         long,
         env = "BCM_API_URL",
-        default_value = "http://127.0.0.1:8080",
+        default_value = "https://127.0.0.1:8080",
         global = true
     )]
     api: String,
+    /// The CA certificate to trust for the API (and nothing else), e.g.
+    /// `.bcm/tls/ca.crt` of `deploy/dev/local.sh`; the system's roots when
+    /// absent.
+    #[arg(long, env = "BCM_CA_FILE", global = true)]
+    ca_file: Option<std::path::PathBuf>,
     /// Bearer token.
     #[arg(long, env = "BCM_TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
@@ -332,8 +337,12 @@ fn main() -> std::process::ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let http = match &cli.ca_file {
+        Some(path) => bcm_pki::tls::client_pinned_to_file(path)?,
+        None => reqwest::Client::new(),
+    };
     let api = Api {
-        http: reqwest::Client::new(),
+        http,
         base: cli.api.trim_end_matches('/').to_owned(),
         token: cli.token.clone(),
     };

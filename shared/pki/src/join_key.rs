@@ -187,15 +187,7 @@ pub fn write_keys(dir: &Path, sites: &[&str]) -> Result<(), JoinKeyError> {
         why: e.to_string(),
     };
     let write = |path: &Path, key: &JoinKey| -> std::io::Result<()> {
-        use std::io::Write;
-        #[cfg(unix)]
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        opts.mode(0o600);
-        opts.open(path)?
-            .write_all(format!("{}\n", key.to_text()).as_bytes())
+        write_private(path, format!("{}\n", key.to_text()).as_bytes())
     };
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let master_path = dir.join("join.key");
@@ -275,6 +267,18 @@ pub fn has_reference(text: &str) -> bool {
         rest = after;
     }
     false
+}
+
+/// Writes a secret file readable by its owner alone (0600 on unix).
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    opts.mode(0o600);
+    opts.open(path)?.write_all(bytes)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod ca;
 pub mod image;
 pub mod join_key;
 pub mod signing;
+pub mod tls;
 pub mod tokens;
 
 pub use ca::{csr_pem, Ca, CheckedCert, IssueRequest, IssuedCert};
@@ -33,4 +34,6 @@ pub enum PkiError {
     Generate(#[from] rcgen::Error),
     #[error("key encoding failed: {0}")]
     Key(String),
+    #[error("TLS: {0}")]
+    BadTls(String),
 }

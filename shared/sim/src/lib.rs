@@ -107,6 +107,10 @@ pub struct SimConfig {
     /// permissions, not the control plane's.
     #[serde(default)]
     pub nkey_file: Option<std::path::PathBuf>,
+    /// The CA the simulated agents pin when the control plane's URL is
+    /// HTTPS (a real ramdisk carries it in its build): they trust it alone.
+    #[serde(default)]
+    pub api_ca_file: Option<std::path::PathBuf>,
 }
 
 fn default_concurrency() -> usize {
@@ -127,6 +131,7 @@ impl SimConfig {
             boot_dhcp: None,
             nkey_file: None,
             join_key: Default::default(),
+            api_ca_file: None,
         }
     }
 }

@@ -503,13 +503,18 @@ pub async fn run(
         .join_key
         .resolve()
         .map_err(|e| SimError::Config(e.to_string()))?;
+    let http = match &cfg.api_ca_file {
+        None => reqwest::Client::new(),
+        Some(path) => bcm_pki::tls::client_pinned_to_file(path)
+            .map_err(|e| SimError::Config(format!("api_ca_file: {e}")))?,
+    };
     let site = Arc::new(Site {
         join_key,
         cfg: Arc::new(cfg),
         faults,
         machines,
         executions,
-        http: reqwest::Client::new(),
+        http,
         results: Mutex::new(HashMap::new()),
         flaky: Mutex::new(HashMap::new()),
         boots: Mutex::new(HashMap::new()),

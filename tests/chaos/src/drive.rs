@@ -19,9 +19,11 @@ pub struct Api {
 }
 
 impl Api {
-    pub fn new(base: &str, token: &str) -> anyhow::Result<Self> {
+    /// The API at `base`, trusting only the CA in `ca_file`.
+    pub fn new(base: &str, token: &str, ca_file: &std::path::Path) -> anyhow::Result<Self> {
+        let ca = std::fs::read_to_string(ca_file)?;
         Ok(Self {
-            http: reqwest::Client::builder()
+            http: bcm_pki::tls::pinned_client(&ca)?
                 .timeout(Duration::from_secs(30))
                 .build()?,
             base: base.to_owned(),

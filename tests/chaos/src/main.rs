@@ -92,6 +92,9 @@ namespace = "{ns}"
 nkey_file = "{ids}/control.nk"
 [api.join_key]
 file = "{ids}/join.key"
+[api.tls]
+cert_file = "{pki}/tls/api.crt"
+key_file = "{pki}/tls/api.key"
 [[api.sealing_keys]]
 id = "chaos"
 key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
@@ -110,7 +113,7 @@ hardware_profile = "gpu-redfish"
 tenant = "root"
 profile = {{ id = "ubuntu-24.04", version = 1, role = "host", image = {{ url = "http://127.0.0.1:1/images/ubuntu-24.04.raw", format = "raw", sha256 = "5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d", sizeBytes = 2361393152 }} }}
 [engine]
-control_plane_url = "http://{api}"
+control_plane_url = "https://{api}"
 [reconciler]
 poll_ms = 5000
 lease_ttl_ms = 3000
@@ -118,6 +121,7 @@ lease_ttl_ms = 3000
 site = "local"
 latency_ms = 20
 nkey_file = "{ids}/sim-local.nk"
+api_ca_file = "{pki}/tls/ca.crt"
 "#
     )
 }
@@ -239,6 +243,8 @@ async fn run(
     // One CA for every attestation process of the run, as in production.
     let pki = dir.join("pki");
     std::fs::create_dir_all(&pki)?;
+    // HTTPS as compose serves it: a local CA the agents and the driver pin.
+    let tls = bcm_pki::tls::LocalTls::write_missing(&pki.join("tls"), &["127.0.0.1".to_owned()])?;
     std::fs::write(
         &config_path,
         config(
@@ -265,7 +271,7 @@ async fn run(
     let rec_task = tokio::spawn(recorder::run(bus.clone(), recorded.clone(), stop.clone()));
 
     let procs = procs::Procs::start(bcm, &config_path, &dir.join("logs"), &dir.join("nats"))?;
-    let api = drive::Api::new(&format!("http://{api_addr}"), ADMIN_TOKEN)?;
+    let api = drive::Api::new(&format!("https://{api_addr}"), ADMIN_TOKEN, &tls.ca)?;
     api.get("/readyz", Duration::from_secs(120)).await.ok();
     let started = Instant::now();
     let killer = (!args.quiet).then(|| {

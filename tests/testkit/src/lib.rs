@@ -171,6 +171,12 @@ impl TestEnv {
             agents: opts.agents.clone(),
             rate_limit: opts.rate_limit.clone(),
             telemetry: Default::default(),
+            // In-process tests talk plain HTTP on loopback, by name;
+            // tests/security/tests/tls.rs serves the real HTTPS.
+            tls: bcm_pki::tls::ServerTlsConfig {
+                plain_http: true,
+                ..Default::default()
+            },
             seed,
         };
         let state = bcm_api::prepare(&cfg).await?;

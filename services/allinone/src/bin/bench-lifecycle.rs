@@ -42,6 +42,9 @@ struct Args {
     /// always keeps them, for a look).
     #[arg(long)]
     keep: bool,
+    /// Serve the API as plain HTTP (to measure what HTTPS costs).
+    #[arg(long)]
+    plain_http: bool,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -167,8 +170,21 @@ async fn main() -> anyhow::Result<()> {
     let db_name = format!("bcm_bench_{suffix}");
     let db_url = bcm_db::admin::database_create(&database, &db_name).await?;
     let token = format!("bench-admin-{suffix}-token");
+    // HTTPS as deployed (a local CA the simulated agents pin), unless
+    // `--plain-http` measures without it.
+    let tls_dir = std::env::temp_dir().join(format!("bcm-bench-tls-{suffix}"));
+    let files = bcm_pki::tls::LocalTls::write_missing(&tls_dir, &["127.0.0.1".to_owned()])?;
+    let (tls, api_ca_file) = if args.plain_http {
+        (json!({"plain_http": true}), Value::Null)
+    } else {
+        (
+            json!({"cert_file": files.cert, "key_file": files.key}),
+            json!(files.ca),
+        )
+    };
     let cfg: bcm_allinone::Config = serde_json::from_value(json!({
         "api": {
+            "tls": tls,
             "database_url": db_url, "database_max_connections": 32, "admin_token": token,
             "bus": {"url": nats, "namespace": format!("bench{suffix}")},
             "sealing_keys": [{"id": "bench", "key": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="}],
@@ -179,11 +195,12 @@ async fn main() -> anyhow::Result<()> {
                          "url": "http://images.invalid/ubuntu.raw", "format": "raw", "sha256": "5d".repeat(32), "sizeBytes": 1u64 << 30}}}]}
         },
         "reconciler": {"poll_ms": 30000},
-        "sim": {"site": "local", "concurrency": 256}
+        "sim": {"site": "local", "concurrency": 256, "api_ca_file": api_ca_file}
     }))?;
     bcm_telemetry::init("bench", &cfg.api.telemetry)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
+    let scheme = if args.plain_http { "http" } else { "https" };
+    let base = format!("{scheme}://{}", listener.local_addr()?);
     let mut cfg = cfg;
     let mut engine = bcm_workflow::EngineConfig::new(base.clone());
     if let Some(w) = args.engine_workers {
@@ -256,8 +273,13 @@ async fn main() -> anyhow::Result<()> {
         });
     }
 
+    let http = if args.plain_http {
+        reqwest::Client::new()
+    } else {
+        bcm_pki::tls::client_pinned_to_file(&files.ca)?
+    };
     let run = Arc::new(Run {
-        http: reqwest::Client::new(),
+        http,
         base,
         token,
         latencies: Mutex::default(),
