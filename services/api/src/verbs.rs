@@ -345,6 +345,8 @@ pub async fn enroll(
     let mut tx = a.db.begin().await?;
     bcm_db::secrets::secret_insert_in_txn(&mut tx, &secret).await?;
     nodes::node_insert_in_txn(&mut tx, &node).await?;
+    // Its enrollment's workflow and commands are done in this name.
+    nodes::node_actor_set_in_txn(&mut tx, &node.id.to_string(), &who.name).await?;
     bcm_db::outbox::outbox_insert_in_txn(&mut tx, &rows).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     metrics::counter!("bcm_api_verbs_total", "verb" => "enroll", "outcome" => "ok").increment(1);
@@ -426,13 +428,18 @@ async fn run_verb(
     let s = a.bus.subjects();
     let mut rows: Vec<NewOutboxMessage> = vec![];
     let result = if let Extra::Rotate { password } = extra {
-        let (next, cmd_rows) = begin_rotation(a, &mut tx, node, password).await?;
+        let (next, cmd_rows) = begin_rotation(a, &mut tx, node, password, Some(&who.name)).await?;
         rows.extend(cmd_rows);
         next
     } else if let Extra::Power { action } = extra {
-        let (cmd, row) = bcm_metal::bmc::leaf_command_in_txn(&mut tx, s, &node, "power", |bmc| {
-            Command::BmcPower(PowerParams { bmc, action })
-        })
+        let (cmd, row) = bcm_metal::bmc::leaf_command_in_txn(
+            &mut tx,
+            s,
+            &node,
+            "power",
+            Some(&who.name),
+            |bmc| Command::BmcPower(PowerParams { bmc, action }),
+        )
         .await?;
         rows.push(row);
         rows.push(outbox::event(
@@ -516,6 +523,7 @@ async fn begin_rotation(
     tx: &mut bcm_db::Tx<'_>,
     node: Node,
     password: Option<SecretString>,
+    actor: Option<&str>,
 ) -> Result<(Node, Vec<NewOutboxMessage>), ApiError> {
     if node.bmc_driver == BmcDriver::Sim {
         return Err(ApiError::new(
@@ -582,7 +590,7 @@ async fn begin_rotation(
     let s = a.bus.subjects();
     let pending_credentials = bcm_metal::bmc::sealed_in_txn(tx, &pending_id).await?;
     let (cmd, cmd_row) =
-        bcm_metal::bmc::leaf_command_in_txn(tx, s, &node, "rotate-credentials", |bmc| {
+        bcm_metal::bmc::leaf_command_in_txn(tx, s, &node, "rotate-credentials", actor, |bmc| {
             Command::BmcRotateCredentials(RotateParams {
                 bmc,
                 pending_credentials,

@@ -165,6 +165,7 @@ mod tests {
             attested_by: None,
             created_at: issued_at,
             completed_at: None,
+            actor: None,
         };
         Fixture { ca, cert, cmd }
     }

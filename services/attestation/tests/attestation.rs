@@ -70,6 +70,7 @@ async fn command(env: &TestEnv, node: &str, kind: &str, params: Value) -> String
             kind: kind.into(),
             target: "ramdisk".into(),
             params,
+            actor: None,
         },
     )
     .await

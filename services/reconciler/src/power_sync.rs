@@ -99,6 +99,7 @@ pub async fn round(
             bus.subjects(),
             &node,
             "power-sync",
+            None,
             |bmc| Command::BmcPowerStatus(BmcParams { bmc }),
         )
         .await?;

@@ -612,6 +612,7 @@ async fn start_attempt(
         kind: command.kind().as_str().to_owned(),
         target: def.kind.target().as_str().to_owned(),
         params: command.params_json(),
+        actor: wf.actor.clone(),
     });
     if def.kind.target() == StepTarget::Site {
         let envelope = CommandEnvelope {

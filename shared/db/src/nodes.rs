@@ -490,3 +490,31 @@ pub async fn power_read_requested_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<()
     .await?;
     Ok(())
 }
+
+/// Records `actor` as the principal whose verb started what the node does
+/// now (a verb's move, in its transaction).
+pub async fn node_actor_set_in_txn(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+    actor: &str,
+) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO node_actors (node_id, actor) VALUES ($1, $2) \
+         ON CONFLICT (node_id) DO UPDATE SET actor = $2, at = now()",
+    )
+    .bind(node_id)
+    .bind(actor)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The principal whose verb started what the node does now, if any.
+pub async fn node_actor_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT actor FROM node_actors WHERE node_id = $1")
+            .bind(node_id)
+            .fetch_optional(&mut **tx)
+            .await?,
+    )
+}

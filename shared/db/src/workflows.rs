@@ -24,6 +24,8 @@ pub struct NewWorkflow {
     pub for_version: i64,
     pub definition: serde_json::Value,
     pub steps: Vec<NewStep>,
+    /// The principal whose verb started the state it runs.
+    pub actor: Option<String>,
 }
 
 /// A step to create.
@@ -53,6 +55,8 @@ pub struct WorkflowRow {
     pub wipe_verified: bool,
     pub definition: serde_json::Value,
     pub created_at: DateTime<Utc>,
+    /// The principal whose verb started the state it runs.
+    pub actor: Option<String>,
 }
 
 /// A stored step.
@@ -80,7 +84,7 @@ pub struct StepRow {
 
 const WF_COLUMNS: &str =
     "id, node_id, owner, profile_id, profile_version, for_state, for_version, status, error, \
-    cancel_requested, wipe_verified, definition, created_at";
+    cancel_requested, wipe_verified, definition, created_at, actor";
 const STEP_COLUMNS: &str =
     "workflow_id, idx, name, target, cleanup, status, attempt, output, error, started_at, \
     finished_at, due_at, deadline_at, command_id, definition";
@@ -89,8 +93,8 @@ const STEP_COLUMNS: &str =
 /// A second workflow for the same node state entry is [`DbError::Duplicate`].
 pub async fn workflow_insert_in_txn(tx: &mut Tx<'_>, w: &NewWorkflow) -> Result<(), DbError> {
     sqlx::query(
-        "INSERT INTO workflows (id, node_id, owner, profile_id, profile_version, for_state, for_version, status, definition) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8)",
+        "INSERT INTO workflows (id, node_id, owner, profile_id, profile_version, for_state, for_version, status, definition, actor) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8, $9)",
     )
     .bind(&w.id)
     .bind(&w.node_id)
@@ -100,6 +104,7 @@ pub async fn workflow_insert_in_txn(tx: &mut Tx<'_>, w: &NewWorkflow) -> Result<
     .bind(&w.for_state)
     .bind(w.for_version)
     .bind(&w.definition)
+    .bind(&w.actor)
     .execute(&mut **tx)
     .await?;
     let idx: Vec<i32> = (0..w.steps.len() as i32).collect();

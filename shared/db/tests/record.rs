@@ -21,6 +21,7 @@ fn workflow(node: &str, version: i64) -> NewWorkflow {
         for_state: ProvisionState::Enrolling.as_str().into(),
         for_version: version,
         definition: serde_json::json!({}),
+        actor: None,
         steps: vec![NewStep {
             name: "verify-bmc".into(),
             target: "site".into(),
@@ -43,6 +44,7 @@ fn command(node: &str, key: &str, kind: &str) -> NewCommand {
         kind: kind.to_owned(),
         target: "site".into(),
         params: serde_json::json!({}),
+        actor: None,
     }
 }
 

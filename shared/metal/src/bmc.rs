@@ -42,12 +42,14 @@ pub const LEAF_COMMAND_TTL: chrono::Duration = chrono::Duration::minutes(15);
 /// Records a one-leaf BMC command for `node` (not part of a workflow) and
 /// returns it with its outbox message, for the caller's transaction: the
 /// row exists before the command is sent, and only if the caller commits.
-/// `command` builds the command from the node's BMC.
+/// `command` builds the command from the node's BMC; `actor` is the
+/// principal whose verb it is (none for the control plane's own).
 pub async fn leaf_command_in_txn(
     tx: &mut Tx<'_>,
     subjects: &bcm_bus::Subjects,
     node: &Node,
     purpose: &str,
+    actor: Option<&str>,
     command: impl FnOnce(BmcTarget) -> Command,
 ) -> Result<(CommandEnvelope, bcm_db::outbox::NewOutboxMessage), DbError> {
     let now = chrono::Utc::now();
@@ -72,6 +74,7 @@ pub async fn leaf_command_in_txn(
             kind: cmd.kind().as_str().to_owned(),
             target: "site".to_owned(),
             params: cmd.command.params_json(),
+            actor: actor.map(str::to_owned),
         },
     )
     .await?;

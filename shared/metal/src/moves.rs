@@ -50,6 +50,11 @@ pub async fn commit_in_txn(
 ) -> Result<Node, DbError> {
     let version = nodes::node_update_guarded_in_txn(tx, &next).await?;
     let next = Node { version, ..next };
+    if let Some(actor) = actor {
+        // What follows this verb — the state's workflow, the moves chained
+        // after it, their commands — is done in this principal's name.
+        nodes::node_actor_set_in_txn(tx, &next.id.to_string(), actor).await?;
+    }
     let ended = bcm_core::state::identities_ended(t.from, t.to);
     let revoked = crate::identity::end_in_txn(tx, &next.id.to_string(), ended).await?;
     if revoked > 0 {

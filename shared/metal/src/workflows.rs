@@ -34,6 +34,7 @@ pub async fn start_in_txn(
         .map(|s| step(s, false))
         .chain(profile.cleanup.iter().map(|s| step(s, true)))
         .collect();
+    let actor = bcm_db::nodes::node_actor_in_txn(tx, &node.id.to_string()).await?;
     bcm_db::workflows::workflow_insert_in_txn(
         tx,
         &NewWorkflow {
@@ -46,6 +47,7 @@ pub async fn start_in_txn(
             for_version: node.version,
             definition: serde_json::to_value(profile).unwrap_or_default(),
             steps,
+            actor,
         },
     )
     .await?;

@@ -74,6 +74,7 @@ async fn wipe_command(env: &TestEnv, node: &str) -> String {
             kind: "disk.wipe".into(),
             target: "ramdisk".into(),
             params: json!({"mode": "quick"}),
+            actor: None,
         },
     )
     .await

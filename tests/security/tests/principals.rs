@@ -176,3 +176,75 @@ async fn a_verb_names_its_principal_on_its_event() {
     assert_eq!(actor("abort"), "admin");
     env.stop();
 }
+
+/// Every command a verb causes names its principal: those of the workflow
+/// its state runs (and the states the reconciler chains after it), and a
+/// one-leaf BMC command (`power`); the control plane's own power reads name
+/// nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verbs_commands_name_its_principal() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let operator = env
+        .token(
+            "team-a-operator",
+            &[
+                ("compute:pools:enroll", "tenant", "a"),
+                ("compute:nodes:provision", "tenant", "a"),
+                ("compute:nodes:power", "tenant", "a"),
+                ("compute:nodes:read", "tenant", "a"),
+            ],
+        )
+        .await
+        .expect("token");
+    let (status, node) = env
+        .post(
+            "/api/compute/metal/enroll",
+            Some(&operator),
+            &serde_json::json!({"tenantId": "a", "poolId": "a-pool",
+                "bmc": {"driver": "sim", "address": "sim://actor-cmds", "username": "admin", "password": "pw"}}),
+        )
+        .await
+        .expect("enroll");
+    assert_eq!(status, 200, "{node}");
+    let id: bcm_core::NodeId = node["nodeId"]
+        .as_str()
+        .and_then(|i| i.parse().ok())
+        .expect("id");
+    env.wait_state(
+        &id,
+        bcm_core::ProvisionState::Ready,
+        std::time::Duration::from_secs(120),
+    )
+    .await
+    .expect("ready");
+    let commands = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands");
+    let kinds: std::collections::BTreeSet<&str> =
+        commands.iter().map(|c| c.kind.as_str()).collect();
+    // Enrollment's, inspection's and commissioning's: BMC, boot and agent.
+    for kind in ["bmc.verify", "site.bootEntry.set", "inventory", "disk.wipe"] {
+        assert!(kinds.contains(kind), "no {kind} in {kinds:?}");
+    }
+    for c in &commands {
+        // The reconciler's power reads are the control plane's own.
+        let want = (c.kind != "bmc.powerStatus").then_some("team-a-operator");
+        assert_eq!(c.actor.as_deref(), want, "{} {}", c.kind, c.id);
+    }
+    // Its power verb, by the admin this time.
+    let (status, body) = env
+        .verb("power", &id, serde_json::json!({"action": "off"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let power = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands")
+        .into_iter()
+        .filter(|c| c.kind == "bmc.power")
+        .max_by_key(|c| c.created_at)
+        .expect("a power command");
+    assert_eq!(power.actor.as_deref(), Some("admin"));
+    env.stop();
+}

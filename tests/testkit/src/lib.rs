@@ -586,6 +586,7 @@ impl TestEnv {
                     for_state: state.as_str().into(),
                     for_version: next.version,
                     definition: serde_json::to_value(&profile)?,
+                    actor: None,
                     steps: vec![],
                 },
             )
