@@ -63,6 +63,27 @@ nats_bin() {
 
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 
+# pg_tls DIR: a CA and the server's certificate and key (0600, the server's
+# user's), made once.
+pg_tls() {
+  local d=$1
+  [ -s "$d/server.key" ] && return
+  command -v openssl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >&2
+  mkdir -p "$d"
+  (
+    umask 077
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
+      -subj "/CN=bcm stack postgres CA" -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+      -subj "/CN=127.0.0.1" -keyout "$d/server.key" -out "$d/server.csr" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' > "$d/ext"
+    openssl x509 -req -in "$d/server.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+      -days 3650 -extfile "$d/ext" -out "$d/server.crt" 2>/dev/null
+  )
+  chmod 0644 "$d/ca.crt" "$d/server.crt"
+  if [ "$(id -u)" = 0 ]; then chown -R postgres "$d"; fi
+}
+
 pg_up() {
   local bin dir="$state/pg"
   bin="$(pg_bin)"
@@ -81,8 +102,13 @@ pg_up() {
   # already answered can be lost, which no control plane can make up for).
   local speed="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
   [ "${BCM_STACK_PG_DURABLE:-}" = 1 ] && speed=""
+  # TLS as a deployment has it: a CA of the stack's own signs the server's
+  # certificate (for 127.0.0.1 and localhost), so a client can connect with
+  # sslmode=verify-full and sslrootcert=$BCM_STACK_PG_CA.
+  pg_tls "$dir/tls"
   as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 -o \
-    "-p $pg_port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=600 $speed" \
+    "-p $pg_port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=600 $speed \
+     -c ssl=on -c ssl_cert_file=$dir/tls/server.crt -c ssl_key_file=$dir/tls/server.key" \
     start >/dev/null
   touch "$state/pg.started"
   log "postgres on 127.0.0.1:$pg_port"
@@ -154,6 +180,9 @@ case "${1:-}" in
     echo "export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:$pg_port/postgres}"
     echo "export NATS_URL=${NATS_URL:-nats://admin:$(cat "$state/nats/admin.password")@127.0.0.1:$nats_port}"
     echo "export BCM_NATS_SERVER=$(nats_bin)"
+    if [ -z "${DATABASE_URL:-}" ] && [ -s "$state/pg/tls/ca.crt" ]; then
+      echo "export BCM_STACK_PG_CA=$state/pg/tls/ca.crt"
+    fi
     ;;
   down) down ;;
   *) echo "usage: $0 up|env|down|crash-pg|crash-nats" >&2; exit 2 ;;

@@ -57,6 +57,16 @@ pub async fn commit_count(db: &crate::Db) -> Result<i64, DbError> {
     .await?)
 }
 
+/// Whether this pool's connection to the server is TLS
+/// (`pg_stat_ssl` of the session).
+pub async fn connection_uses_tls(db: &crate::Db) -> Result<bool, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_one(db.pool())
+            .await?,
+    )
+}
+
 /// Forces fresh statistics for [`commit_count`].
 pub async fn stats_refresh(db: &crate::Db) -> Result<(), DbError> {
     sqlx::query("SELECT pg_stat_clear_snapshot()")
