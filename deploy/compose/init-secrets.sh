@@ -14,6 +14,9 @@ bcm nats-auth --dir "$d/nats" --site local --site lab >/dev/null
 # The API's HTTPS: a local CA (ca.crt, which clients pin) and the API's
 # certificate for the names it is reached by.
 bcm local-tls --dir "$d/tls" --name api --name localhost --name 127.0.0.1 >/dev/null
+# Postgres's TLS: a CA of its own and the server's certificate for the name
+# the services reach it by; every database URL says sslmode=verify-full.
+bcm local-tls --dir "$d/pg-tls" --name postgres >/dev/null
 new() { [ -s "$d/$1" ] || head -c "$2" /dev/urandom | od -An -tx1 | tr -d ' \n' >"$d/$1"; }
 new pg-password 24
 # The official postgres image reads POSTGRES_PASSWORD_FILE as its own user
@@ -25,7 +28,7 @@ chmod 0644 "$d/pg-password"
 [ -s "$d/sealing-key" ] || head -c 32 /dev/urandom | base64 >"$d/sealing-key"
 token="$(cat "$d/admin-token")"
 key="$(cat "$d/sealing-key")"
-db="postgres://bcm:$(cat "$d/pg-password")@postgres:5432/bcm"
+db="postgres://bcm:$(cat "$d/pg-password")@postgres:5432/bcm?sslmode=verify-full&sslrootcert=$d/pg-tls/ca.crt"
 
 cat >"$d/nats.conf" <<EOF
 jetstream { store_dir: "/data" }

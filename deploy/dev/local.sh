@@ -19,7 +19,7 @@ cargo build --release -q -p bcm-allinone -p metalctl
 target/release/bcm nats-auth --dir .bcm/nats --site local >/dev/null
 # The API serves HTTPS from a local CA (generated once, kept in .bcm/tls):
 # the simulated agents and metalctl pin .bcm/tls/ca.crt.
-target/release/bcm local-tls --dir .bcm/tls --name 127.0.0.1 --name localhost >/dev/null
+target/release/bcm local-tls --dir .bcm/tls --name 127.0.0.1 --name localhost --name "${listen%:*}" >/dev/null
 export BCM_STACK_NATS_USERS="$repo/.bcm/nats/users.conf"
 stack_env="$("$here/stack.sh" env)"
 eval "$stack_env"

@@ -67,7 +67,7 @@ as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 # user's), made once.
 pg_tls() {
   local d=$1
-  [ -s "$d/server.key" ] && return
+  [ -s "$d/server.crt" ] && return
   command -v openssl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >&2
   mkdir -p "$d"
   (

@@ -103,9 +103,12 @@ DHCP
 if [ -n "${BCD_TRUST_DIR:-}" ]; then
   mkdir -p "$rd/etc/bcd/trust"
   for f in ca.crt image-keys; do
-    if [ -f "$BCD_TRUST_DIR/$f" ]; then cp "$BCD_TRUST_DIR/$f" "$rd/etc/bcd/trust/$f"; fi
+    [ -s "$BCD_TRUST_DIR/$f" ] || { log "BCD_TRUST_DIR=$BCD_TRUST_DIR has no $f"; exit 1; }
+    cp "$BCD_TRUST_DIR/$f" "$rd/etc/bcd/trust/$f"
   done
-  log "pinned: $(ls "$rd/etc/bcd/trust" | tr '\n' ' ')"
+  log "pinned: the control plane's CA and $(grep -c . "$rd/etc/bcd/trust/image-keys") image key(s)"
+else
+  log "WARNING: no BCD_TRUST_DIR: this ramdisk pins no CA and no image key; it reaches only a plain-http control plane and deploys no signed image"
 fi
 cat > "$rd/init" <<'INIT'
 #!/bin/busybox sh

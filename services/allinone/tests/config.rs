@@ -65,6 +65,18 @@ fn example_configs_parse() {
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(!api.sealing_keys.is_empty());
             assert!(api.bus.nkey_file.as_deref().is_some_and(Path::exists));
+            // Postgres through TLS, checked against its generated CA.
+            let url = &api.database_url;
+            assert!(
+                url.contains("sslmode=verify-full"),
+                "{name}: not verify-full"
+            );
+            let root = url
+                .split("sslrootcert=")
+                .nth(1)
+                .map(|r| r.split('&').next().unwrap_or(r))
+                .expect("sslrootcert");
+            assert!(Path::new(root).exists(), "{root}");
             // HTTPS from the generated local CA, never plain HTTP.
             assert!(
                 matches!(api.tls.serving(), Ok(bcm_pki::tls::Serving::Tls(_))),

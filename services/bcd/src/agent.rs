@@ -173,19 +173,32 @@ fn image_keys_of(cfg: &AgentConfig, joined: &JoinResponse) -> Vec<VerifyingKey> 
     cfg.image_keys.clone()
 }
 
-/// The HTTP client of the agent: an `https` control plane is trusted
-/// through the pinned CA alone (no system roots); plain `http` is for
-/// loopback tests.
+/// The HTTP client of the agent. A build that pins a CA speaks only
+/// `https`, trusted through that CA alone (no system roots): the control
+/// plane's URL comes from the network (the kernel command line, the seed),
+/// so an `http` one is refused, never followed. Only a build that pins
+/// nothing (loopback tests) speaks plain `http`.
 pub fn http_client(cfg: &AgentConfig) -> Result<reqwest::Client, AgentError> {
-    let builder = if cfg.api.starts_with("https://") {
-        let ca = cfg.ca_pem.as_deref().ok_or_else(|| {
-            AgentError::JoinRefused(
+    let https = cfg
+        .api
+        .get(..8)
+        .is_some_and(|s| s.eq_ignore_ascii_case("https://"));
+    let builder = match (&cfg.ca_pem, https) {
+        (Some(ca), true) => {
+            bcm_pki::tls::pinned_client(ca).map_err(|e| AgentError::JoinRefused(e.to_string()))?
+        }
+        (Some(_), false) => {
+            return Err(AgentError::JoinRefused(format!(
+                "this build pins the control plane's CA; {:?} is not https",
+                cfg.api
+            )))
+        }
+        (None, true) => {
+            return Err(AgentError::JoinRefused(
                 "the control plane is https but this build pins no CA (--ca-file)".into(),
-            )
-        })?;
-        bcm_pki::tls::pinned_client(ca).map_err(|e| AgentError::JoinRefused(e.to_string()))?
-    } else {
-        reqwest::Client::builder()
+            ))
+        }
+        (None, false) => reqwest::Client::builder(),
     };
     builder
         .timeout(Duration::from_secs(60))
@@ -557,4 +570,44 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
     )
     .await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(api: &str, ca_pem: Option<String>) -> AgentConfig {
+        AgentConfig {
+            api: api.to_owned(),
+            node: None,
+            join_token: "t".into(),
+            role: AgentRole::Ramdisk,
+            hostname: None,
+            disks: vec![],
+            image_keys: vec![],
+            ca_pem,
+            proxy: None,
+            heartbeat: Duration::from_secs(10),
+            wipe_stripes: 0,
+            state_dir: None,
+        }
+    }
+
+    /// The control plane's URL comes from the network: a build that pins a
+    /// CA never follows it to plain HTTP, in any spelling.
+    #[test]
+    fn a_build_that_pins_a_ca_speaks_only_https_through_it() {
+        let ca = bcm_pki::tls::LocalTls::generate(&["127.0.0.1".into()])
+            .expect("ca")
+            .ca_pem;
+        assert!(http_client(&cfg("https://10.0.0.1:8080", Some(ca.clone()))).is_ok());
+        assert!(http_client(&cfg("HTTPS://10.0.0.1:8080", Some(ca.clone()))).is_ok());
+        for api in ["http://10.0.0.1:8080", "HTTP://x", "ftp://x", ""] {
+            assert!(http_client(&cfg(api, Some(ca.clone()))).is_err(), "{api}");
+        }
+        // Nothing pinned: plain HTTP only (loopback tests), never https
+        // through the system's roots.
+        assert!(http_client(&cfg("http://127.0.0.1:1", None)).is_ok());
+        assert!(http_client(&cfg("https://10.0.0.1:8080", None)).is_err());
+    }
 }

@@ -204,6 +204,17 @@ pub async fn certs_revoke_purposes_in_txn(
     node_id: &str,
     purposes: &[&str],
 ) -> Result<u64, DbError> {
+    // Tokens first: a join spending one of them holds its row until it
+    // commits, so this waits for it, and the statements after it (each
+    // with a fresh snapshot) see the certificate and session it made.
+    sqlx::query(
+        "UPDATE join_tokens SET expires_at = now() \
+         WHERE node_id = $1 AND purpose = ANY($2) AND used_at IS NULL AND expires_at > now()",
+    )
+    .bind(node_id)
+    .bind(purposes)
+    .execute(&mut **tx)
+    .await?;
     let n = sqlx::query(
         "UPDATE node_certs SET revoked_at = now() \
          WHERE node_id = $1 AND purpose = ANY($2) AND revoked_at IS NULL",
@@ -218,14 +229,6 @@ pub async fn certs_revoke_purposes_in_txn(
         .bind(purposes)
         .execute(&mut **tx)
         .await?;
-    sqlx::query(
-        "UPDATE join_tokens SET expires_at = now() \
-         WHERE node_id = $1 AND purpose = ANY($2) AND used_at IS NULL AND expires_at > now()",
-    )
-    .bind(node_id)
-    .bind(purposes)
-    .execute(&mut **tx)
-    .await?;
     Ok(n)
 }
 
