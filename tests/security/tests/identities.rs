@@ -145,6 +145,14 @@ async fn heartbeat(env: &TestEnv, agent: &Agent, role: &str) -> u16 {
     .0
 }
 
+/// A node enrolled in tenant `a`'s pool, by id.
+async fn enrolled(env: &TestEnv) -> String {
+    env.enroll("a", "a-pool").await.expect("enroll")["nodeId"]
+        .as_str()
+        .expect("id")
+        .to_owned()
+}
+
 fn epoch_of(agent: &Agent) -> u32 {
     bcm_pki::ca::check_against(&agent.ca, &agent.certificate, Utc::now())
         .expect("the certificate chains to the CA")
@@ -154,10 +162,7 @@ fn epoch_of(agent: &Agent) -> u32 {
 #[tokio::test]
 async fn an_installed_os_identity_gets_no_ramdisk_command_and_its_result_is_refused() {
     let env = TestEnv::start().await.expect("env");
-    let node = env.enroll("a", "a-pool").await.expect("enroll")["nodeId"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let node = enrolled(&env).await;
     let os = join(&env, &node, "provisioned", "node").await;
     let checked =
         bcm_pki::ca::check_against(&os.ca, &os.certificate, Utc::now()).expect("chains to the CA");
@@ -203,10 +208,7 @@ async fn an_installed_os_identity_gets_no_ramdisk_command_and_its_result_is_refu
 #[tokio::test]
 async fn undeploy_ends_every_identity_and_a_revoked_certificates_result_is_refused() {
     let env = TestEnv::start().await.expect("env");
-    let node = env.enroll("a", "a-pool").await.expect("enroll")["nodeId"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let node = enrolled(&env).await;
     let node_id: bcm_core::NodeId = node.parse().expect("node id");
     env.force_state(&node_id, bcm_core::ProvisionState::Deployed, None)
         .await
@@ -253,10 +255,7 @@ async fn undeploy_ends_every_identity_and_a_revoked_certificates_result_is_refus
 #[tokio::test]
 async fn a_heartbeat_is_never_taken_for_a_join() {
     let env = TestEnv::start().await.expect("env");
-    let node = env.enroll("a", "a-pool").await.expect("enroll")["nodeId"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let node = enrolled(&env).await;
     let os = join(&env, &node, "provisioned", "node").await;
     // A step that starts waiting for the OS's join after it joined (a new
     // deploy, say) must not take this OS's heartbeats for a join.

@@ -18,6 +18,24 @@ async fn delete(env: &TestEnv, path: &str, token: &str) -> (u16, Value) {
     (status, res.json().await.unwrap_or(Value::Null))
 }
 
+/// Enrolls the simulated machine `sim://<name>` into `a-pool` as `token`.
+async fn enroll_as(env: &TestEnv, token: &str, name: &str) -> bcm_core::NodeId {
+    let (status, node) = env
+        .post(
+            "/api/compute/metal/enroll",
+            Some(token),
+            &serde_json::json!({"tenantId": "a", "poolId": "a-pool",
+                "bmc": {"driver": "sim", "address": format!("sim://{name}"), "username": "admin", "password": "pw"}}),
+        )
+        .await
+        .expect("enroll");
+    assert_eq!(status, 200, "{node}");
+    node["nodeId"]
+        .as_str()
+        .and_then(|i| i.parse().ok())
+        .expect("id")
+}
+
 #[tokio::test]
 async fn a_revoked_token_is_refused_on_its_next_request() {
     let env = TestEnv::start_with(Options::default()).await.expect("env");
@@ -144,21 +162,8 @@ async fn a_verb_names_its_principal_on_its_event() {
         )
         .await
         .expect("token");
-    let (status, node) = env
-        .post(
-            "/api/compute/metal/enroll",
-            Some(&operator),
-            &serde_json::json!({"tenantId": "a", "poolId": "a-pool",
-                "bmc": {"driver": "sim", "address": "sim://actor-1", "username": "admin", "password": "pw"}}),
-        )
-        .await
-        .expect("enroll");
-    assert_eq!(status, 200, "{node}");
+    let id = enroll_as(&env, &operator, "actor-1").await;
     // The admin's verb on the same node: `abort` from `enrolling`.
-    let id: bcm_core::NodeId = node["nodeId"]
-        .as_str()
-        .and_then(|i| i.parse().ok())
-        .expect("id");
     env.verb_ok("abort", &id, serde_json::json!({"reason": "test"}))
         .await;
     let events = reader
@@ -198,20 +203,7 @@ async fn a_verbs_commands_name_its_principal() {
         )
         .await
         .expect("token");
-    let (status, node) = env
-        .post(
-            "/api/compute/metal/enroll",
-            Some(&operator),
-            &serde_json::json!({"tenantId": "a", "poolId": "a-pool",
-                "bmc": {"driver": "sim", "address": "sim://actor-cmds", "username": "admin", "password": "pw"}}),
-        )
-        .await
-        .expect("enroll");
-    assert_eq!(status, 200, "{node}");
-    let id: bcm_core::NodeId = node["nodeId"]
-        .as_str()
-        .and_then(|i| i.parse().ok())
-        .expect("id");
+    let id = enroll_as(&env, &operator, "actor-cmds").await;
     env.wait_state(
         &id,
         bcm_core::ProvisionState::Ready,
