@@ -54,10 +54,13 @@ struct Args {
     /// directory under /tmp, removed when every verdict held).
     #[arg(long)]
     dir: Option<PathBuf>,
-    #[arg(long, default_value_t = 55462)]
-    pg_port: u16,
-    #[arg(long, default_value_t = 14262)]
-    nats_port: u16,
+    /// Postgres's port (default: one free now; a fixed one in the
+    /// ephemeral range can be taken by any outgoing connection).
+    #[arg(long)]
+    pg_port: Option<u16>,
+    /// NATS's port (default: one free now).
+    #[arg(long)]
+    nats_port: Option<u16>,
     /// Give up on a phase after this long.
     #[arg(long, default_value_t = 1800)]
     phase_timeout_secs: u64,
@@ -201,8 +204,8 @@ async fn main() -> anyhow::Result<()> {
     let stack = stack::Stack::up(
         &repo,
         &dir.join("stack"),
-        args.pg_port,
-        args.nats_port,
+        args.pg_port.map_or_else(free_port, Ok)?,
+        args.nats_port.map_or_else(free_port, Ok)?,
         &identities.users,
     )?;
     let outcome = run(&args, &bcm, &dir, &stack, &ns).await;
