@@ -91,6 +91,18 @@ pub async fn run(
     } else {
         bcm_pki::tls::Serving::Plain
     };
+    if matches!(serving, bcm_pki::tls::Serving::Tls(_))
+        && services.contains(&Service::Sim)
+        && cfg.sim.api_ca_file.is_none()
+    {
+        // Its agents would trust nothing and never join.
+        return Err(bcm_api::StartError::Config(
+            "sim.api_ca_file: the CA the simulated agents pin for the API's HTTPS \
+             (`bcm local-tls` writes it as ca.crt)"
+                .into(),
+        )
+        .into());
+    }
     let scheme = match serving {
         bcm_pki::tls::Serving::Tls(_) => "https",
         bcm_pki::tls::Serving::Plain => "http",

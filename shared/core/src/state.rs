@@ -68,11 +68,11 @@ pub enum IdentitiesEnded {
 /// `retiring` or `retired` ends every identity; any other transition ends
 /// the ramdisk's. The installed OS's and an adopted machine's identities
 /// live on through rescue and back.
-pub const fn identities_ended(from: ProvisionState, to: ProvisionState) -> IdentitiesEnded {
+pub fn identities_ended(from: ProvisionState, to: ProvisionState) -> IdentitiesEnded {
     use ProvisionState::*;
-    match (from, to) {
-        (_, Releasing | Retiring | Retired) => IdentitiesEnded::All,
-        _ if from as u8 == to as u8 => IdentitiesEnded::Nothing,
+    match to {
+        Releasing | Retiring | Retired => IdentitiesEnded::All,
+        _ if from == to => IdentitiesEnded::Nothing,
         _ => IdentitiesEnded::Ramdisk,
     }
 }

@@ -258,8 +258,8 @@ async fn a_heartbeat_is_never_taken_for_a_join() {
     let node = enrolled(&env).await;
     let os = join(&env, &node, "provisioned", "node").await;
     // A step that starts waiting for the OS's join after it joined (a new
-    // deploy, say) must not take this OS's heartbeats for a join.
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // deploy, say) must not take this OS's heartbeats for a join. The join
+    // was stamped with its transaction's start, before its answer came.
     let step_started = Utc::now();
     assert_eq!(heartbeat(&env, &os, "node").await, 204);
     let mut tx = env.db.begin().await.expect("tx");
