@@ -5,8 +5,17 @@
 # `bcm`, every service in one process with a simulated site: it enrolls
 # BCM_LOCAL_MACHINES (default 8) simulated machines, shows them reaching
 # ready, deploys one and releases it, and leaves the API up for metalctl.
-# Ctrl-C stops everything it started.
+# Ctrl-C stops everything it started. The terminal shows the machines
+# moving through states, then the summary; the logs go to .bcm/logs/bcm.log
+# (`local.sh --verbose` streams them to the terminal instead).
 set -euo pipefail
+verbose=""
+for arg in "$@"; do
+  case "$arg" in
+    --verbose|-v) verbose=1 ;;
+    *) echo "usage: $0 [--verbose]" >&2; exit 2 ;;
+  esac
+done
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 cd "$repo"
@@ -21,9 +30,14 @@ target/release/bcm nats-auth --dir .bcm/nats --site local >/dev/null
 # the simulated agents and metalctl pin .bcm/tls/ca.crt.
 target/release/bcm local-tls --dir .bcm/tls --name 127.0.0.1 --name localhost --name "${listen%:*}" >/dev/null
 export BCM_STACK_NATS_USERS="$repo/.bcm/nats/users.conf"
-stack_env="$("$here/stack.sh" env)"
+mkdir -p .bcm/logs
+stack_env="$("$here/stack.sh" env 2>>.bcm/logs/stack.log)" || {
+  echo "the local Postgres and NATS did not start; see .bcm/logs/stack.log" >&2
+  tail -n 20 .bcm/logs/stack.log >&2
+  exit 1
+}
 eval "$stack_env"
-trap '"$here/stack.sh" down' EXIT
+trap '"$here/stack.sh" down >>.bcm/logs/stack.log 2>&1' EXIT
 # The services authenticate with their nkeys: their URL carries no password.
 nats_addr="$NATS_URL"
 case "$NATS_URL" in *@*) nats_addr="nats://${NATS_URL##*@}" ;; esac
@@ -105,17 +119,25 @@ fi
 token="$(sed -n 's/^admin_token = "\(.*\)"/\1/p' .bcm/bcm.toml)"
 addr="$(sed -n 's/^listen = "\(.*\)"/\1/p' .bcm/bcm.toml)"
 
-cat <<MSG
+machines="${BCM_LOCAL_MACHINES:-8}"
+cat > .bcm/summary.txt <<MSG
 
-Better Compute Metal: every service in one process, with a simulated site
-of ${BCM_LOCAL_MACHINES:-8} machines, on https://$addr (local CA: .bcm/tls/ca.crt)
+Better Compute Metal is up: every service in one process, with a simulated
+site of $machines machines, on https://$addr (local CA: .bcm/tls/ca.crt)
   admin token:  $token   (in .bcm/bcm.toml)
   CLI:          export BCM_TOKEN=$token BCM_CA_FILE=$repo/.bcm/tls/ca.crt NATS_URL=$NATS_URL
                 target/release/metalctl --api https://$addr list
                 target/release/metalctl --api https://$addr watch <node>
   OpenAPI:      curl -s --cacert .bcm/tls/ca.crt https://$addr/api/openapi.json
   metrics:      curl -s --cacert .bcm/tls/ca.crt https://$addr/metrics
+  logs:         $repo/.bcm/logs/bcm.log (Postgres and NATS: .bcm/logs/stack.log)
 Ctrl-C stops the control plane, Postgres and NATS.
-
 MSG
-target/release/bcm --config .bcm/bcm.toml --sim-machines "${BCM_LOCAL_MACHINES:-8}"
+echo "Better Compute Metal on https://$addr: enrolling $machines simulated machines (logs: .bcm/logs/bcm.log)"
+if [ -n "$verbose" ]; then
+  log_args=(--verbose)
+else
+  log_args=(--log-file "$repo/.bcm/logs/bcm.log")
+fi
+target/release/bcm --config .bcm/bcm.toml --sim-machines "$machines" \
+  --summary-file .bcm/summary.txt "${log_args[@]}"

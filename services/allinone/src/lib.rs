@@ -209,8 +209,11 @@ pub async fn run(
         let _ = ready.send(base);
         server.await.map_err(|e| RunError::Task(e.to_string()))??;
     } else {
-        drop(listener);
+        // A process without the API serves its metrics on the listener.
         let _ = ready.send(base);
+        if let Err(e) = bcm_telemetry::serve_metrics(listener, shutdown.clone()).await {
+            tracing::warn!(error = %e, "the metrics listener stopped");
+        }
         shutdown.cancelled().await;
     }
     shutdown.cancel();

@@ -23,6 +23,17 @@ struct Args {
     tenant: String,
     #[arg(long, default_value = "default")]
     pool: String,
+    /// Append log lines to this file instead of the terminal (overrides
+    /// `api.telemetry.log_file`), so the terminal shows only the demo.
+    #[arg(long, env = "BCM_LOG_FILE")]
+    log_file: Option<std::path::PathBuf>,
+    /// Log to the terminal even when a log file is configured.
+    #[arg(long)]
+    verbose: bool,
+    /// A text to print once the demo is done (`local.sh` puts the URL, the
+    /// token and where the logs are in it, so they do not scroll away).
+    #[arg(long)]
+    summary_file: Option<std::path::PathBuf>,
     /// Which services to run (all by default), e.g. `--services workflow,reconciler`.
     #[arg(long, value_enum, value_delimiter = ',')]
     services: Vec<bcm_allinone::Service>,
@@ -84,13 +95,19 @@ async fn main() -> anyhow::Result<()> {
         println!("{}", files.ca.display());
         return Ok(());
     }
-    let cfg = bcm_allinone::Config::load(args.config.as_deref())?;
+    let mut cfg = bcm_allinone::Config::load(args.config.as_deref())?;
+    if args.log_file.is_some() {
+        cfg.api.telemetry.log_file = args.log_file.clone();
+    }
+    if args.verbose {
+        cfg.api.telemetry.log_file = None;
+    }
     // The demo trusts the CA the simulated agents pin.
     let demo_http = match &cfg.sim.api_ca_file {
         Some(path) => bcm_pki::tls::client_pinned_to_file(path)?,
         None => reqwest::Client::new(),
     };
-    bcm_telemetry::init("bcm", &cfg.api.telemetry)?;
+    bcm_telemetry::init(&service_name(&args.services), &cfg.api.telemetry)?;
     let listener = tokio::net::TcpListener::bind(cfg.api.listen).await?;
     let token = secrecy::ExposeSecret::expose_secret(&cfg.api.admin_token).to_owned();
     let shutdown = bcm_telemetry::signals::shutdown_token();
@@ -121,10 +138,31 @@ async fn main() -> anyhow::Result<()> {
             eprintln!("demo failed: {e:#}");
         }
     }
-    println!(
-        "the API stays up on {base}; try: metalctl --api {base} list   (Ctrl-C stops everything)"
-    );
+    match args
+        .summary_file
+        .as_deref()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+    {
+        Some(summary) => print!("{summary}"),
+        None => println!(
+            "the API stays up on {base}; try: metalctl --api {base} list   (Ctrl-C stops everything)"
+        ),
+    }
     server.await??;
     bcm_telemetry::shutdown();
     Ok(())
+}
+
+/// The name a process's spans carry: `bcm` with every service, else
+/// `bcm-<service>[+<service>…]` (Jaeger tells the processes apart by it).
+fn service_name(services: &[bcm_allinone::Service]) -> String {
+    use clap::ValueEnum as _;
+    if services.is_empty() {
+        return "bcm".to_owned();
+    }
+    let names: Vec<String> = services
+        .iter()
+        .filter_map(|s| s.to_possible_value().map(|v| v.get_name().to_owned()))
+        .collect();
+    format!("bcm-{}", names.join("+"))
 }

@@ -113,6 +113,7 @@ async fn three_reconciler_processes_on_200_nodes_end_as_one() {
             for_version: first.for_version,
             definition: first.definition.clone(),
             actor: None,
+            traceparent: None,
             steps: vec![],
         },
     )

@@ -124,8 +124,12 @@ async fn attest<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
         let left = give_up_at.saturating_duration_since(tokio::time::Instant::now());
         let asked = tokio::time::timeout(
             left.clamp(Duration::from_millis(500), Duration::from_secs(5)),
-            bus.client()
-                .request(bus.subjects().attest(what), payload.clone().into()),
+            bus.client().request_with_headers(
+                bus.subjects().attest(what),
+                // The request span's trace: the attestation service goes on.
+                bcm_bus::trace_header_map(),
+                payload.clone().into(),
+            ),
         )
         .await;
         let why = match asked {
@@ -274,6 +278,7 @@ pub async fn commands(
                             kind,
                             params: c.params,
                             issued_at: c.created_at,
+                            traceparent: c.traceparent,
                         }),
                         // Written by a newer control plane, or damage: the
                         // agent is not handed what it cannot read, and its

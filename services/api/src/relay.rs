@@ -121,6 +121,23 @@ async fn wait(shutdown: &CancellationToken, d: Duration) {
     }
 }
 
+/// The relay's hop in a message's trace: a span, a child of the trace
+/// context the row was written with, whose context the published message
+/// carries instead (a row written with none stays without).
+fn relay_hop(subject: &str, headers: &mut [(String, String)]) {
+    let Some((_, tp)) = headers
+        .iter_mut()
+        .find(|(k, _)| k == bcm_telemetry::TRACEPARENT)
+    else {
+        return;
+    };
+    let span = tracing::info_span!("outbox.publish", subject = %subject);
+    bcm_telemetry::set_remote_parent(&span, Some(tp.as_str()));
+    if let Some(own) = span.in_scope(bcm_telemetry::current_traceparent) {
+        *tp = own;
+    }
+}
+
 async fn lead(
     db: &Db,
     bus: &Bus,
@@ -157,7 +174,7 @@ async fn lead(
         }
         let mut acks = Vec::with_capacity(rows.len());
         for row in &rows {
-            let headers: Vec<(String, String)> = row
+            let mut headers: Vec<(String, String)> = row
                 .headers
                 .as_object()
                 .map(|m| {
@@ -166,6 +183,7 @@ async fn lead(
                         .collect()
                 })
                 .unwrap_or_default();
+            relay_hop(&row.subject, &mut headers);
             let payload = serde_json::to_vec(&row.payload).unwrap_or_default();
             acks.push(
                 bus.publish_pipelined(&row.subject, &row.id, &headers, payload.into())
@@ -184,6 +202,15 @@ async fn lead(
         }
         let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
         lease.mark_published(&seqs).await?;
+        // From each row's commit (about: its insert) to the server's ack.
+        let now = chrono::Utc::now();
+        for row in &rows {
+            let lag = (now - row.created_at)
+                .num_microseconds()
+                .unwrap_or(0)
+                .max(0);
+            metrics::histogram!("bcm_outbox_lag_seconds").record(lag as f64 / 1e6);
+        }
         metrics::counter!("bcm_outbox_published_total").increment(rows.len() as u64);
     }
 }

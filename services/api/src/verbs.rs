@@ -346,7 +346,13 @@ pub async fn enroll(
     bcm_db::secrets::secret_insert_in_txn(&mut tx, &secret).await?;
     nodes::node_insert_in_txn(&mut tx, &node).await?;
     // Its enrollment's workflow and commands are done in this name.
-    nodes::node_actor_set_in_txn(&mut tx, &node.id.to_string(), &who.name).await?;
+    nodes::node_actor_set_in_txn(
+        &mut tx,
+        &node.id.to_string(),
+        &who.name,
+        bcm_bus::current_traceparent().as_deref(),
+    )
+    .await?;
     bcm_db::outbox::outbox_insert_in_txn(&mut tx, &rows).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     metrics::counter!("bcm_api_verbs_total", "verb" => "enroll", "outcome" => "ok").increment(1);

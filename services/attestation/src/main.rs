@@ -32,6 +32,9 @@ async fn main() -> anyhow::Result<()> {
     db.migrate().await?;
     let bus = bcm_bus::Bus::connect(&cfg.bus).await?;
     let shutdown = bcm_telemetry::signals::shutdown_token();
+    if let Some(listen) = cfg.telemetry.metrics_listen {
+        bcm_telemetry::spawn_metrics(listen, shutdown.clone()).await?;
+    }
     let ran = bcm_attestation::run(db, bus, cfg.attestation, shutdown).await;
     bcm_telemetry::shutdown();
     Ok(ran?)

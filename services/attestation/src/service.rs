@@ -14,6 +14,7 @@ use bcm_pki::Ca;
 use futures::StreamExt;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::{AttestError, AttestationConfig};
 
@@ -29,6 +30,7 @@ fn reply<T: Serialize>(r: Result<T, AttestError>) -> Vec<u8> {
     let body = match r {
         Ok(v) => AttestReply::Ok(v),
         Err(e) => {
+            metrics::counter!("bcm_attest_errors_total", "code" => e.code().as_str()).increment(1);
             if e.code() == ErrorCode::Internal {
                 tracing::error!(error = %e, "attestation request failed");
             }
@@ -42,6 +44,20 @@ fn reply<T: Serialize>(r: Result<T, AttestError>) -> Vec<u8> {
 }
 
 async fn answer(ctx: Arc<Ctx>, msg: async_nats::Message, join: bool) {
+    let span = tracing::info_span!("attest", what = if join { "join" } else { "result" });
+    bcm_telemetry::set_remote_parent(
+        &span,
+        bcm_bus::traceparent_of(msg.headers.as_ref()).as_deref(),
+    );
+    let what = if join { "join" } else { "result" };
+    let started = std::time::Instant::now();
+    answer_in(ctx, msg, join).instrument(span).await;
+    metrics::counter!("bcm_attest_requests_total", "what" => what).increment(1);
+    metrics::histogram!("bcm_attest_seconds", "what" => what)
+        .record(started.elapsed().as_secs_f64());
+}
+
+async fn answer_in(ctx: Arc<Ctx>, msg: async_nats::Message, join: bool) {
     let Some(to) = msg.reply.clone() else {
         tracing::warn!(subject = %msg.subject, "attestation request without a reply subject dropped");
         return;

@@ -166,6 +166,7 @@ mod tests {
             created_at: issued_at,
             completed_at: None,
             actor: None,
+            traceparent: None,
         };
         Fixture { ca, cert, cmd }
     }

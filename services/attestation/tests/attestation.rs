@@ -71,6 +71,7 @@ async fn command(env: &TestEnv, node: &str, kind: &str, params: Value) -> String
             target: "ramdisk".into(),
             params,
             actor: None,
+            traceparent: None,
         },
     )
     .await

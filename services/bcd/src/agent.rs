@@ -416,16 +416,21 @@ async fn post_result(
     api: &str,
     session: &str,
     result: &AgentResult,
+    traceparent: Option<&str>,
     stop: &CancellationToken,
 ) -> Result<(), AgentError> {
     let mut attempt = 0;
     loop {
-        let sent = http
+        let mut req = http
             .post(format!("{api}/api/agent/results"))
             .bearer_auth(session)
-            .json(result)
-            .send()
-            .await;
+            .json(result);
+        // The verb's trace goes on through bcd: the result carries the
+        // context its command came with (bcd exports no spans of its own).
+        if let Some(tp) = traceparent {
+            req = req.header("traceparent", tp);
+        }
+        let sent = req.send().await;
         match sent {
             Ok(r) if r.status().is_success() => return Ok(()),
             Ok(r) if r.status().as_u16() == 401 => return Err(AgentError::SessionEnded),
@@ -538,7 +543,15 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
                         tracing::warn!(command = %cmd.command_id, error = %e, "the result was not kept");
                     }
                     done.insert(cmd.command_id.clone(), r.clone());
-                    post_result(&http, &cfg.api, &token, &r, &stop).await?;
+                    post_result(
+                        &http,
+                        &cfg.api,
+                        &token,
+                        &r,
+                        cmd.traceparent.as_deref(),
+                        &stop,
+                    )
+                    .await?;
                     if outcome.then_kexec {
                         tracing::info!("rebooting into the installed kernel");
                         let why = crate::kexec::exec();
@@ -547,7 +560,15 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
                     continue;
                 }
             };
-            post_result(&http, &cfg.api, &token, &result, &stop).await?;
+            post_result(
+                &http,
+                &cfg.api,
+                &token,
+                &result,
+                cmd.traceparent.as_deref(),
+                &stop,
+            )
+            .await?;
         }
     }
     hb_stop.cancel();

@@ -17,6 +17,9 @@ async fn main() -> anyhow::Result<()> {
     let cfg = bcm_bmc::BmcConfig::load(args.config.as_deref())?;
     bcm_telemetry::init("bcm-bmc", &cfg.telemetry)?;
     let shutdown = bcm_telemetry::signals::shutdown_token();
+    if let Some(listen) = cfg.telemetry.metrics_listen {
+        bcm_telemetry::spawn_metrics(listen, shutdown.clone()).await?;
+    }
     let (_ctx, task) = bcm_bmc::start(&cfg, cfg.drivers()?, shutdown).await?;
     tracing::info!(site = %cfg.site, "bmc service running");
     if std::env::var_os(bcm_bmc::rotation::CRASH_AFTER_PHASE1_ENV).is_some() {

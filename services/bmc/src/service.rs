@@ -26,6 +26,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::driver::{Driver, DriverSettings};
 use crate::error::BmcError;
@@ -165,7 +166,11 @@ impl Handler<CloudEvent<CommandEnvelope>> for BmcHandler {
     async fn handle(&self, batch: &[Incoming<CloudEvent<CommandEnvelope>>]) -> Vec<Disposition> {
         let mut out = Vec::with_capacity(batch.len());
         for m in batch {
-            out.push(handle(&self.ctx, m).await);
+            let span = bcm_bus::command_span("bmc", m);
+            let started = std::time::Instant::now();
+            let d = handle(&self.ctx, m).instrument(span).await;
+            bcm_bus::command_handled("bmc", m, started.elapsed(), &d);
+            out.push(d);
         }
         out
     }

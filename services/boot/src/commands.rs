@@ -21,6 +21,7 @@ use futures::StreamExt as _;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::entries::{self, BootEntry, Entries, Mac};
 use crate::BootError;
@@ -269,7 +270,14 @@ impl Handler<CloudEvent<CommandEnvelope>> for SiteHandler {
     async fn handle(&self, batch: &[Incoming<CloudEvent<CommandEnvelope>>]) -> Vec<Disposition> {
         let mut out = Vec::with_capacity(batch.len());
         for m in batch {
-            out.push(self.one(m.subject(), &m.message.data).await);
+            let span = bcm_bus::command_span("boot", m);
+            let started = std::time::Instant::now();
+            let d = self
+                .one(m.subject(), &m.message.data)
+                .instrument(span)
+                .await;
+            bcm_bus::command_handled("boot", m, started.elapsed(), &d);
+            out.push(d);
         }
         out
     }

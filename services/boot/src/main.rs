@@ -17,6 +17,9 @@ async fn main() -> anyhow::Result<()> {
     let cfg = bcm_boot::BootConfig::load(args.config.as_deref())?;
     bcm_telemetry::init("bcm-boot", &cfg.telemetry)?;
     let shutdown = bcm_telemetry::signals::shutdown_token();
+    if let Some(listen) = cfg.telemetry.metrics_listen {
+        bcm_telemetry::spawn_metrics(listen, shutdown.clone()).await?;
+    }
     let running = bcm_boot::start(&cfg, shutdown).await?;
     for t in running.tasks {
         let _ = t.await;

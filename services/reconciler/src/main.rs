@@ -33,6 +33,9 @@ async fn main() -> anyhow::Result<()> {
     db.migrate().await?;
     let bus = bcm_bus::Bus::connect(&cfg.bus).await?;
     let shutdown = bcm_telemetry::signals::shutdown_token();
+    if let Some(listen) = cfg.telemetry.metrics_listen {
+        bcm_telemetry::spawn_metrics(listen, shutdown.clone()).await?;
+    }
     bcm_reconciler::run(db, bus, cfg.reconciler, shutdown).await;
     bcm_telemetry::shutdown();
     Ok(())

@@ -279,6 +279,7 @@ async fn a_step_this_engine_cannot_read_fails_alone_and_holds_up_no_other_workfl
             for_version: 0,
             definition: json!({}),
             actor: None,
+            traceparent: None,
             steps: vec![bcm_db::workflows::NewStep {
                 name: "teleport".into(),
                 target: "control-plane".into(),

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::commands;
 use crate::EngineConfig;
@@ -354,8 +355,10 @@ async fn drive_locked(
     let mut next = Some(idx);
     for _ in 0..MAX_STEPS_PER_TXN {
         let Some(idx) = next else { break };
-        let (after, wrote_node) =
-            step_once(tx, ctx, &mut wf, &mut steps, &node, idx, writes).await?;
+        let span = step_span(&wf, &steps, idx);
+        let (after, wrote_node) = step_once(tx, ctx, &mut wf, &mut steps, &node, idx, writes)
+            .instrument(span)
+            .await?;
         next = after;
         if wrote_node && next.is_some() {
             node = bcm_db::nodes::node_fetch_in_txn(tx, &node.id).await?;
@@ -374,6 +377,22 @@ async fn drive_locked(
         writes.workflows.push((wf, finished));
     }
     Ok(())
+}
+
+/// The span of one pass over a workflow's step, a child of the trace the
+/// workflow continues (the verb's): the commands and events it issues carry
+/// it on.
+fn step_span(wf: &WorkflowRow, steps: &[StepRow], idx: i32) -> tracing::Span {
+    let name = steps
+        .iter()
+        .find(|s| s.idx == idx)
+        .map(|s| s.name.as_str())
+        .unwrap_or("?");
+    let span = tracing::info_span!("workflow.step", node_id = %wf.node_id, workflow_id = %wf.id,
+        step = idx, step_name = %name, for_state = %wf.for_state,
+        command_kind = tracing::field::Empty, command_id = tracing::field::Empty);
+    bcm_telemetry::set_remote_parent(&span, wf.traceparent.as_deref());
+    span
 }
 
 /// How a step's attempt ended: its outcome, the output to keep, and
@@ -601,6 +620,11 @@ async fn start_attempt(
         }
     };
     let cmd_id = bcm_core::CommandId::generate().to_string();
+    metrics::counter!("bcm_workflow_commands_issued_total", "kind" => command.kind().as_str())
+        .increment(1);
+    let span = tracing::Span::current();
+    span.record("command_kind", command.kind().as_str());
+    span.record("command_id", cmd_id.as_str());
     writes.commands.push(bcm_db::commands::NewCommand {
         id: cmd_id.clone(),
         idempotency_key: format!("{}/{}/{}", wf.id, step.idx, step.attempt),
@@ -613,6 +637,8 @@ async fn start_attempt(
         target: def.kind.target().as_str().to_owned(),
         params: command.params_json(),
         actor: wf.actor.clone(),
+        // The step's span: an agent polling it continues the trace.
+        traceparent: bcm_bus::current_traceparent(),
     });
     if def.kind.target() == StepTarget::Site {
         let envelope = CommandEnvelope {
@@ -950,13 +976,19 @@ fn give_up(
         .push(step_event(ctx.bus.subjects(), wf, node, step));
 }
 
-/// `workflow.step.<status>` of a step that just ended.
+/// `workflow.step.<status>` of a step that just ended (and its duration,
+/// first attempt to end, in `bcm_workflow_step_seconds`).
 fn step_event(
     subjects: &bcm_bus::Subjects,
     wf: &WorkflowRow,
     node: &Node,
     step: &StepRow,
 ) -> bcm_db::outbox::NewOutboxMessage {
+    if let (Some(started), Some(finished)) = (step.started_at, step.finished_at) {
+        let secs = (finished - started).num_milliseconds().max(0) as f64 / 1e3;
+        metrics::histogram!("bcm_workflow_step_seconds", "step" => step.name.clone(), "status" => step.status.as_str())
+            .record(secs);
+    }
     outbox::event(
         subjects,
         node,
@@ -1040,4 +1072,7 @@ fn finish(
     ));
     metrics::counter!("bcm_workflows_finished_total", "profile" => wf.profile_id.clone(), "status" => done.as_str())
         .increment(1);
+    let secs = (Utc::now() - wf.created_at).num_milliseconds().max(0) as f64 / 1e3;
+    metrics::histogram!("bcm_workflow_seconds", "profile" => wf.profile_id.clone(), "status" => done.as_str())
+        .record(secs);
 }

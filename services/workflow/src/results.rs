@@ -195,7 +195,21 @@ impl Handler<CloudEvent<CommandResult>> for ResultsHandler {
                 }
             }
         }
+        // One span per result, a child of the site's span that answered,
+        // open while the batch is recorded (the steps it drives continue
+        // their workflows' traces).
+        let spans: Vec<tracing::Span> = at
+            .iter()
+            .map(|&i| {
+                let m = &batch[i];
+                let span = tracing::info_span!("engine.result", command_id = %m.message.data.command_id,
+                    command_kind = %m.message.data.kind.as_str());
+                bcm_telemetry::set_remote_parent(&span, m.traceparent().as_deref());
+                span
+            })
+            .collect();
         let done = self.record_all(&results).await;
+        drop(spans);
         for (i, d) in at.into_iter().zip(done) {
             out[i] = Some(d);
         }

@@ -246,6 +246,59 @@ pub fn traceparent_of(headers: Option<&HeaderMap>) -> Option<String> {
         .map(|v| v.as_str().to_owned())
 }
 
+/// The current span's W3C trace context, to store with work that another
+/// process picks up from Postgres (a workflow, an agent's command).
+pub fn current_traceparent() -> Option<String> {
+    bcm_telemetry::current_traceparent()
+}
+
+/// The span of a site service (`bmc`, `boot`, the simulated site) running a
+/// command: a child of the workflow step that issued it, so the result it
+/// publishes inside the span goes on with the verb's trace.
+pub fn command_span(
+    service: &'static str,
+    m: &consumer::Incoming<CloudEvent<CommandEnvelope>>,
+) -> tracing::Span {
+    let cmd = &m.message.data;
+    let span = tracing::info_span!("site.command", service, command_id = %cmd.command_id,
+        command_kind = %cmd.kind().as_str(), site_id = %cmd.site_id, node_id = tracing::field::Empty);
+    if let Some(node) = cmd.node_id {
+        span.record("node_id", tracing::field::display(node));
+    }
+    bcm_telemetry::set_remote_parent(&span, m.traceparent().as_deref());
+    span
+}
+
+/// The current span's trace context as a NATS header map (for a request).
+pub fn trace_header_map() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in trace_headers() {
+        h.insert(k.as_str(), v.as_str());
+    }
+    h
+}
+
+/// Counts a command a site service (`bmc`, `boot`, the simulated site)
+/// handled, by kind and outcome, with how long it took.
+pub fn command_handled(
+    service: &'static str,
+    m: &consumer::Incoming<CloudEvent<CommandEnvelope>>,
+    took: std::time::Duration,
+    d: &consumer::Disposition,
+) {
+    let kind = m.message.data.kind().as_str();
+    let outcome = match d {
+        consumer::Disposition::Done => "done",
+        consumer::Disposition::Retry(_) => "retry",
+        consumer::Disposition::Reject(_) => "rejected",
+        consumer::Disposition::InFlight => "in-flight",
+    };
+    metrics::counter!("bcm_site_commands_total", "service" => service, "kind" => kind, "outcome" => outcome)
+        .increment(1);
+    metrics::histogram!("bcm_site_command_seconds", "service" => service, "kind" => kind)
+        .record(took.as_secs_f64());
+}
+
 /// The current span's trace context as NATS headers, for publishing.
 pub fn trace_headers() -> Vec<(String, String)> {
     bcm_telemetry::current_traceparent()

@@ -237,6 +237,12 @@ pub struct AgentCommand {
     /// the value (the user data it writes), and never logs or reports it.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub join_tokens: std::collections::BTreeMap<String, String>,
+    /// The W3C trace context of the workflow step that issued it; the
+    /// agent sends it back as the `traceparent` header of its result, so
+    /// the verb's trace goes on through the agent. Not signed: it only
+    /// links spans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl AgentCommand {

@@ -23,6 +23,9 @@ pub struct NewCommand {
     /// The principal whose verb issued it (directly, or through the
     /// workflow the verb started); none for the control plane's own work.
     pub actor: Option<String>,
+    /// The W3C trace context of the span that issued it, handed to the
+    /// agent that runs it.
+    pub traceparent: Option<String>,
 }
 
 /// A stored command.
@@ -46,9 +49,11 @@ pub struct CommandRow {
     pub completed_at: Option<DateTime<Utc>>,
     /// The principal whose verb issued it.
     pub actor: Option<String>,
+    /// The W3C trace context of the span that issued it.
+    pub traceparent: Option<String>,
 }
 
-const COLUMNS: &str = "id, node_id, site_id, kind, target, params, status, result, signature, attested_by, created_at, completed_at, actor";
+const COLUMNS: &str = "id, node_id, site_id, kind, target, params, status, result, signature, attested_by, created_at, completed_at, actor, traceparent";
 
 /// Records a command as pending. A repeated idempotency key is
 /// [`DbError::Duplicate`].
@@ -76,12 +81,13 @@ pub async fn commands_insert_many_in_txn(
     let targets: Vec<&str> = cs.iter().map(|c| c.target.as_str()).collect();
     let params: Vec<&serde_json::Value> = cs.iter().map(|c| &c.params).collect();
     let actors: Vec<Option<&str>> = cs.iter().map(|c| c.actor.as_deref()).collect();
+    let traces: Vec<Option<&str>> = cs.iter().map(|c| c.traceparent.as_deref()).collect();
     // An agent's command wakes its long-poll on commit (same round trip).
     sqlx::query(
-        "WITH c AS (INSERT INTO commands (id, idempotency_key, workflow_id, step_idx, attempt, node_id, site_id, kind, target, params, actor, status) \
-         SELECT id, key, wf, step, attempt, node, site, kind, target, params, actor, 'pending' \
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::int[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], $12::text[]) \
-         AS t(id, key, wf, step, attempt, node, site, kind, target, params, actor) RETURNING node_id, target) \
+        "WITH c AS (INSERT INTO commands (id, idempotency_key, workflow_id, step_idx, attempt, node_id, site_id, kind, target, params, actor, traceparent, status) \
+         SELECT id, key, wf, step, attempt, node, site, kind, target, params, actor, tp, 'pending' \
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::int[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], $12::text[], $13::text[]) \
+         AS t(id, key, wf, step, attempt, node, site, kind, target, params, actor, tp) RETURNING node_id, target) \
          SELECT pg_notify($11, node_id) FROM c WHERE target IN ('ramdisk', 'node') AND node_id IS NOT NULL",
     )
     .bind(&ids)
@@ -96,6 +102,7 @@ pub async fn commands_insert_many_in_txn(
     .bind(&params)
     .bind(AGENT_CHANNEL)
     .bind(&actors)
+    .bind(&traces)
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -158,7 +158,16 @@ impl Db {
 
     /// Starts a transaction.
     pub async fn begin(&self) -> Result<Tx<'static>, DbError> {
-        Ok(self.pool.begin().await?)
+        let asked = std::time::Instant::now();
+        let tx = self.pool.begin().await?;
+        // How long work waited for a connection of the pool (and its BEGIN,
+        // well under a millisecond on a healthy database).
+        metrics::histogram!("bcm_db_pool_wait_seconds").record(asked.elapsed().as_secs_f64());
+        let (size, idle) = (self.pool.size(), self.pool.num_idle() as u32);
+        metrics::gauge!("bcm_db_pool_connections", "state" => "idle").set(idle as f64);
+        metrics::gauge!("bcm_db_pool_connections", "state" => "used")
+            .set(size.saturating_sub(idle) as f64);
+        Ok(tx)
     }
 
     /// Checks the database answers.

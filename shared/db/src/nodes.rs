@@ -497,24 +497,37 @@ pub async fn node_actor_set_in_txn(
     tx: &mut Tx<'_>,
     node_id: &str,
     actor: &str,
+    traceparent: Option<&str>,
 ) -> Result<(), DbError> {
     sqlx::query(
-        "INSERT INTO node_actors (node_id, actor) VALUES ($1, $2) \
-         ON CONFLICT (node_id) DO UPDATE SET actor = $2, at = now()",
+        "INSERT INTO node_actors (node_id, actor, traceparent) VALUES ($1, $2, $3) \
+         ON CONFLICT (node_id) DO UPDATE SET actor = $2, traceparent = $3, at = now()",
     )
     .bind(node_id)
     .bind(actor)
+    .bind(traceparent)
     .execute(&mut **tx)
     .await?;
     Ok(())
 }
 
-/// The principal whose verb started what the node does now, if any.
-pub async fn node_actor_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
-    Ok(
-        sqlx::query_scalar("SELECT actor FROM node_actors WHERE node_id = $1")
-            .bind(node_id)
-            .fetch_optional(&mut **tx)
-            .await?,
+/// Who started what a node does now, and in which trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct NodeActor {
+    /// The principal whose verb it was.
+    pub actor: Option<String>,
+    /// The W3C trace context of that verb's request.
+    pub traceparent: Option<String>,
+}
+
+/// The principal whose verb started what the node does now, and its
+/// trace; both none when no verb did.
+pub async fn node_actor_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<NodeActor, DbError> {
+    Ok(sqlx::query_as::<_, NodeActor>(
+        "SELECT actor, traceparent FROM node_actors WHERE node_id = $1",
     )
+    .bind(node_id)
+    .fetch_optional(&mut **tx)
+    .await?
+    .unwrap_or_default())
 }

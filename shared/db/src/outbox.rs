@@ -30,6 +30,8 @@ pub struct OutboxMessage {
     pub subject: String,
     pub payload: serde_json::Value,
     pub headers: serde_json::Value,
+    /// When its transaction wrote it (the relay's lag is counted from here).
+    pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// Inserts messages and notifies the relay on commit.
@@ -134,7 +136,7 @@ impl RelayLease {
     /// lease's own connection (the relay never waits for the pool).
     pub async fn fetch_unpublished(&mut self, limit: i64) -> Result<Vec<OutboxMessage>, DbError> {
         Ok(sqlx::query_as(
-            "SELECT seq, id, subject, payload, headers FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT $1",
+            "SELECT seq, id, subject, payload, headers, created_at FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT $1",
         )
         .bind(limit)
         .fetch_all(&mut self.conn)

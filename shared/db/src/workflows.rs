@@ -26,6 +26,8 @@ pub struct NewWorkflow {
     pub steps: Vec<NewStep>,
     /// The principal whose verb started the state it runs.
     pub actor: Option<String>,
+    /// The W3C trace context its steps' spans continue (the verb's trace).
+    pub traceparent: Option<String>,
 }
 
 /// A step to create.
@@ -57,6 +59,8 @@ pub struct WorkflowRow {
     pub created_at: DateTime<Utc>,
     /// The principal whose verb started the state it runs.
     pub actor: Option<String>,
+    /// The W3C trace context its steps' spans continue (the verb's trace).
+    pub traceparent: Option<String>,
 }
 
 /// A stored step.
@@ -84,7 +88,7 @@ pub struct StepRow {
 
 const WF_COLUMNS: &str =
     "id, node_id, owner, profile_id, profile_version, for_state, for_version, status, error, \
-    cancel_requested, wipe_verified, definition, created_at, actor";
+    cancel_requested, wipe_verified, definition, created_at, actor, traceparent";
 const STEP_COLUMNS: &str =
     "workflow_id, idx, name, target, cleanup, status, attempt, output, error, started_at, \
     finished_at, due_at, deadline_at, command_id, definition";
@@ -93,8 +97,8 @@ const STEP_COLUMNS: &str =
 /// A second workflow for the same node state entry is [`DbError::Duplicate`].
 pub async fn workflow_insert_in_txn(tx: &mut Tx<'_>, w: &NewWorkflow) -> Result<(), DbError> {
     sqlx::query(
-        "INSERT INTO workflows (id, node_id, owner, profile_id, profile_version, for_state, for_version, status, definition, actor) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8, $9)",
+        "INSERT INTO workflows (id, node_id, owner, profile_id, profile_version, for_state, for_version, status, definition, actor, traceparent) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8, $9, $10)",
     )
     .bind(&w.id)
     .bind(&w.node_id)
@@ -105,6 +109,7 @@ pub async fn workflow_insert_in_txn(tx: &mut Tx<'_>, w: &NewWorkflow) -> Result<
     .bind(w.for_version)
     .bind(&w.definition)
     .bind(&w.actor)
+    .bind(&w.traceparent)
     .execute(&mut **tx)
     .await?;
     let idx: Vec<i32> = (0..w.steps.len() as i32).collect();

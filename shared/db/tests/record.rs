@@ -22,6 +22,7 @@ fn workflow(node: &str, version: i64) -> NewWorkflow {
         for_version: version,
         definition: serde_json::json!({}),
         actor: None,
+        traceparent: None,
         steps: vec![NewStep {
             name: "verify-bmc".into(),
             target: "site".into(),
@@ -45,6 +46,7 @@ fn command(node: &str, key: &str, kind: &str) -> NewCommand {
         target: "site".into(),
         params: serde_json::json!({}),
         actor: None,
+        traceparent: None,
     }
 }
 

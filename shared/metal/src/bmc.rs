@@ -75,6 +75,7 @@ pub async fn leaf_command_in_txn(
             target: "site".to_owned(),
             params: cmd.command.params_json(),
             actor: actor.map(str::to_owned),
+            traceparent: bcm_bus::current_traceparent(),
         },
     )
     .await?;

@@ -52,8 +52,15 @@ pub async fn commit_in_txn(
     let next = Node { version, ..next };
     if let Some(actor) = actor {
         // What follows this verb — the state's workflow, the moves chained
-        // after it, their commands — is done in this principal's name.
-        nodes::node_actor_set_in_txn(tx, &next.id.to_string(), actor).await?;
+        // after it, their commands — is done in this principal's name, and
+        // goes on in the verb's trace.
+        nodes::node_actor_set_in_txn(
+            tx,
+            &next.id.to_string(),
+            actor,
+            bcm_bus::current_traceparent().as_deref(),
+        )
+        .await?;
     }
     let ended = bcm_core::state::identities_ended(t.from, t.to);
     let revoked = crate::identity::end_in_txn(tx, &next.id.to_string(), ended).await?;

@@ -34,7 +34,7 @@ pub async fn start_in_txn(
         .map(|s| step(s, false))
         .chain(profile.cleanup.iter().map(|s| step(s, true)))
         .collect();
-    let actor = bcm_db::nodes::node_actor_in_txn(tx, &node.id.to_string()).await?;
+    let started_by = bcm_db::nodes::node_actor_in_txn(tx, &node.id.to_string()).await?;
     bcm_db::workflows::workflow_insert_in_txn(
         tx,
         &NewWorkflow {
@@ -47,7 +47,11 @@ pub async fn start_in_txn(
             for_version: node.version,
             definition: serde_json::to_value(profile).unwrap_or_default(),
             steps,
-            actor,
+            actor: started_by.actor,
+            // The verb's trace: through the reconciler's pass that starts it
+            // (a child of the verb's request), else (a periodic look, which
+            // no message started) the verb's request itself.
+            traceparent: bcm_bus::current_traceparent().or(started_by.traceparent),
         },
     )
     .await?;

@@ -108,16 +108,19 @@ async fn post_result(
     api: &str,
     session: &str,
     result: &AgentResult,
+    traceparent: Option<&str>,
     stop: &CancellationToken,
 ) -> bool {
     let mut attempt = 0;
     loop {
-        let sent = http
+        let mut req = http
             .post(format!("{api}/api/agent/results"))
             .bearer_auth(session)
-            .json(result)
-            .send()
-            .await;
+            .json(result);
+        if let Some(tp) = traceparent {
+            req = req.header(bcm_telemetry::TRACEPARENT, tp);
+        }
+        let sent = req.send().await;
         match sent
             .as_ref()
             .map(|r| Answer::of_status(r.status().as_u16()))
@@ -202,6 +205,11 @@ pub async fn ramdisk(
             return;
         }
         for cmd in cmds {
+            // The agent's hop in the verb's trace: its result goes on from here.
+            let span = tracing::info_span!("agent.command", node_id = %boot.node,
+                command_id = %cmd.command_id, command_kind = %cmd.kind.as_str());
+            bcm_telemetry::set_remote_parent(&span, cmd.traceparent.as_deref());
+            let traceparent = span.in_scope(bcm_telemetry::current_traceparent);
             if !done.contains_key(&cmd.command_id) {
                 match store.agent_result(&cmd.command_id).await {
                     Ok(Some(r)) => {
@@ -217,7 +225,16 @@ pub async fn ramdisk(
             }
             if let Some(result) = done.get(&cmd.command_id) {
                 tracing::info!(%address, command = %cmd.command_id, "sim ramdisk: offered again; answering from the record");
-                if !post_result(&http, &boot.api, &session_token, result, &stop).await {
+                if !post_result(
+                    &http,
+                    &boot.api,
+                    &session_token,
+                    result,
+                    traceparent.as_deref(),
+                    &stop,
+                )
+                .await
+                {
                     return;
                 }
                 continue;
@@ -278,7 +295,16 @@ pub async fn ramdisk(
                 tracing::warn!(%address, error = %e, "sim ramdisk: the result was not kept");
             }
             done.insert(cmd.command_id.clone(), result.clone());
-            if !post_result(&http, &boot.api, &session_token, &result, &stop).await {
+            if !post_result(
+                &http,
+                &boot.api,
+                &session_token,
+                &result,
+                traceparent.as_deref(),
+                &stop,
+            )
+            .await
+            {
                 return;
             }
         }

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::agent::{self, parse_cmdline};
 pub use crate::store::Disk;
@@ -382,7 +383,11 @@ impl Handler<CloudEvent<CommandEnvelope>> for SiteHandler {
     async fn handle(&self, batch: &[Incoming<CloudEvent<CommandEnvelope>>]) -> Vec<Disposition> {
         let mut out = Vec::with_capacity(batch.len());
         for m in batch {
-            out.push(self.one(&m.message.data).await);
+            let span = bcm_bus::command_span("sim", m);
+            let started = std::time::Instant::now();
+            let d = self.one(&m.message.data).instrument(span).await;
+            bcm_bus::command_handled("sim", m, started.elapsed(), &d);
+            out.push(d);
         }
         out
     }

@@ -22,6 +22,13 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
+/// The buckets of every histogram (all are in seconds): from a database
+/// round trip to a long workflow.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0, 600.0, 1800.0,
+];
+
 /// The W3C header name.
 pub const TRACEPARENT: &str = "traceparent";
 
@@ -40,6 +47,15 @@ pub struct TelemetryConfig {
     /// Export is off when unset.
     #[serde(default)]
     pub otlp_endpoint: Option<String>,
+    /// Append log lines to this file instead of writing them to stderr
+    /// (`bcm --log-file`; `local.sh` keeps the terminal for people).
+    #[serde(default)]
+    pub log_file: Option<std::path::PathBuf>,
+    /// Serve `/metrics` (and `/healthz`) here, e.g. `0.0.0.0:9464`, for a
+    /// service without an HTTP server of its own (workflow, reconciler,
+    /// attestation, bmc). Off when unset.
+    #[serde(default)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// Log line format.
@@ -56,6 +72,11 @@ pub enum LogFormat {
 pub enum TelemetryError {
     #[error("OTLP exporter: {0}")]
     Otlp(String),
+    #[error("log file {path}: {source}")]
+    LogFile {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }
 
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
@@ -96,15 +117,47 @@ pub fn init(service: &str, cfg: &TelemetryConfig) -> Result<(), TelemetryError> 
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let otel = tracing_opentelemetry::layer().with_tracer(tracer);
     let registry = tracing_subscriber::registry().with(filter).with(otel);
+    // Where the lines go: a file (no colours) or stderr.
+    let file = match &cfg.log_file {
+        Some(path) => Some(std::sync::Mutex::new(open_log(path)?)),
+        None => None,
+    };
+    let fmt = tracing_subscriber::fmt::layer();
     // A subscriber set by someone else (a test harness) is fine: keep it.
-    let _ = match cfg.log_format {
-        LogFormat::Json => registry
-            .with(tracing_subscriber::fmt::layer().json())
+    let _ = match (cfg.log_format, file) {
+        (LogFormat::Json, Some(f)) => registry.with(fmt.json().with_writer(f)).try_init(),
+        (LogFormat::Pretty, Some(f)) => registry
+            .with(fmt.with_ansi(false).with_writer(f))
             .try_init(),
-        LogFormat::Pretty => registry.with(tracing_subscriber::fmt::layer()).try_init(),
+        (LogFormat::Json, None) => registry
+            .with(fmt.json().with_writer(std::io::stderr))
+            .try_init(),
+        // Colours only for a person at a terminal.
+        (LogFormat::Pretty, None) => registry
+            .with(
+                fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                    .with_writer(std::io::stderr),
+            )
+            .try_init(),
     };
     prometheus();
     Ok(())
+}
+
+/// Opens (creating it and its directory) a log file for appending.
+fn open_log(path: &std::path::Path) -> Result<std::fs::File, TelemetryError> {
+    let err = |source| TelemetryError::LogFile {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(err)
 }
 
 /// Flushes spans that are still buffered. Call once at shutdown.
@@ -118,7 +171,11 @@ pub fn shutdown() {
 pub fn prometheus() -> Option<&'static metrics_exporter_prometheus::PrometheusHandle> {
     PROMETHEUS
         .get_or_init(|| {
+            // Histograms with buckets (not the exporter's default
+            // summaries): they aggregate across processes and replicas.
             metrics_exporter_prometheus::PrometheusBuilder::new()
+                .set_buckets(SECONDS_BUCKETS)
+                .ok()?
                 .install_recorder()
                 .ok()
         })
@@ -128,6 +185,47 @@ pub fn prometheus() -> Option<&'static metrics_exporter_prometheus::PrometheusHa
 /// Renders every metric in the Prometheus text format.
 pub fn render_metrics() -> String {
     prometheus().map(|h| h.render()).unwrap_or_default()
+}
+
+/// Serves `GET /metrics` (this process's metrics, Prometheus text format)
+/// and `GET /healthz` on `listener` until `stop`: for a service that serves
+/// no other HTTP (`metrics_listen`, or a `bcm --services …` process without
+/// the API).
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    stop: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(|| async {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4",
+                    )],
+                    render_metrics(),
+                )
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
+}
+
+/// Binds `listen` and serves [`serve_metrics`] there in a task.
+pub async fn spawn_metrics(
+    listen: std::net::SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    tracing::info!(addr = %listener.local_addr()?, "metrics listening");
+    Ok(tokio::spawn(async move {
+        if let Err(e) = serve_metrics(listener, stop).await {
+            tracing::warn!(error = %e, "the metrics listener stopped");
+        }
+    }))
 }
 
 /// The `traceparent` of the current span, if it has a trace.

@@ -75,6 +75,7 @@ async fn wipe_command(env: &TestEnv, node: &str) -> String {
             target: "ramdisk".into(),
             params: json!({"mode": "quick"}),
             actor: None,
+            traceparent: None,
         },
     )
     .await

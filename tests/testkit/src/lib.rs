@@ -587,6 +587,7 @@ impl TestEnv {
                     for_version: next.version,
                     definition: serde_json::to_value(&profile)?,
                     actor: None,
+                    traceparent: None,
                     steps: vec![],
                 },
             )

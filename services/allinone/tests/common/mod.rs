@@ -51,11 +51,23 @@ site = "s1"
 }
 
 pub fn spawn_child(config: &std::path::Path, services: &str, log: &std::path::Path) -> Child {
+    spawn_child_on(config, services, log, "127.0.0.1:0")
+}
+
+/// [`spawn_child`] with the API (where it runs) listening on `listen`.
+pub fn spawn_child_on(
+    config: &std::path::Path,
+    services: &str,
+    log: &std::path::Path,
+    listen: &str,
+) -> Child {
     let log = std::fs::File::create(log).expect("log file");
     Command::new(env!("CARGO_BIN_EXE_bcm"))
         .args(["--sim-machines", "0", "--services", services, "--config"])
         .arg(config)
-        .env("BCM_ALL_API__LISTEN", "127.0.0.1:0")
+        .env("BCM_ALL_API__LISTEN", listen)
+        // Spans leave a process within 200 ms (where it exports any).
+        .env("OTEL_BSP_SCHEDULE_DELAY", "200")
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
