@@ -51,6 +51,9 @@ step "docker-compose config"
 command -v docker-compose >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; }
 docker-compose -f docker-compose.yml config -q
 
+step "documents: OpenAPI (openapi-spec-validator), AsyncAPI and its \$refs (@asyncapi/parser), example events (CloudEvents SDK), Nomad jobs (HCL2, against compose)"
+"$repo/tests/deploy/validate-documents.sh"
+
 step "real BMC peers: sushy-tools' Redfish emulator, ipmi_sim"
 peers_env="$("$repo/tests/peers/install.sh")"
 eval "$peers_env"

@@ -29,7 +29,10 @@ fn schema(file: &str) -> jsonschema::Validator {
 }
 
 /// `msg` validates against `file` and decodes back to itself.
-fn holds<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(file: &str, msg: &T) {
+fn holds<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(
+    file: &str,
+    msg: &T,
+) -> Value {
     let v = serde_json::to_value(msg).expect("encodes");
     let validator = schema(file);
     if let Err(e) = validator.validate(&v) {
@@ -37,6 +40,26 @@ fn holds<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(file: &s
     }
     let back: T = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{v}: {e}"));
     assert_eq!(&back, msg, "{file}: the round trip changed the message");
+    v
+}
+
+/// `proto/examples/<file>` holds `examples` (written with `BLESS=1`).
+fn examples_match(file: &str, examples: &[Value]) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../proto/examples")
+        .join(file);
+    let text = serde_json::to_string_pretty(examples).expect("encodes") + "\n";
+    if std::env::var_os("BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+        std::fs::write(&path, &text).expect("write");
+    } else {
+        assert_eq!(
+            std::fs::read_to_string(&path).ok().as_deref(),
+            Some(text.as_str()),
+            "{} differs from the code; run `BLESS=1 cargo test -p bcm-contracts` and commit",
+            path.display()
+        );
+    }
 }
 
 fn node() -> NodeId {
@@ -326,9 +349,12 @@ fn every_output_validates_against_result_command_json_and_round_trips() {
 }
 
 #[test]
+#[allow(clippy::vec_init_then_push)] // each push is one event's check
 fn every_event_validates_against_its_schema_and_round_trips() {
     let t: bcm_core::TenantId = "root".parse().expect("tenant");
-    holds(
+    // One per event, collected as each is checked.
+    let mut examples: Vec<Value> = vec![];
+    examples.push(holds(
         "node.enrolled.json",
         &ev(
             types::NODE_ENROLLED,
@@ -343,8 +369,8 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 version: 1,
             },
         ),
-    );
-    holds(
+    ));
+    examples.push(holds(
         "node.provision.state.json",
         &ev(
             &types::node_provision(ProvisionState::Ready),
@@ -363,8 +389,8 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 actor: Some("team-a-operator".into()),
             },
         ),
-    );
-    holds(
+    ));
+    examples.push(holds(
         "node.provision.workflow.json",
         &ev(
             types::NODE_PROVISION_WORKFLOW,
@@ -378,8 +404,8 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 version: 4,
             },
         ),
-    );
-    holds(
+    ));
+    examples.push(holds(
         "node.provision.unrescuing.json",
         &ev(
             types::NODE_UNRESCUING,
@@ -390,8 +416,8 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 version: 7,
             },
         ),
-    );
-    holds(
+    ));
+    examples.push(holds(
         "node.power.requested.json",
         &ev(
             types::NODE_POWER_REQUESTED,
@@ -403,8 +429,8 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 version: 2,
             },
         ),
-    );
-    holds(
+    ));
+    examples.push(holds(
         "node.power.changed.json",
         &ev(
             types::NODE_POWER_CHANGED,
@@ -417,8 +443,8 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 version: 3,
             },
         ),
-    );
-    holds(
+    ));
+    examples.push(holds(
         "node.credentials.rotation.json",
         &ev(
             types::NODE_CREDENTIALS_ROTATION,
@@ -431,8 +457,8 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 version: 5,
             },
         ),
-    );
-    holds(
+    ));
+    examples.push(holds(
         "node.workflow.stalled.json",
         &ev(
             types::NODE_WORKFLOW_STALLED,
@@ -446,8 +472,8 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 overdue_secs: 190,
             },
         ),
-    );
-    holds(
+    ));
+    examples.push(holds(
         "workflow.json",
         &ev(
             &types::workflow(WorkflowPhase::Failed),
@@ -460,8 +486,8 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 error: Some("wipe: UNVERIFIED_WIPE".into()),
             },
         ),
-    );
-    holds(
+    ));
+    examples.push(holds(
         "workflow.step.json",
         &ev(
             &types::workflow_step(StepStatus::Succeeded),
@@ -476,8 +502,8 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 error: None,
             },
         ),
-    );
-    holds(
+    ));
+    examples.push(holds(
         "work.reconcile.json",
         &ev(
             types::WORK_RECONCILE,
@@ -487,7 +513,10 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 reason: "deploy".into(),
             },
         ),
-    );
+    ));
+    // One example of every event, for the CloudEvents validator of CI
+    // (tests/deploy/validate-documents.sh) and for consumers to read.
+    examples_match("events.json", &examples);
 }
 
 #[test]
