@@ -1,5 +1,7 @@
 //! `metalctl`: calls the metal API. Tables for people, `--output json` for
-//! scripts; `watch` follows a node's events from JetStream.
+//! scripts; `watch` follows a node's events from JetStream, `events`
+//! consumes a tenant's (durably with `--durable`); `completions` prints a
+//! shell's completion script.
 
 use anyhow::{bail, Context as _};
 use async_nats::jetstream::consumer::{pull, DeliverPolicy};
@@ -163,6 +165,37 @@ enum Cmd {
     Power {
         node: String,
         action: String,
+    },
+    /// Consume the tenant's events from JetStream: every one in order, then
+    /// (with --follow) new ones as they come. With --durable NAME the
+    /// server keeps the position: a restart (Ctrl-C, SIGTERM) goes on after
+    /// the last event printed, none lost and none repeated.
+    Events {
+        /// Keep waiting for new events.
+        #[arg(long)]
+        follow: bool,
+        /// A durable consumer's name (created on first use).
+        #[arg(long)]
+        durable: Option<String>,
+        /// Only events whose type starts with this, e.g. `node.provision.`.
+        #[arg(long = "type")]
+        type_prefix: Option<String>,
+        /// Only events of this node.
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+        nats: String,
+        /// The bus namespace of the control plane, if any.
+        #[arg(long, env = "BCM_NAMESPACE")]
+        namespace: Option<String>,
+        /// An nkey seed to connect with (an identity allowed to read events).
+        #[arg(long, env = "BCM_NKEY_FILE")]
+        nkey_file: Option<std::path::PathBuf>,
+    },
+    /// Print a shell completion script, e.g.
+    /// `metalctl completions bash > /etc/bash_completion.d/metalctl`.
+    Completions {
+        shell: clap_complete::Shell,
     },
     /// Follow a node's events from JetStream (history, then live).
     Watch {
@@ -361,6 +394,46 @@ async fn run() -> anyhow::Result<()> {
             nats,
             namespace,
         } => watch(tenant, node, nats, namespace.clone(), cli.output).await,
+        Cmd::Events {
+            follow,
+            durable,
+            type_prefix,
+            node,
+            nats,
+            namespace,
+            nkey_file,
+        } => {
+            let bus = bcm_bus::Bus::attach(&bcm_bus::BusConfig {
+                url: nats.to_owned(),
+                namespace: namespace.clone(),
+                shards: 16,
+                nkey_file: nkey_file.clone(),
+            })
+            .await?;
+            let select = EventFilter {
+                type_prefix: type_prefix.clone(),
+                node: node.clone(),
+            };
+            events(
+                &bus,
+                tenant,
+                durable.as_deref(),
+                *follow,
+                &select,
+                cli.output,
+            )
+            .await
+        }
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(
+                *shell,
+                &mut Cli::command(),
+                "metalctl",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
         cmd => {
             let (path, body) = mutation(tenant, cmd)?;
             let v = api.call(reqwest::Method::POST, &path, Some(body)).await?;
@@ -429,7 +502,9 @@ fn mutation(tenant: &str, cmd: &Cmd) -> anyhow::Result<(String, Value)> {
         | Cmd::JoinToken { .. }
         | Cmd::List { .. }
         | Cmd::Show { .. }
-        | Cmd::Watch { .. } => {
+        | Cmd::Watch { .. }
+        | Cmd::Events { .. }
+        | Cmd::Completions { .. } => {
             anyhow::bail!("not a command that changes anything")
         }
     })
@@ -599,32 +674,153 @@ async fn watch(
         }
         match out {
             Output::Json => emit(&ev),
-            Output::Table => {
-                let d = &ev["data"];
-                let detail = [
-                    d["provisionState"].as_str(),
-                    d["profileId"].as_str(),
-                    d["step"].as_str(),
-                    d["status"].as_str(),
-                    d["error"].as_str(),
-                    d["lastError"].as_str(),
-                ]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join("  ");
-                emit(format!(
-                    "{}  v{:<4} {:<28} {}",
-                    ev["time"].as_str().unwrap_or(""),
-                    ev["nodeversion"]
-                        .as_i64()
-                        .map(|v| v.to_string())
-                        .unwrap_or_default(),
-                    ev["type"].as_str().unwrap_or(""),
-                    detail
-                ));
-            }
+            Output::Table => emit(event_line(&ev)),
         }
     }
     Ok(())
+}
+
+/// Which events `metalctl events` prints.
+struct EventFilter {
+    type_prefix: Option<String>,
+    node: Option<String>,
+}
+
+impl EventFilter {
+    fn wants(&self, ev: &Value) -> bool {
+        let ty = ev["type"].as_str().unwrap_or("");
+        self.type_prefix
+            .as_deref()
+            .is_none_or(|p| ty.starts_with(p))
+            && self
+                .node
+                .as_deref()
+                .is_none_or(|n| ev["subject"].as_str() == Some(n))
+    }
+}
+
+/// How many events a durable consumer holds unacknowledged at once.
+const EVENTS_BATCH: usize = 64;
+
+/// `metalctl events`: the tenant's events in stream order. A durable
+/// consumer acknowledges each event once it is printed (and waits for the
+/// server to confirm), and hands back what it fetched but did not print
+/// when stopped, so the next run starts exactly after the last one printed.
+async fn events(
+    bus: &bcm_bus::Bus,
+    tenant: &str,
+    durable: Option<&str>,
+    follow: bool,
+    select: &EventFilter,
+    out: Output,
+) -> anyhow::Result<()> {
+    use async_nats::jetstream::consumer::AckPolicy;
+    use async_nats::jetstream::AckKind;
+    let tenant: bcm_bus::TenantId = tenant.parse()?;
+    let subjects = bus.subjects();
+    let stream = bus
+        .jetstream()
+        .get_stream(subjects.stream(bcm_bus::subjects::StreamKind::Events))
+        .await?;
+    let filter_subject = subjects.events_of_tenant(&tenant);
+    let consumer = match durable {
+        Some(name) => {
+            stream
+                .get_or_create_consumer(
+                    name,
+                    pull::Config {
+                        durable_name: Some(name.to_owned()),
+                        filter_subject,
+                        deliver_policy: DeliverPolicy::All,
+                        ack_policy: AckPolicy::Explicit,
+                        ack_wait: std::time::Duration::from_secs(30),
+                        max_ack_pending: EVENTS_BATCH as i64,
+                        ..Default::default()
+                    },
+                )
+                .await?
+        }
+        None => {
+            stream
+                .create_consumer(pull::Config {
+                    filter_subject,
+                    deliver_policy: DeliverPolicy::All,
+                    ack_policy: AckPolicy::None,
+                    inactive_threshold: std::time::Duration::from_secs(30),
+                    ..Default::default()
+                })
+                .await?
+        }
+    };
+    let stop = bcm_telemetry::signals::shutdown_token();
+    let wait = std::time::Duration::from_secs(if follow { 5 } else { 1 });
+    while !stop.is_cancelled() {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(EVENTS_BATCH)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| anyhow::anyhow!("fetching events: {e}"))?;
+        let mut got = 0;
+        loop {
+            let next = tokio::select! {
+                m = batch.next() => m,
+                _ = stop.cancelled() => None,
+            };
+            let Some(msg) = next else { break };
+            let msg = msg.map_err(|e| anyhow::anyhow!("{e}"))?;
+            got += 1;
+            if stop.is_cancelled() {
+                // Not printed: the next run gets it first.
+                let _ = msg.ack_with(AckKind::Nak(None)).await;
+                continue;
+            }
+            match serde_json::from_slice::<Value>(&msg.payload) {
+                Ok(ev) if select.wants(&ev) => match out {
+                    Output::Json => emit(&ev),
+                    Output::Table => emit(event_line(&ev)),
+                },
+                Ok(_) => {}
+                Err(e) => eprintln!("skipping an event that is not JSON ({e})"),
+            }
+            if durable.is_some() {
+                msg.double_ack()
+                    .await
+                    .map_err(|e| anyhow::anyhow!("acknowledging an event: {e}"))?;
+            }
+        }
+        if got == 0 && !follow {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// One event as a line of a table: time, node version, type, what changed.
+fn event_line(ev: &Value) -> String {
+    let d = &ev["data"];
+    let detail = [
+        d["provisionState"].as_str(),
+        d["profileId"].as_str(),
+        d["step"].as_str(),
+        d["status"].as_str(),
+        d["error"].as_str(),
+        d["lastError"].as_str(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>()
+    .join("  ");
+    format!(
+        "{}  v{:<4} {:<28} {:<30} {}",
+        ev["time"].as_str().unwrap_or(""),
+        ev["nodeversion"]
+            .as_i64()
+            .map(|v| v.to_string())
+            .unwrap_or_default(),
+        ev["type"].as_str().unwrap_or(""),
+        ev["subject"].as_str().unwrap_or(""),
+        detail
+    )
 }
