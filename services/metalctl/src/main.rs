@@ -37,6 +37,14 @@ struct Cli {
     /// `table` for people, `json` for scripts.
     #[arg(long, short, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
+    /// After a verb, wait (showing progress) until the node settles in a
+    /// state that is not a transition (`ready`, `deployed`, `failed`, …);
+    /// fails if it settles in `failed`.
+    #[arg(long, global = true)]
+    wait: bool,
+    /// How long `--wait` waits at most.
+    #[arg(long, global = true, default_value_t = 1800)]
+    wait_secs: u64,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -437,9 +445,63 @@ async fn run() -> anyhow::Result<()> {
         cmd => {
             let (path, body) = mutation(tenant, cmd)?;
             let v = api.call(reqwest::Method::POST, &path, Some(body)).await?;
-            print(cli.output, &v);
-            Ok(())
+            match (cli.wait, v["nodeId"].as_str()) {
+                (true, Some(node)) => {
+                    let within = std::time::Duration::from_secs(cli.wait_secs);
+                    let settled = wait_settled(&api, node, within).await?;
+                    print(cli.output, &settled);
+                    if settled["provisionState"] == "failed" {
+                        bail!("{node} failed: {}", settled["lastError"]);
+                    }
+                    Ok(())
+                }
+                _ => {
+                    print(cli.output, &v);
+                    Ok(())
+                }
+            }
         }
+    }
+}
+
+/// Whether a provision state is a transition a workflow is driving
+/// (`enrolling`, `deploying`, …) rather than one a node rests in.
+fn moving(state: &str) -> bool {
+    state.ends_with("ing")
+}
+
+/// Polls `node` until it rests in a state that is not a transition, with
+/// a spinner on stderr (drawn only at a terminal) naming where it is.
+async fn wait_settled(api: &Api, node: &str, within: std::time::Duration) -> anyhow::Result<Value> {
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(indicatif::ProgressStyle::with_template(
+        "{spinner} {elapsed:>4} {msg}",
+    )?);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    let started = std::time::Instant::now();
+    loop {
+        let n = api
+            .call(
+                reqwest::Method::GET,
+                &format!("/api/compute/metal/nodes/{node}"),
+                None,
+            )
+            .await?;
+        let state = n["provisionState"].as_str().unwrap_or("?").to_owned();
+        bar.set_message(format!("{node}  {state}"));
+        if !moving(&state) {
+            bar.finish_and_clear();
+            eprintln!(
+                "{node} is {state} after {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            return Ok(n);
+        }
+        if started.elapsed() > within {
+            bar.finish_and_clear();
+            bail!("{node} is still {state} after {} s", within.as_secs());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }
 
