@@ -7,26 +7,17 @@ use std::io::Read as _;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 fn config(env: &TestEnv, dir: &std::path::Path) -> std::path::PathBuf {
-    let ns = env.bus_config.namespace.clone().expect("namespace");
-    let join_key = dir.join("join.key");
-    std::fs::write(&join_key, env.join_key.to_text()).expect("write join key");
-    let text = format!(
+    common::config_file(
+        env,
+        dir,
+        "quiet.toml",
+        "listen = \"127.0.0.1:0\"\nadmin_token = \"quiet-admin-token-0123456789\"",
         r#"
-[api]
-listen = "127.0.0.1:0"
-database_url = "{db}"
-admin_token = "quiet-admin-token-0123456789"
 [api.tls]
 plain_http = true
-[api.bus]
-url = "{nats}"
-namespace = "{ns}"
-[api.join_key]
-file = "{join_key}"
-[[api.sealing_keys]]
-id = "quiet"
-key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 [[api.seed.tenants]]
 id = "q"
 name = "Quiet"
@@ -37,17 +28,9 @@ site = "s1"
 hardware_profile = "gpu-redfish"
 [[api.seed.deploy_profiles]]
 tenant = "q"
-profile = {{ id = "ubuntu-24.04", version = 1, role = "host", image = {{ url = "http://127.0.0.1:1/i.raw", format = "raw", sha256 = "5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d", sizeBytes = 1048576 }} }}
-[sim]
-site = "s1"
+profile = { id = "ubuntu-24.04", version = 1, role = "host", image = { url = "http://127.0.0.1:1/i.raw", format = "raw", sha256 = "5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d", sizeBytes = 1048576 } }
 "#,
-        db = env.database_url,
-        nats = env.bus_config.url,
-        join_key = join_key.display(),
-    );
-    let path = dir.join("quiet.toml");
-    std::fs::write(&path, text).expect("write config");
-    path
+    )
 }
 
 /// Runs the all-in-one's demo of two machines with `extra` arguments until

@@ -337,28 +337,18 @@ async fn every_process_serves_its_metrics(http: &reqwest::Client, ports: &[(Stri
 }
 
 fn config(env: &TestEnv, dir: &std::path::Path, api: &str, otlp: &str) -> std::path::PathBuf {
-    let ns = env.bus_config.namespace.clone().expect("namespace");
-    let join_key = dir.join("join.key");
-    std::fs::write(&join_key, env.join_key.to_text()).expect("write join key");
-    let text = format!(
-        r#"
-[api]
-listen = "{api}"
-database_url = "{db}"
-admin_token = "traces-admin-token-0123456789"
+    common::config_file(
+        env,
+        dir,
+        "traces.toml",
+        &format!("listen = \"{api}\"\nadmin_token = \"traces-admin-token-0123456789\""),
+        &format!(
+            r#"
 [api.telemetry]
 otlp_endpoint = "{otlp}"
 log_filter = "info"
 [api.tls]
 plain_http = true
-[api.bus]
-url = "{nats}"
-namespace = "{ns}"
-[api.join_key]
-file = "{join_key}"
-[[api.sealing_keys]]
-id = "child"
-key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 [engine]
 control_plane_url = "http://{api}"
 poll_ms = 100
@@ -366,16 +356,9 @@ join_poll_ms = 50
 [reconciler]
 poll_ms = 2000
 stall_check_secs = 1
-[sim]
-site = "s1"
-"#,
-        db = env.database_url,
-        nats = env.bus_config.url,
-        join_key = join_key.display(),
-    );
-    let path = dir.join("traces.toml");
-    std::fs::write(&path, text).expect("write config");
-    path
+"#
+        ),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

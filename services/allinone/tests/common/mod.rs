@@ -11,7 +11,17 @@ use std::time::Duration;
 /// How long a node may take to reach a target state.
 pub const T: Duration = Duration::from_secs(240);
 
-pub fn child_config(env: &TestEnv, dir: &std::path::Path) -> std::path::PathBuf {
+/// Writes `dir/<name>` with the test environment's database, bus
+/// namespace, join key and a sealing key, the simulated site `s1`, the
+/// `[api]` keys of `api` (TOML lines) and the `sections` after it (TOML
+/// tables: `[engine]`, `[api.telemetry]`, seeds, …).
+pub fn config_file(
+    env: &TestEnv,
+    dir: &std::path::Path,
+    name: &str,
+    api: &str,
+    sections: &str,
+) -> std::path::PathBuf {
     let ns = env.bus_config.namespace.clone().expect("namespace");
     // The child mints join tokens the test's API and site must reveal: the
     // test's join key.
@@ -21,7 +31,7 @@ pub fn child_config(env: &TestEnv, dir: &std::path::Path) -> std::path::PathBuf 
         r#"
 [api]
 database_url = "{db}"
-admin_token = "child-admin-token-unused"
+{api}
 [api.bus]
 url = "{nats}"
 namespace = "{ns}"
@@ -30,6 +40,28 @@ file = "{join_key}"
 [[api.sealing_keys]]
 id = "child"
 key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+[sim]
+site = "s1"
+{sections}
+"#,
+        db = env.database_url,
+        nats = env.bus_config.url,
+        join_key = join_key.display(),
+    );
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// A child's configuration: the engine's agents call `env`'s API.
+pub fn child_config(env: &TestEnv, dir: &std::path::Path) -> std::path::PathBuf {
+    config_file(
+        env,
+        dir,
+        "child.toml",
+        r#"admin_token = "child-admin-token-unused""#,
+        &format!(
+            r#"
 [engine]
 control_plane_url = "{api}"
 poll_ms = 100
@@ -37,17 +69,10 @@ join_poll_ms = 50
 [reconciler]
 poll_ms = 2000
 lease_ttl_ms = 2000
-[sim]
-site = "s1"
 "#,
-        db = env.database_url,
-        nats = env.bus_config.url,
-        api = env.base,
-        join_key = join_key.display(),
-    );
-    let path = dir.join("child.toml");
-    std::fs::write(&path, text).expect("write config");
-    path
+            api = env.base
+        ),
+    )
 }
 
 pub fn spawn_child(config: &std::path::Path, services: &str, log: &std::path::Path) -> Child {
