@@ -185,6 +185,10 @@ pub async fn run(c: &Client, tenant: &str, pool: &str, machines: usize) -> Resul
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     bar.finish();
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        // The bar's line stays; what follows starts below it.
+        eprintln!();
+    }
     let Some(first) = nodes.iter().find(|n| n["provisionState"] == "ready") else {
         return Err(DemoError::Stuck(format!(
             "no machine reached ready: {:?}",
