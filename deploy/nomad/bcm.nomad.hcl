@@ -11,6 +11,19 @@
 #   - NATS (with the generated authorization, nats.conf), Postgres (TLS) and
 #     Jaeger registered as Nomad services `nats`, `postgres` and `jaeger`
 #     (deploy/nomad/infra.nomad.hcl runs them).
+# Names: as in compose, the services reach `postgres`, `nats`, `api` and
+# `jaeger` by name — the generated certificates name them (Postgres is
+# verified with verify-full against `postgres`, the API against `api`), and
+# the secrets' database URL says `postgres:5432`. Make the names resolve on
+# the clients: Consul DNS, or the variable `hosts` (e.g.
+# `-var 'hosts=["postgres:10.0.0.5","nats:10.0.0.5","api:10.0.0.6","jaeger:10.0.0.5"]'`),
+# which every task gets as extra /etc/hosts entries. The bus and the trace
+# collector are also found through Nomad service discovery (templates).
+# What is published binds to the client's `loopback` host network (client
+# config: host_network "loopback" { cidr = "127.0.0.1/32" }), as compose
+# binds to 127.0.0.1.
+# Run `nomad job run` from deploy/nomad: file() reads the configurations
+# relative to the working directory.
 # The reconciler group's `count` is the scale knob: workers share the
 # nodes' shards through leases. The Nomad binary is not available under an
 # open licence on the machines this is developed on: the file follows the
@@ -20,6 +33,12 @@
 variable "image" {
   type    = string
   default = "better-compute-metal:dev"
+}
+
+variable "hosts" {
+  type        = list(string)
+  default     = []
+  description = "Extra /etc/hosts entries (name:address) for postgres, nats, api and jaeger, where no DNS resolves them."
 }
 
 variable "reconcilers" {
@@ -48,8 +67,9 @@ job "bcm" {
 
     network {
       port "http" {
-        static = 8080
-        to     = 8080
+        static       = 8080
+        to           = 8080
+        host_network = "loopback"
       }
     }
 
@@ -81,6 +101,7 @@ job "bcm" {
 
       config {
         image      = var.image
+        extra_hosts = var.hosts
         entrypoint = ["/usr/local/bin/bcm-api"]
         args       = ["--config", "/etc/bcm/api.toml"]
         ports      = ["http"]
@@ -138,6 +159,7 @@ EOT
 
       config {
         image      = var.image
+        extra_hosts = var.hosts
         entrypoint = ["/usr/local/bin/bcm-workflow"]
       }
 
@@ -148,6 +170,8 @@ EOT
       }
 
       env {
+        # The name the API's certificate carries (and agents use).
+        BCM_WORKFLOW_ENGINE__CONTROL_PLANE_URL = "https://api:8080"
         BCM_WORKFLOW_SECRETS                   = "/var/lib/bcm-secrets/workflow.toml"
         BCM_WORKFLOW_TELEMETRY__METRICS_LISTEN = "0.0.0.0:9464"
       }
@@ -157,7 +181,6 @@ EOT
         env         = true
         data        = <<EOT
 {{ range nomadService "nats" }}BCM_WORKFLOW_BUS__URL=nats://{{ .Address }}:{{ .Port }}{{ end }}
-{{ range nomadService "bcm-api" }}BCM_WORKFLOW_ENGINE__CONTROL_PLANE_URL=https://{{ .Address }}:{{ .Port }}{{ end }}
 {{ range nomadService "jaeger" }}BCM_WORKFLOW_TELEMETRY__OTLP_ENDPOINT=http://{{ .Address }}:{{ .Port }}/v1/traces{{ end }}
 EOT
       }
@@ -184,6 +207,7 @@ EOT
 
       config {
         image      = var.image
+        extra_hosts = var.hosts
         entrypoint = ["/usr/local/bin/bcm-reconciler"]
       }
 
@@ -235,6 +259,7 @@ EOT
 
       config {
         image      = var.image
+        extra_hosts = var.hosts
         entrypoint = ["/usr/local/bin/bcm-attestation"]
       }
 
@@ -288,6 +313,7 @@ EOT
 
       config {
         image      = var.image
+        extra_hosts = var.hosts
         entrypoint = ["/usr/local/bin/bcm"]
         args       = ["--services", "sim", "--sim-machines", "0", "--config", "/etc/bcm/bcm.toml"]
         mount {
@@ -306,6 +332,14 @@ EOT
 
       env {
         BCM_ALL_SECRETS = "/var/lib/bcm-secrets/sim.toml"
+      }
+
+      template {
+        destination = "local/discovered.env"
+        env         = true
+        data        = <<EOT
+{{ range nomadService "nats" }}BCM_ALL_API__BUS__URL=nats://{{ .Address }}:{{ .Port }}{{ end }}
+EOT
       }
 
       template {
@@ -337,6 +371,7 @@ EOT
 
       config {
         image      = var.image
+        extra_hosts = var.hosts
         entrypoint = ["/usr/local/bin/bcm-bmc"]
         args       = ["--config", "/etc/bcm/bmc.toml"]
         mount {
@@ -385,6 +420,7 @@ EOT
 
       config {
         image        = var.image
+        extra_hosts  = var.hosts
         network_mode = "host"
         entrypoint   = ["/usr/local/bin/bcm-boot"]
         args         = ["--config", "/etc/bcm/boot.toml"]

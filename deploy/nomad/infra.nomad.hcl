@@ -20,8 +20,9 @@ job "bcm-infra" {
   group "nats" {
     network {
       port "client" {
-        static = 4222
-        to     = 4222
+        static       = 4222
+        to           = 4222
+        host_network = "loopback"
       }
       port "monitor" {
         to = 8222
@@ -67,8 +68,10 @@ job "bcm-infra" {
 
   group "postgres" {
     network {
+      # Static: the secrets' database URL names postgres:5432.
       port "pg" {
-        to = 5432
+        static = 5432
+        to     = 5432
       }
     }
 
@@ -158,9 +161,11 @@ job "bcm-infra" {
       port "otlp" {
         to = 4318
       }
+      # The UI has no authentication: loopback only, as in compose.
       port "ui" {
-        static = 16686
-        to     = 16686
+        static       = 16686
+        to           = 16686
+        host_network = "loopback"
       }
     }
 

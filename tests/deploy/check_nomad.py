@@ -72,11 +72,12 @@ def env_of(task):
 
 
 def published_ports(service):
-    """The container ports compose publishes (`host:port:container`)."""
+    """The container ports compose publishes (`ip:host:container`), each
+    with whether it binds to loopback only."""
     out = set()
     for p in service.get("ports", []):
         parts = str(p).split(":")
-        out.add(int(parts[-1].split("/")[0]))
+        out.add((int(parts[-1].split("/")[0]), len(parts) == 3 and parts[0] == "127.0.0.1"))
     return out
 
 
@@ -85,7 +86,8 @@ def nomad_ports(group):
     for net in group.get("network", []):
         for _, port in blocks(net, "port"):
             if "static" in port:
-                out.add(int(port.get("to", port["static"])))
+                loopback = port.get("host_network") == "loopback"
+                out.add((int(port.get("to", port["static"])), loopback))
     return out
 
 
@@ -137,7 +139,9 @@ def main(repo):
                 problems.append(f"{where}: compose sets {key}, Nomad does not")
         missing = published_ports(svc) - nomad_ports(group)
         if missing:
-            problems.append(f"{where}: compose publishes {sorted(missing)}, the group does not")
+            problems.append(
+                f"{where}: compose publishes {sorted(missing)} (port, loopback only), the group does not"
+            )
         replicas = (svc.get("deploy") or {}).get("replicas", 1)
         count = resolve(group.get("count", 1), variables)
         if count != replicas:

@@ -492,7 +492,15 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
         let cmds: Vec<AgentCommand> = match polled {
             Ok(r) if r.status().is_success() => {
                 attempt = 0;
-                r.json().await.unwrap_or_default()
+                match r.json().await {
+                    Ok(cmds) => cmds,
+                    Err(e) => {
+                        // Leased to this session and not taken: they time
+                        // out and their steps retry; say why.
+                        tracing::error!(error = %e, "the control plane's commands could not be read");
+                        vec![]
+                    }
+                }
             }
             Ok(r) if r.status().as_u16() == 401 => {
                 state.forget_session();

@@ -39,7 +39,9 @@ struct Cli {
     output: Output,
     /// After a verb, wait (showing progress) until the node settles in a
     /// state that is not a transition (`ready`, `deployed`, `failed`, …);
-    /// fails if it settles in `failed`.
+    /// fails if it settles in `failed`. `rescue` counts as settled as soon
+    /// as the node enters it, while its ramdisk may still be coming up (the
+    /// API does not show a workflow's progress yet).
     #[arg(long, global = true)]
     wait: bool,
     /// How long `--wait` waits at most.
@@ -777,7 +779,6 @@ async fn events(
     out: Output,
 ) -> anyhow::Result<()> {
     use async_nats::jetstream::consumer::AckPolicy;
-    use async_nats::jetstream::AckKind;
     let tenant: bcm_bus::TenantId = tenant.parse()?;
     let subjects = bus.subjects();
     let stream = bus
@@ -830,14 +831,19 @@ async fn events(
                 m = batch.next() => m,
                 _ = stop.cancelled() => None,
             };
-            let Some(msg) = next else { break };
+            let Some(msg) = next else {
+                if stop.is_cancelled() && durable.is_some() {
+                    hand_back(&mut batch).await;
+                    // The hand-backs reach the server before this exits.
+                    bus.client()
+                        .flush()
+                        .await
+                        .map_err(|e| anyhow::anyhow!("flushing: {e}"))?;
+                }
+                break;
+            };
             let msg = msg.map_err(|e| anyhow::anyhow!("{e}"))?;
             got += 1;
-            if stop.is_cancelled() {
-                // Not printed: the next run gets it first.
-                let _ = msg.ack_with(AckKind::Nak(None)).await;
-                continue;
-            }
             match serde_json::from_slice::<Value>(&msg.payload) {
                 Ok(ev) if select.wants(&ev) => match out {
                     Output::Json => emit(&ev),
@@ -857,6 +863,18 @@ async fn events(
         }
     }
     Ok(())
+}
+
+/// Hands back (`Nak`) what the server already sent of a fetch that will
+/// not be printed: redelivered at once, first, to the next run, instead of
+/// after the acknowledgement wait.
+async fn hand_back(batch: &mut async_nats::jetstream::consumer::pull::Batch) {
+    use async_nats::jetstream::AckKind;
+    while let Ok(Some(Ok(msg))) =
+        tokio::time::timeout(std::time::Duration::from_millis(300), batch.next()).await
+    {
+        let _ = msg.ack_with(AckKind::Nak(None)).await;
+    }
 }
 
 /// One event as a line of a table: time, node version, type, what changed.

@@ -183,11 +183,18 @@ impl Handler<CloudEvent<ReconcileRequest>> for ShardHandler {
         let mut out = Vec::with_capacity(batch.len());
         for m in batch {
             let node = m.message.data.node_id;
-            let span = tracing::info_span!("reconcile", node = %node);
-            bcm_telemetry::set_remote_parent(&span, m.traceparent().as_deref());
-            let pass = reconcile::node(&self.db, &self.bus, &node, self.lock_timeout_ms)
-                .instrument(span)
-                .await;
+            let pass = reconcile::node(&self.db, &self.bus, &node, self.lock_timeout_ms);
+            // A pass continues the trace its message carries; without one
+            // it starts none (a workflow it starts then continues the
+            // trace of the verb that moved the node, kept with the node).
+            let pass = match m.traceparent() {
+                Some(tp) => {
+                    let span = tracing::info_span!("reconcile", node_id = %node);
+                    bcm_telemetry::set_remote_parent(&span, Some(&tp));
+                    pass.instrument(span).await
+                }
+                None => pass.await,
+            };
             out.push(match pass {
                 // A request for a node that does not exist changes nothing.
                 Ok(_) | Err(bcm_db::DbError::NotFound) => Disposition::Done,

@@ -41,13 +41,18 @@ pub async fn run(
 /// One look: returns how many workflows were newly reported.
 pub async fn round(db: &Db, bus: &Bus, cfg: &ReconcilerConfig) -> Result<usize, bcm_db::DbError> {
     // The fleet at a glance, from the one worker that leads the watch.
-    let counts = bcm_db::nodes::node_count_by_state(db).await?;
-    for state in bcm_core::ProvisionState::ALL {
-        let n = counts
-            .iter()
-            .find(|(s, _)| *s == state)
-            .map_or(0, |(_, n)| *n);
-        metrics::gauge!("bcm_nodes", "state" => state.as_str()).set(n as f64);
+    // (A count that fails is logged; the watch goes on.)
+    match bcm_db::nodes::node_count_by_state(db).await {
+        Ok(counts) => {
+            for state in bcm_core::ProvisionState::ALL {
+                let n = counts
+                    .iter()
+                    .find(|(s, _)| *s == state)
+                    .map_or(0, |(_, n)| *n);
+                metrics::gauge!("bcm_nodes", "state" => state.as_str()).set(n as f64);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "counting nodes per state failed"),
     }
     let overdue = bcm_db::workflows::workflows_overdue(db, cfg.stall_grace_secs, 1000).await?;
     metrics::gauge!("bcm_reconciler_stalled_workflows").set(overdue.len() as f64);

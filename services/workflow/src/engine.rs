@@ -147,6 +147,57 @@ pub struct Writes {
     /// Not a write: the commands of the running steps being advanced, read
     /// ahead in one round trip for the whole batch.
     commands_read: HashMap<String, bcm_db::commands::CommandRow>,
+    /// What to count once the transaction committed (a rolled-back batch,
+    /// retried one workflow at a time, must not count twice).
+    observed: Observed,
+}
+
+/// Metrics of a transaction's work, recorded only after it committed.
+#[derive(Debug, Default)]
+#[must_use = "emit() once the transaction committed"]
+pub struct Observed(Vec<Observation>);
+
+#[derive(Debug)]
+enum Observation {
+    CommandIssued(&'static str),
+    StepEnded {
+        step: String,
+        status: &'static str,
+        secs: f64,
+    },
+    WorkflowEnded {
+        profile: String,
+        status: &'static str,
+        secs: f64,
+    },
+}
+
+impl Observed {
+    /// Records the metrics; call after the commit.
+    pub fn emit(self) {
+        for o in self.0 {
+            match o {
+                Observation::CommandIssued(kind) => {
+                    metrics::counter!("bcm_workflow_commands_issued_total", "kind" => kind)
+                        .increment(1)
+                }
+                Observation::StepEnded { step, status, secs } => {
+                    metrics::histogram!("bcm_workflow_step_seconds", "step" => step, "status" => status)
+                        .record(secs)
+                }
+                Observation::WorkflowEnded {
+                    profile,
+                    status,
+                    secs,
+                } => {
+                    metrics::counter!("bcm_workflows_finished_total", "profile" => profile.clone(), "status" => status)
+                        .increment(1);
+                    metrics::histogram!("bcm_workflow_seconds", "profile" => profile, "status" => status)
+                        .record(secs)
+                }
+            }
+        }
+    }
 }
 
 impl Writes {
@@ -158,11 +209,13 @@ impl Writes {
             .await
     }
 
-    /// Writes everything; call once, just before the commit.
-    pub async fn flush(mut self, tx: &mut Tx<'_>) -> Result<(), DbError> {
+    /// Writes everything; call once, just before the commit. Returns the
+    /// metrics to record once it committed.
+    pub async fn flush(mut self, tx: &mut Tx<'_>) -> Result<Observed, DbError> {
         self.flush_rows(tx).await?;
         bcm_db::commands::commands_insert_many_in_txn(tx, &self.commands).await?;
-        bcm_db::outbox::outbox_insert_in_txn(tx, &self.events).await
+        bcm_db::outbox::outbox_insert_in_txn(tx, &self.events).await?;
+        Ok(self.observed)
     }
 }
 
@@ -184,12 +237,13 @@ pub async fn tick(ctx: &Ctx) -> Result<Tick, DbError> {
         return Ok(Tick::Idle);
     }
     match advance_claimed(&mut tx, ctx, &claimed).await {
-        Ok(0) => {
+        Ok((0, _)) => {
             tx.rollback().await?;
             Ok(Tick::Busy)
         }
-        Ok(_) => {
+        Ok((_, observed)) => {
             tx.commit().await?;
+            observed.emit();
             Ok(Tick::Advanced)
         }
         Err(e) if claimed.len() > 1 && !matches!(e, DbError::Stale) => {
@@ -199,8 +253,9 @@ pub async fn tick(ctx: &Ctx) -> Result<Tick, DbError> {
             for one in &claimed {
                 let mut tx = ctx.db.begin().await?;
                 match advance_claimed(&mut tx, ctx, std::slice::from_ref(one)).await {
-                    Ok(_) => {
+                    Ok((_, observed)) => {
                         tx.commit().await?;
+                        observed.emit();
                         advanced = true;
                     }
                     Err(e) => {
@@ -222,22 +277,23 @@ pub async fn tick(ctx: &Ctx) -> Result<Tick, DbError> {
 }
 
 /// Locks what it can of the claimed steps' workflows, advances them and
-/// writes the result; returns how many workflows it advanced.
+/// writes the result; returns how many workflows it advanced, and what to
+/// count once the caller committed.
 async fn advance_claimed(
     tx: &mut Tx<'_>,
     ctx: &Ctx,
     claimed: &[(String, i32)],
-) -> Result<usize, DbError> {
+) -> Result<(usize, Observed), DbError> {
     let ids: Vec<String> = claimed.iter().map(|(w, _)| w.clone()).collect();
     let workflows = bcm_db::workflows::workflows_lock_many_in_txn(tx, &ids, Held::Skip).await?;
     if workflows.is_empty() {
-        return Ok(0);
+        return Ok((0, Observed::default()));
     }
     let advanced = workflows.len();
     let mut writes = Writes::default();
     advance_locked(tx, ctx, workflows, claimed, &mut writes).await?;
-    writes.flush(tx).await?;
-    Ok(advanced)
+    let observed = writes.flush(tx).await?;
+    Ok((advanced, observed))
 }
 
 /// Advances each locked workflow from its step in `from`: reads all their
@@ -454,10 +510,7 @@ async fn step_once(
     }
     if wf.cancel_requested && wf.status == WorkflowPhase::Running {
         begin_cancel(wf, steps, now);
-        return Ok((
-            schedule_next(ctx, wf, steps, node, &mut writes.events),
-            false,
-        ));
+        return Ok((schedule_next(ctx, wf, steps, node, writes), false));
     }
     let def: StepDef = match serde_json::from_value(steps[pos].definition.clone()) {
         Ok(def) => def,
@@ -468,10 +521,7 @@ async fn step_once(
             let message = format!("this engine cannot read the step's definition: {e}");
             tracing::warn!(workflow = %wf.id, step = idx, %message, "failing an unreadable step");
             give_up(ctx, wf, &mut steps[pos], node, message, now, writes);
-            return Ok((
-                schedule_next(ctx, wf, steps, node, &mut writes.events),
-                false,
-            ));
+            return Ok((schedule_next(ctx, wf, steps, node, writes), false));
         }
     };
     let wrote_node = def.kind.writes_node();
@@ -506,7 +556,7 @@ async fn step_once(
         reopen_for_retry(wf, steps, pos);
     }
     let next = if steps[pos].status.is_finished() {
-        schedule_next(ctx, wf, steps, node, &mut writes.events)
+        schedule_next(ctx, wf, steps, node, writes)
     } else {
         None
     };
@@ -620,8 +670,10 @@ async fn start_attempt(
         }
     };
     let cmd_id = bcm_core::CommandId::generate().to_string();
-    metrics::counter!("bcm_workflow_commands_issued_total", "kind" => command.kind().as_str())
-        .increment(1);
+    writes
+        .observed
+        .0
+        .push(Observation::CommandIssued(command.kind().as_str()));
     let span = tracing::Span::current();
     span.record("command_kind", command.kind().as_str());
     span.record("command_id", cmd_id.as_str());
@@ -936,6 +988,7 @@ fn record_outcome(
             if ended.wipe_verified {
                 wf.wipe_verified = true;
             }
+            step_ended(writes, step);
             writes
                 .events
                 .push(step_event(ctx.bus.subjects(), wf, node, step));
@@ -971,24 +1024,41 @@ fn give_up(
     step.error = Some(message);
     step.due_at = None;
     step.finished_at = Some(now);
+    step_ended(writes, step);
     writes
         .events
         .push(step_event(ctx.bus.subjects(), wf, node, step));
 }
 
-/// `workflow.step.<status>` of a step that just ended (and its duration,
-/// first attempt to end, in `bcm_workflow_step_seconds`).
+/// Counts a step's last attempt (its start to its end) once committed.
+fn step_ended(writes: &mut Writes, step: &StepRow) {
+    if let (Some(started), Some(finished)) = (step.started_at, step.finished_at) {
+        writes.observed.0.push(Observation::StepEnded {
+            step: step.name.clone(),
+            status: step.status.as_str(),
+            secs: (finished - started).num_milliseconds().max(0) as f64 / 1e3,
+        });
+    }
+}
+
+/// The kind of a workflow's profile for a metric label: the built-in
+/// profiles by name (`metal-enroll`, …); a tenant's deploy profile (any
+/// name) as `deploy`, so labels do not grow with tenants' catalogs.
+fn profile_kind(profile_id: &str) -> &str {
+    if profile_id.starts_with("metal-") {
+        profile_id
+    } else {
+        "deploy"
+    }
+}
+
+/// `workflow.step.<status>` of a step that just ended.
 fn step_event(
     subjects: &bcm_bus::Subjects,
     wf: &WorkflowRow,
     node: &Node,
     step: &StepRow,
 ) -> bcm_db::outbox::NewOutboxMessage {
-    if let (Some(started), Some(finished)) = (step.started_at, step.finished_at) {
-        let secs = (finished - started).num_milliseconds().max(0) as f64 / 1e3;
-        metrics::histogram!("bcm_workflow_step_seconds", "step" => step.name.clone(), "status" => step.status.as_str())
-            .record(secs);
-    }
     outbox::event(
         subjects,
         node,
@@ -1012,7 +1082,7 @@ fn schedule_next(
     wf: &mut WorkflowRow,
     steps: &mut [StepRow],
     node: &Node,
-    events: &mut Vec<bcm_db::outbox::NewOutboxMessage>,
+    writes: &mut Writes,
 ) -> Option<i32> {
     let main: Vec<StepStatus> = steps
         .iter()
@@ -1033,7 +1103,7 @@ fn schedule_next(
         NextStep::Main(i) => i,
         NextStep::Cleanup(i) => main_len + i,
         NextStep::Finish(done) => {
-            finish(ctx, wf, node, done, events);
+            finish(ctx, wf, node, done, writes);
             return None;
         }
     };
@@ -1045,14 +1115,9 @@ fn schedule_next(
 
 /// Ends a workflow: `workflow.<status>` and a reconcile request, so the
 /// reconciler applies the state's move.
-fn finish(
-    ctx: &Ctx,
-    wf: &mut WorkflowRow,
-    node: &Node,
-    done: WorkflowPhase,
-    events: &mut Vec<bcm_db::outbox::NewOutboxMessage>,
-) {
+fn finish(ctx: &Ctx, wf: &mut WorkflowRow, node: &Node, done: WorkflowPhase, writes: &mut Writes) {
     wf.status = done;
+    let events = &mut writes.events;
     events.push(outbox::event(
         ctx.bus.subjects(),
         node,
@@ -1070,9 +1135,9 @@ fn finish(
         node,
         &format!("workflow {}", done.as_str()),
     ));
-    metrics::counter!("bcm_workflows_finished_total", "profile" => wf.profile_id.clone(), "status" => done.as_str())
-        .increment(1);
-    let secs = (Utc::now() - wf.created_at).num_milliseconds().max(0) as f64 / 1e3;
-    metrics::histogram!("bcm_workflow_seconds", "profile" => wf.profile_id.clone(), "status" => done.as_str())
-        .record(secs);
+    writes.observed.0.push(Observation::WorkflowEnded {
+        profile: profile_kind(&wf.profile_id).to_owned(),
+        status: done.as_str(),
+        secs: (Utc::now() - wf.created_at).num_milliseconds().max(0) as f64 / 1e3,
+    });
 }

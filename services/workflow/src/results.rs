@@ -12,6 +12,7 @@ use bcm_core::PowerState;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::engine::Ctx;
 
@@ -38,6 +39,8 @@ pub enum Recorded {
 pub struct SiteResult {
     pub site: bcm_core::SiteId,
     pub result: CommandResult,
+    /// The trace context it was published in (the site's span).
+    pub traceparent: Option<String>,
 }
 
 /// Records one site result and advances the step waiting on it, in one
@@ -59,7 +62,7 @@ pub async fn record_many(
     let mut tx = ctx.db.begin().await?;
     let rows: Vec<bcm_db::commands::NewResult<'_>> = answered
         .iter()
-        .map(|SiteResult { site, result: r }| bcm_db::commands::NewResult {
+        .map(|SiteResult { site, result: r, .. }| bcm_db::commands::NewResult {
             command_id: &r.command_id,
             site_id: site.as_str(),
             kind: r.kind.as_str(),
@@ -70,29 +73,42 @@ pub async fn record_many(
     let mut completed = bcm_db::commands::commands_complete_many_in_txn(&mut tx, &rows).await?;
     completed.sort_by(|a, b| a.1.node_id.cmp(&b.1.node_id).then(a.0.cmp(&b.0)));
     let mut writes = crate::engine::Writes::default();
+    // One span per recorded result, a child of the site's span that
+    // answered: the events its power or rotation handling writes go on in
+    // the verb's trace (the steps it drives continue their workflows').
+    let mut spans = Vec::with_capacity(completed.len());
     for (command_id, done) in &completed {
-        let Some(r) = results.iter().find(|r| r.command_id == *command_id) else {
+        let Some(a) = answered.iter().find(|a| a.result.command_id == *command_id) else {
             continue;
         };
+        let r = &a.result;
+        let span = tracing::info_span!("engine.result", command_id = %r.command_id,
+            command_kind = %r.kind.as_str(), node_id = done.node_id.as_deref().unwrap_or(""));
+        bcm_telemetry::set_remote_parent(&span, a.traceparent.as_deref());
         if let (true, Some(node), Some(power)) = (
             r.ok,
             &done.node_id,
             r.output.as_ref().and_then(Output::power),
         ) {
-            record_power(&mut tx, ctx, node, power, command_id, &mut writes.events).await?;
+            record_power(&mut tx, ctx, node, power, command_id, &mut writes.events)
+                .instrument(span.clone())
+                .await?;
         }
         if let (Some(node), bcm_contracts::CommandKind::BmcRotateCredentials) =
             (&done.node_id, r.kind)
         {
-            crate::rotation::finish(&mut tx, ctx, node, r, &mut writes.events).await?;
+            crate::rotation::finish(&mut tx, ctx, node, r, &mut writes.events)
+                .instrument(span.clone())
+                .await?;
         }
+        spans.push(span);
     }
     let steps: Vec<(String, i32)> = completed
         .iter()
         .filter_map(|(_, d)| d.step.clone())
         .collect();
     crate::engine::drive_many(&mut tx, ctx, &steps, &mut writes).await?;
-    writes.flush(&mut tx).await?;
+    let observed = writes.flush(&mut tx).await?;
     // Those that completed nothing: a redelivery, or an answer to no
     // command of its kind.
     let missed: Vec<String> = results
@@ -102,28 +118,34 @@ pub async fn record_many(
         .collect();
     let known = bcm_db::commands::command_kinds_in_txn(&mut tx, &missed).await?;
     tx.commit().await?;
+    observed.emit();
+    drop(spans);
     Ok(answered
         .iter()
-        .map(|SiteResult { site, result: r }| {
-            if completed.iter().any(|(id, _)| *id == r.command_id) {
-                return Recorded::New;
-            }
-            match known.iter().find(|(id, _, _)| *id == r.command_id) {
-                Some((_, _, to)) if to.as_deref() != Some(site.as_str()) => {
-                    Recorded::Unknown(format!(
-                        "site {site} answered command {}, which was addressed to {}",
-                        r.command_id,
-                        to.as_deref().unwrap_or("no site")
-                    ))
+        .map(
+            |SiteResult {
+                 site, result: r, ..
+             }| {
+                if completed.iter().any(|(id, _)| *id == r.command_id) {
+                    return Recorded::New;
                 }
-                Some((_, kind, _)) if kind == r.kind.as_str() => Recorded::Repeat,
-                Some((_, kind, _)) => Recorded::Unknown(format!(
-                    "a {} result for command {}, which is a {kind}",
-                    r.kind, r.command_id
-                )),
-                None => Recorded::Unknown(format!("no command {} exists", r.command_id)),
-            }
-        })
+                match known.iter().find(|(id, _, _)| *id == r.command_id) {
+                    Some((_, _, to)) if to.as_deref() != Some(site.as_str()) => {
+                        Recorded::Unknown(format!(
+                            "site {site} answered command {}, which was addressed to {}",
+                            r.command_id,
+                            to.as_deref().unwrap_or("no site")
+                        ))
+                    }
+                    Some((_, kind, _)) if kind == r.kind.as_str() => Recorded::Repeat,
+                    Some((_, kind, _)) => Recorded::Unknown(format!(
+                        "a {} result for command {}, which is a {kind}",
+                        r.kind, r.command_id
+                    )),
+                    None => Recorded::Unknown(format!("no command {} exists", r.command_id)),
+                }
+            },
+        )
         .collect())
 }
 
@@ -184,6 +206,7 @@ impl Handler<CloudEvent<CommandResult>> for ResultsHandler {
                     results.push(SiteResult {
                         site,
                         result: without_nul(m.message.data.clone()),
+                        traceparent: m.traceparent(),
                     });
                     at.push(i);
                 }
@@ -195,21 +218,7 @@ impl Handler<CloudEvent<CommandResult>> for ResultsHandler {
                 }
             }
         }
-        // One span per result, a child of the site's span that answered,
-        // open while the batch is recorded (the steps it drives continue
-        // their workflows' traces).
-        let spans: Vec<tracing::Span> = at
-            .iter()
-            .map(|&i| {
-                let m = &batch[i];
-                let span = tracing::info_span!("engine.result", command_id = %m.message.data.command_id,
-                    command_kind = %m.message.data.kind.as_str());
-                bcm_telemetry::set_remote_parent(&span, m.traceparent().as_deref());
-                span
-            })
-            .collect();
         let done = self.record_all(&results).await;
-        drop(spans);
         for (i, d) in at.into_iter().zip(done) {
             out[i] = Some(d);
         }

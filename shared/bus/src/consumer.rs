@@ -381,8 +381,6 @@ async fn dead_letter(
     reason: &'static str,
     why: &str,
 ) {
-    metrics::counter!("bcm_bus_dead_letters_total", "consumer" => spec.durable.clone(), "reason" => reason)
-        .increment(1);
     let subject = bus.subjects().dead_letter(&spec.durable);
     let mut headers = HeaderMap::new();
     headers.insert(

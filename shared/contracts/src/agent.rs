@@ -221,8 +221,12 @@ pub struct Heartbeat {
 /// A command handed to an agent. `params` is kept as the control plane
 /// stored it: the agent signs over exactly these bytes' JSON, and reads
 /// them through [`AgentCommand::command`].
+///
+/// Read by agents that may be older than the control plane (a ramdisk built
+/// before): unknown fields are ignored, not refused, so a field added here
+/// (as `traceparent` was) never stops an agent from taking its commands.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct AgentCommand {
     pub command_id: String,
     pub kind: CommandKind,

@@ -53,7 +53,7 @@ pub struct TelemetryConfig {
     pub log_file: Option<std::path::PathBuf>,
     /// Serve `/metrics` (and `/healthz`) here, e.g. `0.0.0.0:9464`, for a
     /// service without an HTTP server of its own (workflow, reconciler,
-    /// attestation, bmc). Off when unset.
+    /// attestation, bmc, boot). Off when unset.
     #[serde(default)]
     pub metrics_listen: Option<std::net::SocketAddr>,
 }
