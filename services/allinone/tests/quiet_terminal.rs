@@ -86,16 +86,7 @@ fn is_log_line(line: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_terminal_shows_the_demo_and_the_summary_and_no_log_line() {
-    let env = TestEnv::start_with(Options {
-        relay: false,
-        engine: false,
-        attestation: false,
-        reconcilers: 0,
-        site: None,
-        ..Default::default()
-    })
-    .await
-    .expect("env");
+    let env = TestEnv::start_with(Options::api_only()).await.expect("env");
     let dir = std::env::temp_dir().join(format!("bcm-quiet-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let cfg = config(&env, &dir);

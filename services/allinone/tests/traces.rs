@@ -363,16 +363,7 @@ stall_check_secs = 1
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_verb_is_one_trace_across_every_service_and_each_serves_metrics() {
-    let env = TestEnv::start_with(Options {
-        relay: false,
-        engine: false,
-        attestation: false,
-        reconcilers: 0,
-        site: None,
-        ..Default::default()
-    })
-    .await
-    .expect("env");
+    let env = TestEnv::start_with(Options::api_only()).await.expect("env");
     let (otlp, spans) = receiver().await;
     let dir = std::env::temp_dir().join(format!("bcm-traces-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");

@@ -413,13 +413,7 @@ async fn run() -> anyhow::Result<()> {
             namespace,
             nkey_file,
         } => {
-            let bus = bcm_bus::Bus::attach(&bcm_bus::BusConfig {
-                url: nats.to_owned(),
-                namespace: namespace.clone(),
-                shards: 16,
-                nkey_file: nkey_file.clone(),
-            })
-            .await?;
+            let bus = attach(nats, namespace.clone(), nkey_file.clone()).await?;
             let select = EventFilter {
                 type_prefix: type_prefix.clone(),
                 node: node.clone(),
@@ -705,13 +699,7 @@ async fn watch(
     namespace: Option<String>,
     out: Output,
 ) -> anyhow::Result<()> {
-    let cfg = bcm_bus::BusConfig {
-        url: nats.to_owned(),
-        namespace,
-        shards: 16,
-        nkey_file: None,
-    };
-    let bus = bcm_bus::Bus::attach(&cfg).await?;
+    let bus = attach(nats, namespace, None).await?;
     let tenant: bcm_bus::TenantId = tenant.parse()?;
     let subjects = bus.subjects();
     let stream = bus
@@ -742,6 +730,21 @@ async fn watch(
         }
     }
     Ok(())
+}
+
+/// The bus, for reading events (`watch`, `events`).
+async fn attach(
+    nats: &str,
+    namespace: Option<String>,
+    nkey_file: Option<std::path::PathBuf>,
+) -> anyhow::Result<bcm_bus::Bus> {
+    Ok(bcm_bus::Bus::attach(&bcm_bus::BusConfig {
+        url: nats.to_owned(),
+        namespace,
+        shards: 16,
+        nkey_file,
+    })
+    .await?)
 }
 
 /// Which events `metalctl events` prints.

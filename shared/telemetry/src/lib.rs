@@ -251,3 +251,40 @@ pub fn trace_id_of(traceparent: &str) -> Option<&str> {
     let _version = parts.next()?;
     parts.next().filter(|id| id.len() == 32)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `traceparent` from outside (a caller, an agent's result, a
+    /// message) that is garbage leaves the span a root of a trace of its
+    /// own; a valid one makes it a child in the caller's trace.
+    #[test]
+    fn a_garbage_traceparent_is_ignored_and_a_valid_one_is_continued() {
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, || {
+            let caller = "4bf92f3577b34da6a3ce929d0e0e4736";
+            for garbage in [
+                "",
+                "garbage",
+                "00-zz-00f067aa0ba902b7-01",
+                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+                &"9".repeat(4096),
+            ] {
+                let span = tracing::info_span!("t");
+                set_remote_parent(&span, Some(garbage));
+                let tp = span
+                    .in_scope(current_traceparent)
+                    .expect("a trace of its own");
+                assert_ne!(trace_id_of(&tp), Some(caller), "{garbage:?}");
+                assert!(trace_id_of(&tp).is_some_and(|id| id != "0".repeat(32)));
+            }
+            let span = tracing::info_span!("t");
+            set_remote_parent(&span, Some(&format!("00-{caller}-00f067aa0ba902b7-01")));
+            let tp = span.in_scope(current_traceparent).expect("continued");
+            assert_eq!(trace_id_of(&tp), Some(caller));
+        });
+    }
+}

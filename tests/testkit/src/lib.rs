@@ -72,6 +72,20 @@ impl Options {
             ..Default::default()
         }
     }
+
+    /// The database, the bus and the in-process API only: no relay,
+    /// engine, attestation, reconciler or site (a test runs those itself,
+    /// e.g. as separate `bcm --services …` processes).
+    pub fn api_only() -> Self {
+        Self {
+            relay: false,
+            engine: false,
+            attestation: false,
+            reconcilers: 0,
+            site: None,
+            ..Default::default()
+        }
+    }
 }
 
 /// A running api service on a fresh database and namespace.
