@@ -110,6 +110,7 @@ pub async fn run(
     let base = format!("{scheme}://{}", listener.local_addr()?);
     let mut cfg = cfg;
     with_join_keys(&mut cfg);
+    with_quorum(&mut cfg);
     let state = bcm_api::prepare(&cfg.api).await?;
     let db = state.inner.db.clone();
     let bus = state.inner.bus.clone();
@@ -222,6 +223,34 @@ pub async fn run(
     }
     db.close().await;
     Ok(())
+}
+
+/// The quorum keys of this process: where the API has no policy key, one
+/// is made now (it dies with the process); where the simulated site has no
+/// anchor, it trusts that policy key for one-node batches and no approver
+/// (so a bulk needs an anchor file naming the approvers: `bcm
+/// quorum-keys`).
+fn with_quorum(cfg: &mut Config) {
+    let q = &mut cfg.api.quorum;
+    if q.policy_key.is_none() && q.policy_key_file.is_none() {
+        q.policy_key = Some(ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng));
+    }
+    if cfg.sim.quorum_anchor.is_none() && cfg.sim.quorum_anchor_file.is_none() {
+        match cfg.api.quorum.signer() {
+            Ok(Some(signer)) => {
+                cfg.sim.quorum_anchor = Some(bcm_quorum::Anchor {
+                    approvers: vec![],
+                    quorum: 1,
+                    auto_approver: Some(bcm_quorum::AnchorKey {
+                        id: signer.id.clone(),
+                        public_key: bcm_quorum::public_key_b64(&signer.key),
+                    }),
+                })
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "the API's policy key cannot be read"),
+        }
+    }
 }
 
 /// The join keys of the services of this process. Where none is given one,

@@ -72,6 +72,22 @@ enum Command {
         #[arg(long = "name", required = true)]
         names: Vec<String>,
     },
+    /// Writes the destructive-batch quorum's local keys into DIR, keeping
+    /// those there: the control plane's policy key (`policy.key`, for
+    /// `api.quorum.policy_key_file`), approver keys (`approver-<n>.key`,
+    /// for `metalctl batch approve --key`) and the site's trust anchor
+    /// naming them (`anchor.json`, for the bmc, boot and simulated
+    /// services' `quorum_anchor_file`). Prints the anchor's path.
+    QuorumKeys {
+        #[arg(long)]
+        dir: std::path::PathBuf,
+        /// Approver keys to make.
+        #[arg(long, default_value_t = 3)]
+        approvers: usize,
+        /// Distinct approvers a batch needs at the site's edges.
+        #[arg(long, default_value_t = 2)]
+        quorum: usize,
+    },
 }
 
 #[tokio::main]
@@ -88,6 +104,16 @@ async fn main() -> anyhow::Result<()> {
         let sites: Vec<&str> = sites.iter().map(|s| s.as_str()).collect();
         bcm_pki::join_key::write_keys(dir, &sites)?;
         println!("{}", made.authorization.display());
+        return Ok(());
+    }
+    if let Some(Command::QuorumKeys {
+        dir,
+        approvers,
+        quorum,
+    }) = &args.command
+    {
+        let w = bcm_quorum::files::write_missing(dir, *approvers, *quorum)?;
+        println!("{}", w.anchor.display());
         return Ok(());
     }
     if let Some(Command::LocalTls { dir, names }) = &args.command {

@@ -60,6 +60,36 @@ pub struct PoolRequest {
     /// Commissioning accepts `diag.dcgm` answering `unsupported`.
     #[serde(default)]
     pub accept_unsupported_diag: bool,
+    /// The destructive-batch quorum and bulk waves (unchanged when absent).
+    #[serde(default)]
+    pub quorum: Option<PoolQuorum>,
+}
+
+/// A pool's quorum policy.
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolQuorum {
+    /// Distinct approvers a batch needs (1-16).
+    #[schema(minimum = 1, maximum = 16)]
+    pub required: u32,
+    /// Whether the requester may be one of them.
+    #[serde(default)]
+    pub requester_may_approve: bool,
+    /// Whether a single verb's one-node batch is approved by the control
+    /// plane's policy key (where the edges' anchors accept it).
+    #[serde(default = "yes")]
+    pub auto_approve_single: bool,
+    /// How many of a bulk's nodes run at once (1-10000).
+    #[serde(default = "default_bulk_concurrency")]
+    #[schema(minimum = 1, maximum = 10000)]
+    pub bulk_concurrency: u32,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_bulk_concurrency() -> u32 {
+    200
 }
 
 /// A token to mint.
@@ -156,6 +186,14 @@ pub async fn put_pool(
     if let Some(name) = &req.name {
         crate::verbs::check_text("name", name, 128)?;
     }
+    if let Some(q) = &req.quorum {
+        if !(1..=16).contains(&q.required) {
+            return Err(ApiError::invalid("quorum.required must be 1 to 16"));
+        }
+        if !(1..=10_000).contains(&q.bulk_concurrency) {
+            return Err(ApiError::invalid("quorum.bulkConcurrency must be 1 to 10000"));
+        }
+    }
     let pool = bcm_db::tenancy::Pool {
         name: req.name.unwrap_or_else(|| id.to_string()),
         id,
@@ -174,6 +212,20 @@ pub async fn put_pool(
             ),
             other => other.into(),
         })?;
+    if let Some(q) = req.quorum {
+        bcm_db::batches::pool_policy_set(
+            &app.inner.db,
+            pool.id.as_str(),
+            &bcm_db::batches::QuorumPolicy {
+                required: q.required as i32,
+                requester_may_approve: q.requester_may_approve,
+                auto_approve_single: q.auto_approve_single,
+                bulk_concurrency: q.bulk_concurrency as i32,
+            },
+        )
+        .await?;
+    }
+    tracing::info!(pool = %pool.id, by = %who.name, "pool written");
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 

@@ -267,10 +267,28 @@ pub async fn commands(
                 app.inner.agents.command_lease_ms,
             )
             .await?;
+            // A destructive command carries its batch's authority as the
+            // batch stands now (the agent verifies it; one no longer valid
+            // is handed without, and the agent refuses it).
+            let mut authorities = Vec::with_capacity(taken.len());
+            for c in &taken {
+                authorities.push(match &c.batch_id {
+                    Some(b) => {
+                        match bcm_db::batches::authority_in_txn(&mut tx, b, &agent.node_id).await? {
+                            bcm_db::batches::AuthorityState::Ready(a) => Some(*a),
+                            other => {
+                                tracing::warn!(command = %c.id, batch = %b, state = ?other, "handing a command whose batch no longer authorizes it");
+                                None
+                            }
+                        }
+                    }
+                    None => None,
+                });
+            }
             tx.commit().await.map_err(bcm_db::DbError::from)?;
             if !taken.is_empty() {
                 let mut handed = Vec::with_capacity(taken.len());
-                for c in taken {
+                for (c, authority) in taken.into_iter().zip(authorities) {
                     match CommandKind::parse(&c.kind) {
                         Ok(kind) => handed.push(AgentCommand {
                             join_tokens: join_tokens(&app, &c),
@@ -279,6 +297,7 @@ pub async fn commands(
                             params: c.params,
                             issued_at: c.created_at,
                             traceparent: c.traceparent,
+                            authority,
                         }),
                         // Written by a newer control plane, or damage: the
                         // agent is not handed what it cannot read, and its

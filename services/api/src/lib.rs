@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod agent;
 pub mod auth;
+pub mod bulk;
 pub mod error;
 pub mod extract;
 pub mod join_tokens;
@@ -78,9 +79,81 @@ pub struct ApiConfig {
     /// local CA and certificate), or `plain_http = true` by name.
     #[serde(default)]
     pub tls: bcm_pki::tls::ServerTlsConfig,
+    /// The destructive-batch quorum: the policy key and batch lifetimes.
+    #[serde(default)]
+    pub quorum: QuorumConfig,
     /// Tenants, sites and pools to create at start-up if missing.
     #[serde(default)]
     pub seed: Seed,
+}
+
+/// The destructive-batch quorum as the API runs it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuorumConfig {
+    /// The control plane's policy key (a 32-byte ed25519 seed in hex or
+    /// base64; `bcm quorum-keys` writes one, mode 0600): its signature
+    /// approves the one-node batch of an ordinary verb in a pool whose
+    /// policy allows it, and the edges' trust anchors name its public key.
+    /// Absent: every batch waits for the pool's approvers.
+    #[serde(default)]
+    pub policy_key_file: Option<std::path::PathBuf>,
+    /// A policy key handed over in process (tests, the all-in-one).
+    #[serde(skip)]
+    pub policy_key: Option<ed25519_dalek::SigningKey>,
+    /// The approver id the edges' anchors name the policy key by.
+    #[serde(default = "default_policy_approver_id")]
+    pub policy_approver_id: String,
+    /// How long a verb's one-node batch authorizes its chain's commands.
+    #[serde(default = "default_node_batch_ttl_secs")]
+    pub node_batch_ttl_secs: u64,
+    /// The longest expiry a bulk request may ask for.
+    #[serde(default = "default_bulk_max_ttl_secs")]
+    pub bulk_max_ttl_secs: u64,
+}
+
+impl Default for QuorumConfig {
+    fn default() -> Self {
+        Self {
+            policy_key_file: None,
+            policy_key: None,
+            policy_approver_id: default_policy_approver_id(),
+            node_batch_ttl_secs: default_node_batch_ttl_secs(),
+            bulk_max_ttl_secs: default_bulk_max_ttl_secs(),
+        }
+    }
+}
+
+fn default_policy_approver_id() -> String {
+    "policy".to_owned()
+}
+fn default_node_batch_ttl_secs() -> u64 {
+    7 * 86_400
+}
+fn default_bulk_max_ttl_secs() -> u64 {
+    7 * 86_400
+}
+
+impl QuorumConfig {
+    /// The policy signer, from the key given in process or its file.
+    pub fn signer(&self) -> Result<Option<bcm_metal::batches::PolicySigner>, String> {
+        let key = match (&self.policy_key, &self.policy_key_file) {
+            (Some(k), _) => Some(k.clone()),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("quorum.policy_key_file {}: {e}", path.display()))?;
+                Some(
+                    bcm_quorum::signing_key(&text)
+                        .map_err(|e| format!("quorum.policy_key_file {}: {e}", path.display()))?,
+                )
+            }
+            (None, None) => None,
+        };
+        Ok(key.map(|key| bcm_metal::batches::PolicySigner {
+            id: self.policy_approver_id.clone(),
+            key,
+        }))
+    }
 }
 
 /// How the agent endpoints ride out lost answers (see `agent.rs`).
@@ -267,6 +340,9 @@ pub struct Inner {
     pub join_key: Option<bcm_pki::JoinKey>,
     /// Per-principal request limits.
     pub limits: limits::Limits,
+    /// The policy key that approves one-node batches where pools allow it.
+    pub policy_signer: Option<bcm_metal::batches::PolicySigner>,
+    pub quorum: QuorumConfig,
 }
 
 /// The router of the service, for tests and the all-in-one binary.
@@ -286,6 +362,13 @@ pub fn router(state: AppState) -> Router {
         .route("/retire", post(verbs::retire))
         .route("/power", post(verbs::power))
         .route("/rotateCredentials", post(verbs::rotate_credentials))
+        .route("/bulk", post(bulk::create))
+        .route("/batches", get(bulk::list))
+        .route("/batches/{id}", get(bulk::get))
+        .route("/batches/{id}/nodes", get(bulk::nodes))
+        .route("/batches/{id}/approve", post(bulk::approve))
+        .route("/batches/{id}/reject", post(bulk::reject))
+        .route("/batches/{id}/cancel", post(bulk::cancel))
         .route("/nodes", get(reads::list_nodes))
         .route("/nodes/{node_id}", get(reads::get_node));
     let admin = axum::Router::<AppState>::new()
@@ -293,7 +376,12 @@ pub fn router(state: AppState) -> Router {
         .route("/sites/{id}", put(admin::put_site))
         .route("/pools/{id}", put(admin::put_pool))
         .route("/tokens", post(admin::create_token).get(admin::list_tokens))
-        .route("/tokens/{id}", axum::routing::delete(admin::revoke_token));
+        .route("/tokens/{id}", axum::routing::delete(admin::revoke_token))
+        .route("/approvers", get(bulk::list_approvers))
+        .route(
+            "/approvers/{id}",
+            put(bulk::put_approver).delete(bulk::revoke_approver),
+        );
     let agent = axum::Router::<AppState>::new()
         .route("/join", post(agent::join))
         .route("/heartbeat", post(agent::heartbeat))
@@ -347,6 +435,10 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             "admin_token must be at least 16 characters".into(),
         ));
     }
+    let policy_signer = cfg.quorum.signer().map_err(StartError::Config)?;
+    if policy_signer.is_none() {
+        tracing::warn!("no quorum policy key is configured (api.quorum.policy_key_file): every batch, even a single verb's, waits for the pool's approvers");
+    }
     let db = Db::connect(&cfg.database_url, cfg.database_max_connections).await?;
     db.migrate().await?;
     let agent_db = Db::connect(&cfg.database_url, cfg.database_agent_connections.max(1)).await?;
@@ -366,6 +458,8 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             agents: cfg.agents.clone(),
             join_key,
             limits: limits::Limits::new(cfg.rate_limit.clone()),
+            policy_signer,
+            quorum: cfg.quorum.clone(),
         }),
     })
 }

@@ -4,7 +4,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::{admin, agent, join_tokens, reads, verbs};
+use crate::{admin, agent, bulk, join_tokens, reads, verbs};
 
 struct Bearer;
 
@@ -131,6 +131,8 @@ impl Modify for OperationIdsAndLinks {
         verbs::enroll, verbs::manage, verbs::inspect, verbs::provide, verbs::deploy, verbs::undeploy,
         verbs::rescue, verbs::unrescue, verbs::abort, verbs::recover, verbs::retire, verbs::power, verbs::rotate_credentials,
         join_tokens::create,
+        bulk::create, bulk::list, bulk::get, bulk::nodes, bulk::approve, bulk::reject, bulk::cancel,
+        bulk::put_approver, bulk::list_approvers, bulk::revoke_approver,
         reads::get_node, reads::list_nodes,
         admin::put_tenant, admin::put_site, admin::put_pool, admin::create_token,
         admin::list_tokens, admin::revoke_token,

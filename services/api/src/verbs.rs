@@ -7,8 +7,7 @@ use axum::extract::State;
 use axum::Json;
 use bcm_contracts::commands::{Command, PowerParams, RotateParams};
 use bcm_core::authz::{Action, Placement};
-use bcm_core::table::NodeFacts;
-use bcm_core::workflow::WorkflowPhase;
+use bcm_core::batch::Operation;
 use bcm_core::{
     apply, BmcDriver, ErrorCode, Move, NodeId, PoolId, PowerAction, ProvisionState, TenantId, Verb,
     WipeMode,
@@ -326,7 +325,7 @@ pub async fn enroll(
         nonce: sealed.nonce,
         ciphertext: sealed.ciphertext,
     };
-    let node = Node {
+    let mut node = Node {
         bmc_secret_id: Some(secret.id.clone()),
         bmc_tls,
         macs,
@@ -341,8 +340,23 @@ pub async fn enroll(
             hardware_profile,
         )
     };
-    let rows = outbox::created(a.bus.subjects(), &node, "enroll", Some(&who.name));
     let mut tx = a.db.begin().await?;
+    // Enrollment's chain (verify, inspect, commission) runs under a
+    // one-node batch of its own.
+    let batch = bcm_metal::batches::node_batch_in_txn(
+        &mut tx,
+        &node,
+        Operation::Enroll,
+        None,
+        &who.name,
+        &format!("enroll of node {} by {}", node.id, who.name),
+        chrono::Duration::seconds(a.quorum.node_batch_ttl_secs as i64),
+        a.policy_signer.as_ref(),
+        None,
+    )
+    .await?;
+    node.batch_id = Some(batch.id);
+    let rows = outbox::created(a.bus.subjects(), &node, "enroll", Some(&who.name));
     bcm_db::secrets::secret_insert_in_txn(&mut tx, &secret).await?;
     nodes::node_insert_in_txn(&mut tx, &node).await?;
     // Its enrollment's workflow and commands are done in this name.
@@ -404,24 +418,7 @@ async fn run_verb(
     let mut tx = a.db.begin().await?;
     bcm_db::lock_timeout_in_txn(&mut tx, a.lock_timeout_ms).await?;
     let node = nodes::node_fetch_for_update_in_txn(&mut tx, node_id).await?;
-    // The rescue ramdisk is up once `metal-rescue` succeeded; until then
-    // (not started yet, or running) it is still booting.
-    let rescue_booting = match (node.provision_state, node.workflow_id) {
-        (ProvisionState::Rescue, _) if node.unrescue_pending => false,
-        (ProvisionState::Rescue, Some(wf)) => {
-            bcm_db::workflows::workflow_status_in_txn(&mut tx, &wf.to_string()).await?
-                != Some(WorkflowPhase::Succeeded)
-        }
-        (ProvisionState::Rescue, None) => true,
-        _ => false,
-    };
-    let facts = NodeFacts {
-        state: node.provision_state,
-        failed_from: node.failed_from,
-        unrescue_pending: node.unrescue_pending,
-        rescue_booting,
-        rotation_pending: node.bmc_pending_secret_id.is_some(),
-    };
+    let facts = bcm_metal::moves::facts_in_txn(&mut tx, &node).await?;
     let t = apply(facts, Move::Verb(verb))?;
     if node.bmc_driver == BmcDriver::None
         && matches!(extra, Extra::Power { .. } | Extra::Rotate { .. })
@@ -444,10 +441,11 @@ async fn run_verb(
             &node,
             "power",
             Some(&who.name),
+            None,
             |bmc| Command::BmcPower(PowerParams { bmc, action }),
         )
         .await?;
-        rows.push(row);
+        rows.extend(leaf_batch(a, &mut tx, &node, Operation::Power, &who.name, row).await?);
         rows.push(outbox::event(
             s,
             &node,
@@ -501,6 +499,23 @@ async fn run_verb(
                 }
             }
             Extra::None | Extra::Power { .. } | Extra::Rotate { .. } => {}
+        }
+        // The chain the verb starts runs under a one-node batch of its own
+        // (abort's cleanup runs under the batch it stops).
+        if let Some(op) = Operation::for_verb(verb).filter(|op| !op.chain().is_empty()) {
+            let batch = bcm_metal::batches::node_batch_in_txn(
+                &mut tx,
+                &next,
+                op,
+                next.release_wipe,
+                &who.name,
+                &format!("{op} of node {} by {}", next.id, who.name),
+                chrono::Duration::seconds(a.quorum.node_batch_ttl_secs as i64),
+                a.policy_signer.as_ref(),
+                None,
+            )
+            .await?;
+            next.batch_id = Some(batch.id);
         }
         bcm_metal::moves::commit_in_txn(
             &mut tx,
@@ -595,14 +610,30 @@ async fn begin_rotation(
     };
     let s = a.bus.subjects();
     let pending_credentials = bcm_metal::bmc::sealed_in_txn(tx, &pending_id).await?;
-    let (cmd, cmd_row) =
-        bcm_metal::bmc::leaf_command_in_txn(tx, s, &node, "rotate-credentials", actor, |bmc| {
+    let (cmd, cmd_row) = bcm_metal::bmc::leaf_command_in_txn(
+        tx,
+        s,
+        &node,
+        "rotate-credentials",
+        actor,
+        None,
+        |bmc| {
             Command::BmcRotateCredentials(RotateParams {
                 bmc,
                 pending_credentials,
             })
-        })
-        .await?;
+        },
+    )
+    .await?;
+    let mut rows = leaf_batch(
+        a,
+        tx,
+        &node,
+        Operation::RotateCredentials,
+        actor.unwrap_or("control-plane"),
+        cmd_row,
+    )
+    .await?;
     let mut next = node;
     next.bmc_pending_secret_id = Some(pending_id);
     next.bmc_rotation_command_id = Some(cmd.command_id.clone());
@@ -619,7 +650,42 @@ async fn begin_rotation(
             version: next.version,
         },
     );
-    Ok((next, vec![cmd_row, started]))
+    rows.push(started);
+    Ok((next, rows))
+}
+
+/// The one-leaf batch of a BMC command outside workflows (`metal.power`, a
+/// rotation): the command's message is held by the batch and released —
+/// now, when the pool's policy approves it, or by the approval that
+/// completes its quorum — carrying the batch's authority.
+async fn leaf_batch(
+    a: &crate::Inner,
+    tx: &mut bcm_db::Tx<'_>,
+    node: &Node,
+    op: Operation,
+    requested_by: &str,
+    row: NewOutboxMessage,
+) -> Result<Vec<NewOutboxMessage>, ApiError> {
+    let batch = bcm_metal::batches::node_batch_in_txn(
+        tx,
+        node,
+        op,
+        None,
+        requested_by,
+        &format!("{op} of node {} by {requested_by}", node.id),
+        bcm_metal::bmc::LEAF_COMMAND_TTL,
+        a.policy_signer.as_ref(),
+        Some(&row),
+    )
+    .await?;
+    if !batch.state.authorizes() {
+        tracing::info!(node = %node.id, batch = %batch.id, %op, "the command waits for its batch's approvers");
+        return Ok(vec![]);
+    }
+    Ok(bcm_metal::batches::release_held_in_txn(tx, &batch.id)
+        .await?
+        .into_iter()
+        .collect())
 }
 
 /// A verb's request body: the node it names, and what else it carries once

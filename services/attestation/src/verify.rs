@@ -167,6 +167,7 @@ mod tests {
             completed_at: None,
             actor: None,
             traceparent: None,
+            batch_id: None,
         };
         Fixture { ca, cert, cmd }
     }

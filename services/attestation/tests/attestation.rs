@@ -72,6 +72,7 @@ async fn command(env: &TestEnv, node: &str, kind: &str, params: Value) -> String
             params,
             actor: None,
             traceparent: None,
+            batch_id: None,
         },
     )
     .await

@@ -49,6 +49,10 @@ pub struct AgentConfig {
     /// Where the agent keeps its key, session and command records across a
     /// restart of its process (`crate::state`); none: nowhere.
     pub state_dir: Option<PathBuf>,
+    /// The quorum trust anchor (pinned in the build, or the site's on the
+    /// kernel command line): a destructive command runs only under an
+    /// approved batch verified against it.
+    pub quorum_anchor: Option<bcm_quorum::Anchor>,
 }
 
 /// Why the agent stopped.
@@ -280,6 +284,20 @@ pub fn execute(cfg: &AgentConfig, image_keys: &[VerifyingKey], cmd: &AgentComman
         Ok(c) => c,
         Err(e) => return Outcome::failed(format!("the command breaks its contract: {e}")),
     };
+    // The control plane is not trusted to say a wipe or an image is
+    // approved: the batch's signatures and this node's inclusion proof are
+    // checked here, against the anchor this agent was given.
+    if let Err(e) = bcm_quorum::check_command(
+        cfg.quorum_anchor.as_ref(),
+        cmd.kind,
+        Some(&command),
+        cfg.node.as_deref(),
+        cmd.authority.as_ref(),
+        chrono::Utc::now().timestamp(),
+    ) {
+        tracing::warn!(command = %cmd.command_id, kind = %cmd.kind, error = %e, "refused a destructive command");
+        return Outcome::failed(e.refusal());
+    }
     match command {
         Command::Inventory(_) => {
             Outcome::ok(Output::Inventory(crate::inventory::collect(&cfg.disks)))
@@ -619,6 +637,7 @@ mod tests {
             heartbeat: Duration::from_secs(10),
             wipe_stripes: 0,
             state_dir: None,
+            quorum_anchor: None,
         }
     }
 

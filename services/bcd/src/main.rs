@@ -18,6 +18,12 @@ struct Args {
     /// line; a key the control plane names is never added.
     #[arg(long, global = true, default_value = "/etc/bcd/trust/image-keys")]
     image_keys_file: PathBuf,
+    /// The quorum trust anchor this build pins (JSON): destructive commands
+    /// run only under an approved batch verified against it. Absent: the
+    /// `bcm.quorum=` the site's boot service puts on the kernel command
+    /// line; neither: every destructive command is refused.
+    #[arg(long, global = true, default_value = "/etc/bcd/trust/quorum-anchor.json")]
+    quorum_anchor_file: PathBuf,
     #[command(subcommand)]
     mode: Mode,
 }
@@ -133,6 +139,14 @@ async fn main() -> anyhow::Result<()> {
                 anyhow::bail!("the kernel command line has no bcm.node, bcm.api and bcm.join");
             };
             let (ca_pem, keys) = pinned(&ca_file, &image_keys_file, &image_keys)?;
+            let quorum_anchor = if args.quorum_anchor_file.exists() {
+                Some(bcm_quorum::anchor_from_file(&args.quorum_anchor_file)?)
+            } else {
+                bcm_quorum::anchor_from_cmdline(&line).transpose()?
+            };
+            if quorum_anchor.is_none() {
+                tracing::warn!("no quorum trust anchor (pinned or bcm.quorum=): every destructive command will be refused");
+            }
             agent::run_ramdisk(
                 AgentConfig {
                     api: boot.api,
@@ -147,6 +161,7 @@ async fn main() -> anyhow::Result<()> {
                     heartbeat: Duration::from_secs(10),
                     wipe_stripes,
                     state_dir: Some(state_dir),
+                    quorum_anchor,
                 },
                 stop,
             )
@@ -182,6 +197,8 @@ async fn main() -> anyhow::Result<()> {
                     heartbeat: Duration::from_secs(10),
                     wipe_stripes: 0,
                     state_dir: None,
+                    // `bcd node` runs no destructive command.
+                    quorum_anchor: None,
                 },
                 stop,
             )

@@ -45,6 +45,12 @@ pub struct BmcConfig {
     /// The ipmitool binary.
     #[serde(default = "default_ipmitool")]
     pub ipmitool: String,
+    /// The site's quorum trust anchor (JSON: the approvers' keys, the
+    /// quorum, the control plane's policy key where one-node batches may be
+    /// approved by policy). Without one, every destructive command is
+    /// refused.
+    #[serde(default)]
+    pub quorum_anchor_file: Option<std::path::PathBuf>,
     #[serde(default)]
     pub telemetry: bcm_telemetry::TelemetryConfig,
 }
@@ -120,13 +126,18 @@ pub async fn start(
         .site
         .parse()
         .map_err(|e| StartError::Config(format!("site {:?}: {e}", cfg.site)))?;
-    let ctx = Arc::new(service::Ctx::new(
-        bus,
-        site,
-        sealer,
-        drivers,
-        cfg.concurrency,
-    ));
+    let anchor = match &cfg.quorum_anchor_file {
+        Some(path) => Some(
+            bcm_quorum::anchor_from_file(path).map_err(|e| StartError::Config(e.to_string()))?,
+        ),
+        None => {
+            tracing::warn!("no quorum trust anchor (bmc.quorum_anchor_file): every destructive command will be refused");
+            None
+        }
+    };
+    let ctx = Arc::new(
+        service::Ctx::new(bus, site, sealer, drivers, cfg.concurrency).with_anchor(anchor),
+    );
     let task = tokio::spawn(service::run(ctx.clone(), shutdown));
     Ok((ctx, task))
 }

@@ -44,6 +44,9 @@ pub struct Ctx {
     pub executed: std::sync::atomic::AtomicU64,
     /// The site's run records, opened at first use.
     runs: tokio::sync::OnceCell<bcm_bus::kv::Bucket>,
+    /// The site's quorum trust anchor: a destructive command runs only
+    /// with an approved batch's authority this service verifies itself.
+    pub anchor: Option<Arc<bcm_quorum::Anchor>>,
 }
 
 /// How far a machine-changing command got here, as kept in the site's run
@@ -87,7 +90,14 @@ impl Ctx {
             in_flight: Mutex::default(),
             executed: std::sync::atomic::AtomicU64::new(0),
             runs: tokio::sync::OnceCell::new(),
+            anchor: None,
         }
+    }
+
+    /// The same context, verifying destructive commands against `anchor`.
+    pub fn with_anchor(mut self, anchor: Option<bcm_quorum::Anchor>) -> Self {
+        self.anchor = anchor.map(Arc::new);
+        self
     }
 
     /// The command no longer executes here.
@@ -261,6 +271,19 @@ async fn run_with_progress(ctx: &Ctx, m: &Incoming<CloudEvent<CommandEnvelope>>)
         metrics::counter!("bcm_bmc_commands_expired_total", "kind" => cmd.kind().as_str())
             .increment(1);
         return CommandResult::expired(cmd);
+    }
+    if let Err(e) = bcm_quorum::check_command(
+        ctx.anchor.as_deref(),
+        cmd.kind(),
+        Some(&cmd.command),
+        cmd.node_id.map(|n| n.to_string()).as_deref(),
+        cmd.authority.as_ref(),
+        chrono::Utc::now().timestamp(),
+    ) {
+        tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), node = ?cmd.node_id, error = %e, "refused a destructive command without a valid batch authority; not run");
+        metrics::counter!("bcm_bmc_commands_unauthorized_total", "kind" => cmd.kind().as_str())
+            .increment(1);
+        return CommandResult::failed(cmd, false, e.refusal());
     }
     let result = {
         let work = execute(ctx, cmd);

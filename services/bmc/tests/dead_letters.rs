@@ -23,6 +23,7 @@ fn envelope(site: &str, command: Command) -> Vec<u8> {
         command,
         issued_at: chrono::Utc::now(),
         deadline: None,
+        authority: None,
     };
     let ty = bcm_contracts::events::types::command(cmd.kind());
     serde_json::to_vec(&CloudEvent::new("c".into(), ty, None, None, cmd)).expect("json")
@@ -42,6 +43,7 @@ async fn commands_that_are_not_this_services_are_dead_lettered_and_never_run() {
         tls_insecure: false,
         ipmitool: "ipmitool".into(),
         telemetry: Default::default(),
+        quorum_anchor_file: None,
     };
     let stop = CancellationToken::new();
     let drivers = cfg.drivers().expect("drivers");

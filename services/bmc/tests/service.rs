@@ -41,6 +41,7 @@ async fn start(env: &TestEnv) -> std::sync::Arc<bcm_bmc::service::Ctx> {
         tls_insecure: false,
         ipmitool: "ipmitool".into(),
         telemetry: Default::default(),
+        quorum_anchor_file: Some(env.anchor_file()),
     };
     let (ctx, _task) = bcm_bmc::start(&cfg, cfg.drivers().expect("drivers"), env.child_token())
         .await
@@ -128,6 +129,7 @@ async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
             .expect("the stored command decodes"),
         issued_at: chrono::Utc::now(),
         deadline: None,
+        authority: None,
     };
     let bus = &env.state.inner.bus;
     let event = bcm_contracts::CloudEvent::new(
@@ -198,6 +200,7 @@ async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
         command: bcm_contracts::Command::from_parts("bmc.power", cycle).expect("a power command"),
         issued_at: chrono::Utc::now(),
         deadline: None,
+        authority: None,
     };
     let event = bcm_contracts::CloudEvent::new(
         "interrupted".into(),

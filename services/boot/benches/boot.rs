@@ -229,6 +229,7 @@ async fn main() -> anyhow::Result<()> {
         images: vec![],
         http_proxy: None,
         telemetry: Default::default(),
+        quorum_anchor_file: None,
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let running = bcm_boot::start(&cfg, stop.clone()).await?;

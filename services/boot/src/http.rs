@@ -31,6 +31,8 @@ pub struct HttpState {
     pub nonces: Arc<Nonces>,
     /// The site's join key: reveals the command line's join references.
     pub join_key: Option<bcm_pki::JoinKey>,
+    /// The site's quorum anchor as `bcm.quorum=` carries it.
+    pub quorum_anchor: Option<String>,
     pub lease: Arc<Lease>,
     pub proxy: ProxyConfig,
     pub boot_files: RootHandler,
@@ -68,9 +70,22 @@ fn artifact_url(proxy: &ProxyConfig, path: &str) -> String {
 pub fn render(
     proxy: &ProxyConfig,
     join_key: Option<&bcm_pki::JoinKey>,
+    quorum_anchor: Option<&str>,
     mac: &Mac,
     e: &BootEntry,
 ) -> String {
+    // The anchor is the site's, never the control plane's: a `bcm.quorum=`
+    // the entry carries is dropped.
+    let mut cmdline: Vec<&str> = e
+        .cmdline
+        .split_whitespace()
+        .filter(|w| !w.starts_with("bcm.quorum="))
+        .collect();
+    let anchor = quorum_anchor.map(|a| format!("bcm.quorum={a}"));
+    if let Some(a) = &anchor {
+        cmdline.push(a);
+    }
+    let cmdline = cmdline.join(" ");
     let initrd_name = e
         .initrd
         .rsplit('/')
@@ -83,8 +98,8 @@ pub fn render(
         kernel = artifact_url(proxy, &e.kernel),
         initrd = artifact_url(proxy, &e.initrd),
         cmdline = match join_key {
-            Some(k) => k.reveal(&e.cmdline),
-            None => e.cmdline.clone(),
+            Some(k) => k.reveal(&cmdline),
+            None => cmdline,
         },
     )
 }
@@ -104,7 +119,13 @@ async fn script(State(s): State<HttpState>, UrlPath(nonce): UrlPath<String>) -> 
         Some((mac, e)) => {
             tracing::info!(%mac, node = e.node_id.as_deref().unwrap_or(""), "iPXE script served");
             metrics::counter!("bcm_boot_scripts_total", "outcome" => "entry").increment(1);
-            ipxe(render(&s.proxy, s.join_key.as_ref(), &mac, &e))
+            ipxe(render(
+                &s.proxy,
+                s.join_key.as_ref(),
+                s.quorum_anchor.as_deref(),
+                &mac,
+                &e,
+            ))
         }
         None => {
             // The nonce is not logged: it names nothing worth keeping.

@@ -126,6 +126,14 @@ pub struct BootConfig {
     /// only in the script served behind a one-time link.
     #[serde(default)]
     pub join_key: bcm_pki::JoinKeyConfig,
+    /// The site's quorum trust anchor (the file the bmc service reads):
+    /// every ramdisk this service boots gets it on its kernel command line
+    /// (`bcm.quorum=`, in place of any the control plane wrote), so `bcd`
+    /// verifies destructive commands against what the site trusts. A
+    /// ramdisk built with an anchor of its own (`bcd --quorum-anchor`)
+    /// prefers that one.
+    #[serde(default)]
+    pub quorum_anchor_file: Option<std::path::PathBuf>,
     /// Seconds a DHCP answer's script link (`/ipxe/<nonce>`) stays usable.
     #[serde(default = "default_script_link_ttl")]
     pub script_link_ttl_secs: u64,
@@ -249,6 +257,17 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
         tracing::warn!(site = %site, "no join key is configured (join_key.file): boot entries that carry a join token are refused");
     }
 
+    let quorum_anchor = match &cfg.quorum_anchor_file {
+        Some(path) => {
+            let anchor = bcm_quorum::anchor_from_file(path)
+                .map_err(|e| BootError::Config(e.to_string()))?;
+            Some(bcm_quorum::anchor_cmdline_value(&anchor))
+        }
+        None => {
+            tracing::warn!(site = %site, "no quorum trust anchor (quorum_anchor_file): ramdisks it boots refuse every destructive command unless their build pins one");
+            None
+        }
+    };
     let entries = Arc::new(entries::Entries::default());
     let nonces = Arc::new(nonces::Nonces::new(Duration::from_secs(
         cfg.script_link_ttl_secs.max(1),
@@ -271,6 +290,7 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
         entries: entries.clone(),
         nonces: nonces.clone(),
         join_key: join_key.clone(),
+        quorum_anchor,
         lease: lease.clone(),
         proxy: proxy.clone(),
         boot_files: tftp::RootHandler::new(&cfg.boot_files)?,

@@ -27,6 +27,7 @@ fn entry(site: &str, mac: &str) -> Vec<u8> {
         }),
         issued_at: chrono::Utc::now(),
         deadline: None,
+        authority: None,
     };
     let ty = bcm_contracts::events::types::command(cmd.kind());
     serde_json::to_vec(&CloudEvent::new("c".into(), ty, None, None, cmd)).expect("json")

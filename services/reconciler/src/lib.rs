@@ -13,6 +13,7 @@
 //! missed.
 
 pub mod leader;
+pub mod bulk;
 pub mod power_sync;
 pub mod reconcile;
 pub mod shards;
@@ -53,6 +54,20 @@ pub struct ReconcilerConfig {
     /// not looked at is a stalled workflow.
     #[serde(default = "default_stall_grace_secs")]
     pub stall_grace_secs: u64,
+    /// How often the bulk runner settles nodes and starts waves.
+    #[serde(default = "default_bulk_tick_ms")]
+    pub bulk_tick_ms: u64,
+    /// At most this many nodes of a site's bulks run at once (each pool's
+    /// `bulkConcurrency` bounds its own bulks below that).
+    #[serde(default = "default_bulk_site_concurrency")]
+    pub bulk_site_concurrency: u32,
+}
+
+fn default_bulk_tick_ms() -> u64 {
+    1_000
+}
+fn default_bulk_site_concurrency() -> u32 {
+    500
 }
 
 fn default_stall_check_secs() -> u64 {
@@ -92,6 +107,8 @@ impl Default for ReconcilerConfig {
             power_sync_max_outstanding: default_power_sync_max_outstanding(),
             stall_check_secs: default_stall_check_secs(),
             stall_grace_secs: default_stall_grace_secs(),
+            bulk_tick_ms: default_bulk_tick_ms(),
+            bulk_site_concurrency: default_bulk_site_concurrency(),
         }
     }
 }
@@ -118,7 +135,15 @@ pub async fn run(db: Db, bus: Bus, cfg: ReconcilerConfig, shutdown: Cancellation
         holder.clone(),
         shutdown.clone(),
     ));
+    let bulk = tokio::spawn(bulk::run(
+        db.clone(),
+        bus.clone(),
+        cfg.clone(),
+        holder.clone(),
+        shutdown.clone(),
+    ));
     shards::run(db, bus, cfg, holder, shutdown).await;
+    let _ = bulk.await;
     let _ = sync.await;
     let _ = stalls.await;
 }

@@ -100,6 +100,8 @@ pub async fn round(
             &node,
             "power-sync",
             None,
+            // A read: not destructive, so no batch.
+            None,
             |bmc| Command::BmcPowerStatus(BmcParams { bmc }),
         )
         .await?;

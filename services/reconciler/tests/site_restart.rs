@@ -100,6 +100,7 @@ async fn a_redelivered_destructive_command_runs_once_across_a_site_restart() {
         }),
         issued_at: chrono::Utc::now(),
         deadline: None,
+        authority: None,
     };
     let tenant = bcm_testkit::tenant_a();
     let msg = bcm_bus::outgoing::command(
@@ -108,6 +109,7 @@ async fn a_redelivered_destructive_command_runs_once_across_a_site_restart() {
             node: &id,
             tenant: &tenant,
             version: 0,
+            batch: None,
         },
         &cmd,
     );

@@ -534,7 +534,7 @@ async fn step_once(
             now,
         };
         match start_attempt(tx, &at, &mut steps[pos], writes).await? {
-            Started::Sent => None,
+            Started::Sent | Started::AwaitingApproval => None,
             Started::Ended(e) => Some(e),
             Started::InEngine => run_in_engine(tx, &at, steps, pos).await?,
         }
@@ -638,8 +638,46 @@ enum Started {
     Sent,
     /// A step the engine runs itself: run it now.
     InEngine,
-    /// It could not start (its command cannot be built).
+    /// It could not start (its command cannot be built, or no approved
+    /// batch allows it).
     Ended(Ended),
+    /// Its destructive command waits for its batch's approval: the step
+    /// stays pending and is looked at again.
+    AwaitingApproval,
+}
+
+/// How often a step waiting for its batch's approval looks again.
+const APPROVAL_POLL: chrono::Duration = chrono::Duration::seconds(2);
+
+/// The authority a destructive step's command carries: its node's batch,
+/// approved, with the node's proof. A main step waits while the batch
+/// awaits approval; a cleanup step never waits (nothing destructive ran
+/// without approval, so there is nothing to undo by force).
+async fn authority_for(
+    tx: &mut Tx<'_>,
+    node: &Node,
+    cleanup: bool,
+) -> Result<Result<bcm_contracts::batch::BatchAuthority, Started>, DbError> {
+    use bcm_db::batches::AuthorityState;
+    let Some(batch) = &node.batch_id else {
+        return Ok(Err(Started::Ended(Ended::failed(
+            false,
+            format!("FORBIDDEN: no approved batch covers node {}: a verb must start its chain", node.id),
+        ))));
+    };
+    Ok(
+        match bcm_db::batches::authority_in_txn(tx, batch, &node.id.to_string()).await? {
+            AuthorityState::Ready(a) => Ok(*a),
+            AuthorityState::Awaiting { .. } if !cleanup => Err(Started::AwaitingApproval),
+            AuthorityState::Awaiting { .. } => Err(Started::Ended(Ended::failed(
+                false,
+                format!("FORBIDDEN: batch {batch} was never approved"),
+            ))),
+            AuthorityState::Refused(why) => {
+                Err(Started::Ended(Ended::failed(false, format!("FORBIDDEN: {why}"))))
+            }
+        },
+    )
 }
 
 /// Starts a pending step's attempt: a step that sends a command records it
@@ -657,6 +695,18 @@ async fn start_attempt(
         node,
         now,
     } = *at;
+    let authority = if def.kind.destructive() {
+        match authority_for(tx, node, step.cleanup).await? {
+            Ok(a) => Some(a),
+            Err(Started::AwaitingApproval) => {
+                step.due_at = Some(now + APPROVAL_POLL);
+                return Ok(Started::AwaitingApproval);
+            }
+            Err(other) => return Ok(other),
+        }
+    } else {
+        None
+    };
     step.status = StepStatus::Running;
     step.attempt = step.attempt.max(1);
     step.started_at = Some(now);
@@ -691,6 +741,7 @@ async fn start_attempt(
         actor: wf.actor.clone(),
         // The step's span: an agent polling it continues the trace.
         traceparent: bcm_bus::current_traceparent(),
+        batch_id: authority.as_ref().map(|a| a.header.batch_id.clone()),
     });
     if def.kind.target() == StepTarget::Site {
         let envelope = CommandEnvelope {
@@ -701,6 +752,7 @@ async fn start_attempt(
             issued_at: now,
             // The site refuses it once the engine stopped waiting for it.
             deadline: step.deadline_at,
+            authority,
         };
         writes
             .events

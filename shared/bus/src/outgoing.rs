@@ -27,6 +27,9 @@ pub struct About<'a> {
     pub node: &'a NodeId,
     pub tenant: &'a TenantId,
     pub version: i64,
+    /// The batch the node's current verb runs under (the events'
+    /// `batchid`).
+    pub batch: Option<&'a str>,
 }
 
 fn headers() -> serde_json::Map<String, serde_json::Value> {
@@ -44,7 +47,8 @@ fn build<T: Serialize>(subject: String, about: About<'_>, ty: &str, data: T) -> 
         Some(about.node.to_string()),
         Some(about.version),
         data,
-    );
+    )
+    .with_batch(about.batch.map(str::to_owned));
     Outgoing {
         id,
         subject,
@@ -81,6 +85,26 @@ pub fn command(subjects: &Subjects, about: About<'_>, cmd: &CommandEnvelope) -> 
         &types::command(cmd.kind()),
         cmd.clone(),
     )
+}
+
+/// A `bulk.*` event of a tenant about a batch (its CloudEvents subject).
+pub fn batch_event<T: Serialize>(
+    subjects: &Subjects,
+    tenant: &TenantId,
+    batch: &str,
+    ty: &str,
+    data: T,
+) -> Outgoing {
+    let id = ulid::Ulid::new().to_string().to_lowercase();
+    let event = CloudEvent::new(id.clone(), ty.to_owned(), Some(batch.to_owned()), None, data)
+        .with_batch(Some(batch.to_owned()));
+    Outgoing {
+        id,
+        subject: subjects.event(tenant, ty),
+        payload: serde_json::to_value(event).unwrap_or(serde_json::Value::Null),
+        headers: headers(),
+        node_id: None,
+    }
 }
 
 /// The `node.provision.<state>` type for a state.

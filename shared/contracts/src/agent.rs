@@ -247,6 +247,12 @@ pub struct AgentCommand {
     /// links spans.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// For a destructive kind: the approved batch that allows it; the
+    /// agent verifies it against its own trust anchor before it acts.
+    /// Not part of the signed result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub authority: Option<crate::batch::BatchAuthority>,
 }
 
 impl AgentCommand {

@@ -473,6 +473,10 @@ pub struct CommandEnvelope {
     /// Absent: no deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<DateTime<Utc>>,
+    /// For a destructive kind: the approved batch that allows it, which
+    /// the site verifies itself (`bcm-quorum`) before it acts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<crate::batch::BatchAuthority>,
 }
 
 impl CommandEnvelope {
@@ -500,6 +504,8 @@ struct EnvelopeWire {
     issued_at: DateTime<Utc>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     deadline: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    authority: Option<crate::batch::BatchAuthority>,
 }
 
 impl TryFrom<EnvelopeWire> for CommandEnvelope {
@@ -512,6 +518,7 @@ impl TryFrom<EnvelopeWire> for CommandEnvelope {
             node_id: w.node_id,
             issued_at: w.issued_at,
             deadline: w.deadline,
+            authority: w.authority,
         })
     }
 }
@@ -526,6 +533,7 @@ impl From<CommandEnvelope> for EnvelopeWire {
             node_id: c.node_id,
             issued_at: c.issued_at,
             deadline: c.deadline,
+            authority: c.authority,
         }
     }
 }

@@ -32,10 +32,20 @@ pub struct CloudEvent<T> {
     /// dedupe by subscribers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodeversion: Option<i64>,
+    /// Extension: the batch (`bat_…`) a node's current verb runs under, or
+    /// that a `bulk.*` event is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batchid: Option<String>,
     pub data: T,
 }
 
 impl<T> CloudEvent<T> {
+    /// The same event naming `batch`.
+    pub fn with_batch(mut self, batch: Option<String>) -> Self {
+        self.batchid = batch;
+        self
+    }
+
     /// Wraps `data` as an event of type `ty` about `subject`.
     pub fn new(
         id: String,
@@ -53,6 +63,7 @@ impl<T> CloudEvent<T> {
             time: Utc::now(),
             datacontenttype: "application/json".to_owned(),
             nodeversion,
+            batchid: None,
             data,
         }
     }

@@ -33,6 +33,14 @@ pub mod types {
     pub const NODE_CREDENTIALS_ROTATION: &str = "node.credentials.rotation";
     /// `node.workflow.stalled`.
     pub const NODE_WORKFLOW_STALLED: &str = "node.workflow.stalled";
+    /// `bulk.created`.
+    pub const BULK_CREATED: &str = "bulk.created";
+    /// `bulk.approved`.
+    pub const BULK_APPROVED: &str = "bulk.approved";
+    /// `bulk.progress`.
+    pub const BULK_PROGRESS: &str = "bulk.progress";
+    /// `bulk.finished`.
+    pub const BULK_FINISHED: &str = "bulk.finished";
     /// The prefix of `workflow.<status>`.
     pub const WORKFLOW_PREFIX: &str = "workflow.";
     /// The prefix of `workflow.step.<status>`.
@@ -92,6 +100,10 @@ event_types! {
     WorkflowStalled => |_| types::NODE_WORKFLOW_STALLED.to_owned(),
     WorkflowFinished => |e| types::workflow(e.status),
     StepFinished => |e| types::workflow_step(e.status),
+    BulkCreated => |_| types::BULK_CREATED.to_owned(),
+    BulkApproved => |_| types::BULK_APPROVED.to_owned(),
+    BulkProgress => |_| types::BULK_PROGRESS.to_owned(),
+    BulkFinished => |_| types::BULK_FINISHED.to_owned(),
 }
 
 /// `node.enrolled`: a node was created by `metal.enroll` (or an adopt join).
@@ -266,6 +278,70 @@ pub struct WorkflowStalled {
     pub overdue_secs: i64,
 }
 
+/// How many of a bulk's nodes are where.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BulkCounts {
+    pub queued: u64,
+    pub refused: u64,
+    pub started: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+}
+
+/// `bulk.created`: `metal.bulk` admitted a request; its batch awaits
+/// approval (or was approved by policy).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BulkCreated {
+    pub batch_id: String,
+    pub tenant_id: TenantId,
+    pub pool_id: PoolId,
+    pub operation: bcm_core::batch::Operation,
+    /// The batch digest approvers sign (hex).
+    pub digest: String,
+    pub reason: String,
+    pub requested_by: String,
+    /// Nodes admitted (the batch's leaves) and refused at admission.
+    pub admitted: u64,
+    pub refused: u64,
+    pub quorum_required: u32,
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// `bulk.approved`: the batch has its quorum; its nodes start in waves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BulkApproved {
+    pub batch_id: String,
+    pub tenant_id: TenantId,
+    /// The approvers whose signatures made the quorum.
+    pub approvers: Vec<String>,
+}
+
+/// `bulk.progress`: counts after a wave started or nodes finished.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BulkProgress {
+    pub batch_id: String,
+    pub tenant_id: TenantId,
+    pub counts: BulkCounts,
+}
+
+/// `bulk.finished`: every node is done with, or the batch ended
+/// (`finished`, `cancelled`, `expired`, `rejected`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BulkFinished {
+    pub batch_id: String,
+    pub tenant_id: TenantId,
+    pub state: bcm_core::batch::BatchState,
+    pub counts: BulkCounts,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
 /// Every event, decoded by its type.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -279,6 +355,10 @@ pub enum Event {
     WorkflowStalled(WorkflowStalled),
     Workflow(WorkflowFinished),
     Step(StepFinished),
+    BulkCreated(BulkCreated),
+    BulkApproved(BulkApproved),
+    BulkProgress(BulkProgress),
+    BulkFinished(BulkFinished),
 }
 
 impl Event {
@@ -303,6 +383,10 @@ impl Event {
             NODE_POWER_CHANGED => Event::NodePowerChanged(data(ev)?),
             NODE_CREDENTIALS_ROTATION => Event::NodeCredentialsRotation(data(ev)?),
             NODE_WORKFLOW_STALLED => Event::WorkflowStalled(data(ev)?),
+            BULK_CREATED => Event::BulkCreated(data(ev)?),
+            BULK_APPROVED => Event::BulkApproved(data(ev)?),
+            BULK_PROGRESS => Event::BulkProgress(data(ev)?),
+            BULK_FINISHED => Event::BulkFinished(data(ev)?),
             _ if ty.starts_with(WORKFLOW_STEP_PREFIX) => Event::Step(data(ev)?),
             _ if ty.starts_with(WORKFLOW_PREFIX) => Event::Workflow(data(ev)?),
             _ if ty.starts_with(NODE_PROVISION_PREFIX) => {
@@ -324,9 +408,9 @@ impl Event {
         })
     }
 
-    /// The node the event is about.
-    pub fn node_id(&self) -> NodeId {
-        match self {
+    /// The node the event is about (none for a `bulk.*` event).
+    pub fn node_id(&self) -> Option<NodeId> {
+        Some(match self {
             Event::NodeEnrolled(e) => e.node_id,
             Event::NodeProvision(e) => e.node_id,
             Event::NodeWorkflow(e) => e.node_id,
@@ -337,6 +421,10 @@ impl Event {
             Event::WorkflowStalled(e) => e.node_id,
             Event::Workflow(e) => e.node_id,
             Event::Step(e) => e.node_id,
-        }
+            Event::BulkCreated(_)
+            | Event::BulkApproved(_)
+            | Event::BulkProgress(_)
+            | Event::BulkFinished(_) => return None,
+        })
     }
 }

@@ -10,6 +10,7 @@
 //! - [`results`]: the result a site service publishes.
 //! - [`agent`]: the bodies the agents (`bcd`) and the API exchange over HTTP.
 //! - [`attest`]: the API's requests to the attestation service.
+//! - [`batch`]: the approvers' authority a destructive command carries.
 //! - [`schemas`]: the JSON Schema of each of them (checked in under
 //!   `proto/schemas/`).
 //!
@@ -20,6 +21,7 @@
 
 pub mod agent;
 pub mod attest;
+pub mod batch;
 pub mod commands;
 pub mod envelope;
 pub mod events;

@@ -49,6 +49,19 @@ pub fn json_schemas() -> Vec<(&'static str, Value)> {
             "node.workflow.stalled.json",
             s(schema_for!(CloudEvent<WorkflowStalled>)),
         ),
+        ("bulk.created.json", s(schema_for!(CloudEvent<BulkCreated>))),
+        (
+            "bulk.approved.json",
+            s(schema_for!(CloudEvent<BulkApproved>)),
+        ),
+        (
+            "bulk.progress.json",
+            s(schema_for!(CloudEvent<BulkProgress>)),
+        ),
+        (
+            "bulk.finished.json",
+            s(schema_for!(CloudEvent<BulkFinished>)),
+        ),
         (
             "workflow.json",
             s(schema_for!(CloudEvent<WorkflowFinished>)),

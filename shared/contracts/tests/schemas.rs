@@ -87,6 +87,39 @@ fn ev<T>(ty: &str, data: T) -> CloudEvent<T> {
     )
 }
 
+/// A batch authority as a destructive command carries it.
+fn envelope_authority() -> Option<bcm_contracts::batch::BatchAuthority> {
+    use bcm_contracts::batch::*;
+    Some(BatchAuthority {
+        header: BatchHeader {
+            batch_id: "bat_01jd0000000000000000000000".into(),
+            tenant_id: "acme".into(),
+            pool_id: "gpu".into(),
+            operation: bcm_core::batch::Operation::Undeploy,
+            wipe: Some(bcm_core::WipeMode::Quick),
+            reason_sha256: "0".repeat(64),
+            expires_at: 1_800_000_000,
+            root: "1".repeat(64),
+            leaf_count: 2,
+        },
+        leaf_index: 1,
+        proof: vec!["2".repeat(64)],
+        approvals: vec![ApprovalSignature {
+            approver_id: "alice".into(),
+            signature: "c2ln".into(),
+        }],
+    })
+}
+
+/// A `bulk.*` event: about a batch, not a node.
+fn bulk<T>(ty: &str, data: T) -> CloudEvent<T> {
+    let mut e = ev(ty, data);
+    e.subject = Some("bat_01jd0000000000000000000000".into());
+    e.nodeversion = None;
+    e.batchid = Some("bat_01jd0000000000000000000000".into());
+    e
+}
+
 fn bmc() -> BmcTarget {
     BmcTarget {
         driver: BmcDriver::Redfish,
@@ -324,6 +357,7 @@ fn every_command_kind_validates_against_cmd_command_json_and_round_trips() {
             command,
             issued_at: chrono::Utc::now(),
             deadline: None,
+            authority: envelope_authority(),
         };
         holds(
             "cmd.command.json",
@@ -525,6 +559,69 @@ fn every_event_validates_against_its_schema_and_round_trips() {
             },
         ),
     ));
+    let bt: bcm_core::TenantId = "root".parse().expect("tenant");
+    let counts = BulkCounts {
+        queued: 9_000,
+        refused: 2,
+        started: 200,
+        succeeded: 797,
+        failed: 1,
+        cancelled: 0,
+    };
+    examples.push(holds(
+        "bulk.created.json",
+        &bulk(
+            types::BULK_CREATED,
+            BulkCreated {
+                batch_id: "bat_01jd0000000000000000000000".into(),
+                tenant_id: bt.clone(),
+                pool_id: "gpu".parse().expect("pool"),
+                operation: bcm_core::batch::Operation::Undeploy,
+                digest: "3".repeat(64),
+                reason: "rack 7 goes back to the pool".into(),
+                requested_by: "ops".into(),
+                admitted: 9_998,
+                refused: 2,
+                quorum_required: 2,
+                expires_at: chrono::DateTime::from_timestamp(1_800_000_000, 0).expect("time"),
+            },
+        ),
+    ));
+    examples.push(holds(
+        "bulk.approved.json",
+        &bulk(
+            types::BULK_APPROVED,
+            BulkApproved {
+                batch_id: "bat_01jd0000000000000000000000".into(),
+                tenant_id: bt.clone(),
+                approvers: vec!["alice".into(), "bob".into()],
+            },
+        ),
+    ));
+    examples.push(holds(
+        "bulk.progress.json",
+        &bulk(
+            types::BULK_PROGRESS,
+            BulkProgress {
+                batch_id: "bat_01jd0000000000000000000000".into(),
+                tenant_id: bt.clone(),
+                counts: counts.clone(),
+            },
+        ),
+    ));
+    examples.push(holds(
+        "bulk.finished.json",
+        &bulk(
+            types::BULK_FINISHED,
+            BulkFinished {
+                batch_id: "bat_01jd0000000000000000000000".into(),
+                tenant_id: bt.clone(),
+                state: bcm_core::batch::BatchState::Finished,
+                counts,
+                reason: None,
+            },
+        ),
+    ));
     // One example of every event, for the CloudEvents validator of CI
     // (tests/deploy/validate-documents.sh) and for consumers to read.
     examples_match("events.json", &examples);
@@ -596,6 +693,7 @@ fn what_the_types_refuse_the_schemas_refuse() {
         }),
         issued_at: chrono::Utc::now(),
         deadline: None,
+        authority: None,
     };
     let good = serde_json::to_value(ev("cmd.bmc.power", envelope)).expect("json");
     let validator = schema("cmd.command.json");

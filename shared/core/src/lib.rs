@@ -6,6 +6,7 @@
 //! legal" reads [`table::apply`]; no other crate decides it.
 
 pub mod authz;
+pub mod batch;
 pub mod bmc;
 pub mod deploy;
 pub mod error;

@@ -26,6 +26,8 @@ pub struct NewCommand {
     /// The W3C trace context of the span that issued it, handed to the
     /// agent that runs it.
     pub traceparent: Option<String>,
+    /// The approved batch a destructive command is sent under.
+    pub batch_id: Option<String>,
 }
 
 /// A stored command.
@@ -51,9 +53,11 @@ pub struct CommandRow {
     pub actor: Option<String>,
     /// The W3C trace context of the span that issued it.
     pub traceparent: Option<String>,
+    /// The approved batch a destructive command is sent under.
+    pub batch_id: Option<String>,
 }
 
-const COLUMNS: &str = "id, node_id, site_id, kind, target, params, status, result, signature, attested_by, created_at, completed_at, actor, traceparent";
+const COLUMNS: &str = "id, node_id, site_id, kind, target, params, status, result, signature, attested_by, created_at, completed_at, actor, traceparent, batch_id";
 
 /// Records a command as pending. A repeated idempotency key is
 /// [`DbError::Duplicate`].
@@ -82,12 +86,13 @@ pub async fn commands_insert_many_in_txn(
     let params: Vec<&serde_json::Value> = cs.iter().map(|c| &c.params).collect();
     let actors: Vec<Option<&str>> = cs.iter().map(|c| c.actor.as_deref()).collect();
     let traces: Vec<Option<&str>> = cs.iter().map(|c| c.traceparent.as_deref()).collect();
+    let batches: Vec<Option<&str>> = cs.iter().map(|c| c.batch_id.as_deref()).collect();
     // An agent's command wakes its long-poll on commit (same round trip).
     sqlx::query(
-        "WITH c AS (INSERT INTO commands (id, idempotency_key, workflow_id, step_idx, attempt, node_id, site_id, kind, target, params, actor, traceparent, status) \
-         SELECT id, key, wf, step, attempt, node, site, kind, target, params, actor, tp, 'pending' \
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::int[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], $12::text[], $13::text[]) \
-         AS t(id, key, wf, step, attempt, node, site, kind, target, params, actor, tp) RETURNING node_id, target) \
+        "WITH c AS (INSERT INTO commands (id, idempotency_key, workflow_id, step_idx, attempt, node_id, site_id, kind, target, params, actor, traceparent, batch_id, status) \
+         SELECT id, key, wf, step, attempt, node, site, kind, target, params, actor, tp, batch, 'pending' \
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::int[], $6::text[], $7::text[], $8::text[], $9::text[], $10::jsonb[], $12::text[], $13::text[], $14::text[]) \
+         AS t(id, key, wf, step, attempt, node, site, kind, target, params, actor, tp, batch) RETURNING node_id, target) \
          SELECT pg_notify($11, node_id) FROM c WHERE target IN ('ramdisk', 'node') AND node_id IS NOT NULL",
     )
     .bind(&ids)
@@ -103,6 +108,7 @@ pub async fn commands_insert_many_in_txn(
     .bind(AGENT_CHANNEL)
     .bind(&actors)
     .bind(&traces)
+    .bind(&batches)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -433,4 +439,19 @@ pub async fn commands_prune_leaves(db: &Db, keep: std::time::Duration) -> Result
     .execute(db.pool())
     .await?
     .rows_affected())
+}
+
+/// Names the batch a held command is sent under (a one-leaf command
+/// released by its batch's approval).
+pub async fn command_set_batch_in_txn(
+    tx: &mut Tx<'_>,
+    id: &str,
+    batch: &str,
+) -> Result<(), DbError> {
+    sqlx::query("UPDATE commands SET batch_id = $2 WHERE id = $1")
+        .bind(id)
+        .bind(batch)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }

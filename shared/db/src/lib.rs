@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod agents;
+pub mod batches;
 pub mod commands;
 pub mod deploy_profiles;
 pub mod error;
@@ -206,4 +207,11 @@ pub async fn lock_timeout_in_txn(tx: &mut Tx<'_>, millis: u32) -> Result<(), DbE
         .execute(&mut **tx)
         .await?;
     Ok(())
+}
+
+/// A savepoint inside `tx`: rolled back on its own (or dropped) without
+/// ending `tx`, committed into it otherwise.
+pub async fn savepoint<'t>(tx: &'t mut Tx<'_>) -> Result<Tx<'t>, DbError> {
+    use sqlx::Acquire as _;
+    Ok(tx.begin().await?)
 }

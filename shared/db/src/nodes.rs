@@ -43,6 +43,9 @@ pub struct Node {
     /// The wipe mode of the current release.
     pub release_wipe: Option<WipeMode>,
     pub unrescue_pending: bool,
+    /// The batch its current verb's chain runs under: the destructive
+    /// commands of its workflows carry that batch's authority.
+    pub batch_id: Option<String>,
     pub version: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -87,6 +90,7 @@ impl Node {
             deploy_profile: None,
             release_wipe: None,
             unrescue_pending: false,
+            batch_id: None,
             version: 1,
             created_at: now,
             updated_at: now,
@@ -118,6 +122,7 @@ struct NodeRow {
     deploy_profile: Option<serde_json::Value>,
     release_wipe: Option<String>,
     unrescue_pending: bool,
+    batch_id: Option<String>,
     version: i64,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
@@ -187,6 +192,7 @@ impl TryFrom<NodeRow> for Node {
                 .map(|w| WipeMode::parse(w).ok_or_else(|| corrupt("wipe mode", w)))
                 .transpose()?,
             unrescue_pending: r.unrescue_pending,
+            batch_id: r.batch_id,
             version: r.version,
             created_at: r.created_at,
             updated_at: r.updated_at,
@@ -196,14 +202,14 @@ impl TryFrom<NodeRow> for Node {
 
 const COLUMNS: &str = "id, tenant_id, pool_id, site_id, provision_state, failed_from, last_error, \
     maintenance, power, role, bmc_driver, bmc_address, bmc_secret_id, bmc_tls, \
-    bmc_pending_secret_id, bmc_rotation_command_id, macs, hardware_profile, workflow_id, deploy_profile, release_wipe, unrescue_pending, version, created_at, updated_at";
+    bmc_pending_secret_id, bmc_rotation_command_id, macs, hardware_profile, workflow_id, deploy_profile, release_wipe, unrescue_pending, batch_id, version, created_at, updated_at";
 
 /// Inserts a new node (version 1) and its placement.
 pub async fn node_insert_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<(), DbError> {
     sqlx::query(
         "INSERT INTO nodes (id, tenant_id, pool_id, site_id, provision_state, maintenance, power, \
-         bmc_driver, bmc_address, bmc_secret_id, macs, hardware_profile, version, bmc_tls) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+         bmc_driver, bmc_address, bmc_secret_id, macs, hardware_profile, version, bmc_tls, batch_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
     )
     .bind(n.id.to_string())
     .bind(n.tenant_id.as_str())
@@ -219,6 +225,7 @@ pub async fn node_insert_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<(), DbError
     .bind(&n.hardware_profile)
     .bind(n.version)
     .bind(n.bmc_tls.as_ref().map(|t| serde_json::json!(t)))
+    .bind(&n.batch_id)
     .execute(&mut **tx)
     .await?;
     placement_refresh_in_txn(tx, n).await
@@ -255,7 +262,7 @@ pub async fn node_update_guarded_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<i64
         "WITH moved AS (UPDATE nodes SET provision_state = $2, failed_from = $3, last_error = $4, maintenance = $5, \
          power = $6, role = $7, bmc_secret_id = $8, macs = $9, workflow_id = $10, deploy_profile = $11, \
          release_wipe = $12, unrescue_pending = $13, bmc_pending_secret_id = $15, \
-         bmc_rotation_command_id = $16, version = version + 1, updated_at = now() \
+         bmc_rotation_command_id = $16, batch_id = $17, version = version + 1, updated_at = now() \
          WHERE id = $1 AND version = $14 RETURNING id, tenant_id, pool_id, version), \
          placed AS (INSERT INTO node_placements (node_id, tenant_id, pool_id, version) \
          SELECT id, tenant_id, pool_id, version FROM moved \
@@ -282,6 +289,7 @@ pub async fn node_update_guarded_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<i64
     .bind(n.version)
     .bind(&n.bmc_pending_secret_id)
     .bind(&n.bmc_rotation_command_id)
+    .bind(&n.batch_id)
     .fetch_optional(&mut **tx)
     .await?;
     new_version.ok_or(DbError::Stale)

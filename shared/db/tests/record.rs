@@ -47,6 +47,7 @@ fn command(node: &str, key: &str, kind: &str) -> NewCommand {
         params: serde_json::json!({}),
         actor: None,
         traceparent: None,
+        batch_id: None,
     }
 }
 

@@ -50,6 +50,7 @@ pub async fn leaf_command_in_txn(
     node: &Node,
     purpose: &str,
     actor: Option<&str>,
+    authority: Option<bcm_contracts::batch::BatchAuthority>,
     command: impl FnOnce(BmcTarget) -> Command,
 ) -> Result<(CommandEnvelope, bcm_db::outbox::NewOutboxMessage), DbError> {
     let now = chrono::Utc::now();
@@ -60,6 +61,7 @@ pub async fn leaf_command_in_txn(
         command: command(target_in_txn(tx, node).await?),
         issued_at: now,
         deadline: Some(now + LEAF_COMMAND_TTL),
+        authority,
     };
     bcm_db::commands::command_insert_in_txn(
         tx,
@@ -76,6 +78,7 @@ pub async fn leaf_command_in_txn(
             params: cmd.command.params_json(),
             actor: actor.map(str::to_owned),
             traceparent: bcm_bus::current_traceparent(),
+            batch_id: cmd.authority.as_ref().map(|a| a.header.batch_id.clone()),
         },
     )
     .await?;

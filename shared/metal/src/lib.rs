@@ -4,10 +4,13 @@
 //! rows in the caller's transaction ([`moves`]); the start of a state's
 //! workflow ([`workflows`]); outbox row building ([`outbox`]); the BMC a
 //! command acts on and one-leaf BMC commands ([`bmc`]); join tokens and
-//! revocation ([`identity`]).
+//! revocation ([`identity`]); destructive batches: a verb's one-node batch,
+//! approved by the pool's policy or awaiting approvers, a bulk's batch, and
+//! what an approval that completes a quorum releases ([`batches`]).
 //!
 //! Legality stays in `bcm-core`; SQL stays in `bcm-db`; subjects in `bcm-bus`.
 
+pub mod batches;
 pub mod bmc;
 pub mod identity;
 pub mod moves;

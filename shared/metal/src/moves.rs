@@ -96,3 +96,31 @@ pub async fn commit_in_txn(
     }
     Ok(next)
 }
+
+/// What the state table needs to know of a locked node to decide a verb:
+/// its state, `failedFrom`, the unrescue flag, whether the rescue ramdisk
+/// is still booting (up once `metal-rescue` succeeded) and whether a BMC
+/// password rotation is pending.
+pub async fn facts_in_txn(
+    tx: &mut Tx<'_>,
+    node: &Node,
+) -> Result<bcm_core::NodeFacts, DbError> {
+    use bcm_core::workflow::WorkflowPhase;
+    use bcm_core::ProvisionState;
+    let rescue_booting = match (node.provision_state, node.workflow_id) {
+        (ProvisionState::Rescue, _) if node.unrescue_pending => false,
+        (ProvisionState::Rescue, Some(wf)) => {
+            bcm_db::workflows::workflow_status_in_txn(tx, &wf.to_string()).await?
+                != Some(WorkflowPhase::Succeeded)
+        }
+        (ProvisionState::Rescue, None) => true,
+        _ => false,
+    };
+    Ok(bcm_core::NodeFacts {
+        state: node.provision_state,
+        failed_from: node.failed_from,
+        unrescue_pending: node.unrescue_pending,
+        rescue_booting,
+        rotation_pending: node.bmc_pending_secret_id.is_some(),
+    })
+}

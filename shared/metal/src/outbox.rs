@@ -23,6 +23,7 @@ fn about(node: &Node) -> About<'_> {
         node: &node.id,
         tenant: &node.tenant_id,
         version: node.version,
+        batch: node.batch_id.as_deref(),
     }
 }
 

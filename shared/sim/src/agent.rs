@@ -260,7 +260,24 @@ pub async fn ramdisk(
             } else {
                 tracing::info!(%address, command = %cmd.command_id, "sim ramdisk: finishing a command begun before the site restarted");
             }
-            let (ok, output, error) = match execute(&faults, &machines, &address, &boot, &cmd) {
+            // As bcd does: a destructive command runs only under an
+            // approved batch this agent verifies against the site's anchor.
+            let authorized = bcm_quorum::check_command(
+                cfg.quorum_anchor.as_ref(),
+                cmd.kind,
+                cmd.command().ok().as_ref(),
+                Some(&boot.node),
+                cmd.authority.as_ref(),
+                chrono::Utc::now().timestamp(),
+            );
+            let ran = match authorized {
+                Ok(()) => execute(&faults, &machines, &address, &boot, &cmd),
+                Err(e) => {
+                    tracing::warn!(%address, command = %cmd.command_id, error = %e, "sim ramdisk: refused a destructive command without a valid batch authority");
+                    Err(e.refusal())
+                }
+            };
+            let (ok, output, error) = match ran {
                 Ok(output) => (true, output.to_json(), None),
                 Err(e) => (false, serde_json::json!({}), Some(e)),
             };

@@ -111,6 +111,16 @@ pub struct SimConfig {
     /// HTTPS (a real ramdisk carries it in its build): they trust it alone.
     #[serde(default)]
     pub api_ca_file: Option<std::path::PathBuf>,
+    /// The site's quorum trust anchor (as `bmc.quorum_anchor_file`): the
+    /// simulated BMCs and ramdisk agents run a destructive command only
+    /// with an approved batch's authority they verify themselves, as the
+    /// real services and `bcd` do. Without one they refuse every
+    /// destructive command.
+    #[serde(default)]
+    pub quorum_anchor_file: Option<std::path::PathBuf>,
+    /// An anchor handed over in process (tests).
+    #[serde(skip)]
+    pub quorum_anchor: Option<bcm_quorum::Anchor>,
 }
 
 fn default_concurrency() -> usize {
@@ -132,6 +142,8 @@ impl SimConfig {
             nkey_file: None,
             join_key: Default::default(),
             api_ca_file: None,
+            quorum_anchor_file: None,
+            quorum_anchor: None,
         }
     }
 }

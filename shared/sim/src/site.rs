@@ -447,6 +447,17 @@ impl SiteHandler {
             tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), "sim: refused a command past its deadline; not run");
             return Ok(CommandResult::expired(cmd));
         }
+        if let Err(e) = bcm_quorum::check_command(
+            self.site.cfg.quorum_anchor.as_ref(),
+            cmd.kind(),
+            Some(&cmd.command),
+            cmd.node_id.map(|n| n.to_string()).as_deref(),
+            cmd.authority.as_ref(),
+            chrono::Utc::now().timestamp(),
+        ) {
+            tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), error = %e, "sim: refused a destructive command without a valid batch authority; not run");
+            return Ok(CommandResult::failed(cmd, false, e.refusal()));
+        }
         match store.begin_run(&cmd.command_id).await {
             Ok(true) => {}
             Ok(false) => return Ok(interrupted()),
@@ -477,6 +488,17 @@ pub async fn run(
     executions: Executions,
     shutdown: CancellationToken,
 ) -> Result<(), SimError> {
+    let mut cfg = cfg;
+    if cfg.quorum_anchor.is_none() {
+        if let Some(path) = &cfg.quorum_anchor_file {
+            cfg.quorum_anchor = Some(
+                bcm_quorum::anchor_from_file(path).map_err(|e| SimError::Config(e.to_string()))?,
+            );
+        }
+    }
+    if cfg.quorum_anchor.is_none() {
+        tracing::warn!("sim: no quorum trust anchor (sim.quorum_anchor_file): every destructive command will be refused");
+    }
     let site_id: bcm_core::SiteId = cfg
         .site
         .parse()

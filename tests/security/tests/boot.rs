@@ -67,6 +67,7 @@ async fn boot_service(
         images: vec![],
         http_proxy: None,
         telemetry: Default::default(),
+        quorum_anchor_file: None,
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let running = bcm_boot::start(&cfg, stop.clone())
@@ -96,6 +97,7 @@ async fn site_command(
         command,
         issued_at: chrono::Utc::now(),
         deadline: None,
+        authority: None,
     };
     let mut results = env
         .state

@@ -33,6 +33,7 @@ async fn send(
         }),
         issued_at: chrono::Utc::now() - chrono::Duration::minutes(30),
         deadline: Some(deadline),
+        authority: None,
     };
     let tenant = bcm_testkit::tenant_a();
     let msg = bcm_bus::outgoing::command(
@@ -41,6 +42,7 @@ async fn send(
             node: &node,
             tenant: &tenant,
             version: 0,
+            batch: None,
         },
         &cmd,
     );

@@ -76,6 +76,7 @@ async fn wipe_command(env: &TestEnv, node: &str) -> String {
             params: json!({"mode": "quick"}),
             actor: None,
             traceparent: None,
+            batch_id: None,
         },
     )
     .await

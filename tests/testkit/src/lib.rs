@@ -105,11 +105,54 @@ pub struct TestEnv {
     /// `join_key.for_site(site)`).
     pub join_key: bcm_pki::JoinKey,
     agent_silence_ms: u64,
+    /// The destructive-batch quorum of this test: the API's policy key,
+    /// three approver keys (`approver-1`..`approver-3`) and the site's
+    /// anchor (2 of the 3, and the policy key for one-node batches), which
+    /// the simulated site verifies against.
+    pub quorum: Quorum,
     /// Every site command the simulated sites of this test executed.
     pub executions: bcm_sim::site::Executions,
     #[allow(clippy::type_complexity)]
     site: std::sync::Mutex<Option<(CancellationToken, tokio::task::JoinHandle<()>)>>,
     shutdown: CancellationToken,
+}
+
+/// The quorum keys of a test.
+#[derive(Clone)]
+pub struct Quorum {
+    pub policy: ed25519_dalek::SigningKey,
+    pub approvers: Vec<ed25519_dalek::SigningKey>,
+    pub anchor: bcm_quorum::Anchor,
+}
+
+impl Quorum {
+    fn generate() -> Self {
+        let mut rng = rand::rngs::OsRng;
+        let policy = ed25519_dalek::SigningKey::generate(&mut rng);
+        let approvers: Vec<_> = (0..3)
+            .map(|_| ed25519_dalek::SigningKey::generate(&mut rng))
+            .collect();
+        let anchor = bcm_quorum::Anchor {
+            approvers: approvers
+                .iter()
+                .enumerate()
+                .map(|(i, k)| bcm_quorum::AnchorKey {
+                    id: format!("approver-{}", i + 1),
+                    public_key: bcm_quorum::public_key_b64(k),
+                })
+                .collect(),
+            quorum: 2,
+            auto_approver: Some(bcm_quorum::AnchorKey {
+                id: "policy".into(),
+                public_key: bcm_quorum::public_key_b64(&policy),
+            }),
+        };
+        Self {
+            policy,
+            approvers,
+            anchor,
+        }
+    }
 }
 
 fn env_url(name: &str) -> anyhow::Result<String> {
@@ -151,6 +194,7 @@ impl TestEnv {
         let admin_token = format!("admin-{}", random_suffix());
         let sealing_keys = vec![bcm_seal::KeyConfig::generate("test-1")];
         let join_key = bcm_pki::JoinKey::generate();
+        let quorum = Quorum::generate();
         let seed: bcm_api::Seed = serde_json::from_value(json!({
             "tenants": [{"id": "a", "name": "Tenant A"}, {"id": "b", "name": "Tenant B"}],
             "sites": [{"id": "s1", "name": "Site 1"}],
@@ -191,6 +235,10 @@ impl TestEnv {
                 plain_http: true,
                 ..Default::default()
             },
+            quorum: bcm_api::QuorumConfig {
+                policy_key: Some(quorum.policy.clone()),
+                ..Default::default()
+            },
             seed,
         };
         let state = bcm_api::prepare(&cfg).await?;
@@ -218,6 +266,7 @@ impl TestEnv {
             sealing_keys,
             join_key,
             agent_silence_ms: opts.agent_silence_ms,
+            quorum,
             executions: Default::default(),
             site: std::sync::Mutex::new(None),
             shutdown,
@@ -247,6 +296,9 @@ impl TestEnv {
     pub async fn spawn_site(&self, mut cfg: bcm_sim::SimConfig) -> anyhow::Result<()> {
         if !cfg.join_key.is_set() {
             cfg.join_key = bcm_pki::JoinKeyConfig::with_key(self.join_key.for_site(&cfg.site));
+        }
+        if cfg.quorum_anchor.is_none() && cfg.quorum_anchor_file.is_none() {
+            cfg.quorum_anchor = Some(self.quorum.anchor.clone());
         }
         let old = self.site.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some((stop, task)) = old {
@@ -496,6 +548,39 @@ impl TestEnv {
             bail!("minting a token: {status} {body}");
         }
         Ok(body["token"].as_str().context("token")?.to_owned())
+    }
+
+    /// Writes the site's quorum anchor to a file (for a bmc or boot
+    /// service's `quorum_anchor_file`) and returns its path.
+    pub fn anchor_file(&self) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!("bcm-anchor-{}.json", random_suffix()));
+        let text = serde_json::to_string(&self.quorum.anchor).unwrap_or_default();
+        if let Err(e) = std::fs::write(&path, text) {
+            panic!("writing {}: {e}", path.display());
+        }
+        path
+    }
+
+    /// Registers `approver-1`..`approver-3` for tenant `a` with their
+    /// test keys, as principals `approver-<n>`, and returns each one's API
+    /// token (no grants: an approver needs none to sign).
+    pub async fn register_approvers(&self) -> anyhow::Result<Vec<String>> {
+        let mut tokens = vec![];
+        for (i, k) in self.quorum.approvers.iter().enumerate() {
+            let id = format!("approver-{}", i + 1);
+            let (s, b) = self
+                .put(
+                    &format!("/api/compute/admin/approvers/{id}"),
+                    Some(&self.admin_token),
+                    &json!({"tenantId": "a", "principal": id, "publicKey": bcm_quorum::public_key_b64(k)}),
+                )
+                .await?;
+            if s != 200 {
+                bail!("registering {id}: {s} {b}");
+            }
+            tokens.push(self.token(&id, &[]).await?);
+        }
+        Ok(tokens)
     }
 
     /// Enrolls a node in `pool` of `tenant` as the admin, with a unique BMC.

@@ -94,6 +94,7 @@ pub fn config(
         images: vec![],
         http_proxy: None,
         telemetry: Default::default(),
+        quorum_anchor_file: None,
     }
 }
 
@@ -151,6 +152,7 @@ pub async fn command(env: &TestEnv, kind: &str, params: serde_json::Value) -> St
         command,
         issued_at: chrono::Utc::now(),
         deadline: None,
+        authority: None,
     };
     let ev = CloudEvent::new(
         format!("cmd-{}", cmd.command_id),

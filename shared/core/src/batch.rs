@@ -1,0 +1,296 @@
+//! Destructive batches as data: the operations a batch may name, the
+//! states each one's chain runs through, which destructive command kinds
+//! that chain may send (derived from the workflow profiles themselves, so
+//! the table cannot drift from what the engine does), the batch states,
+//! and the limits of a bulk request.
+//!
+//! Every edge (the BMC service, the site, `bcd`) asks [`allows`] before it
+//! runs a destructive command under a batch: an approved `inspect` batch
+//! cannot carry a `deploy.image`, and a `power` leaf carries nothing but
+//! `bmc.power`.
+
+use crate::workflow::{self, Profile};
+use crate::{ProvisionState, WipeMode};
+
+crate::wire_enum! {
+    /// What a batch's approvers allow: a verb's whole chain (for one node,
+    /// or for every node of a bulk request) or one BMC command.
+    pub enum Operation "batch operation" {
+        /// `metal.enroll`: verifying, inspection and commissioning.
+        Enroll = "enroll",
+        Manage = "manage",
+        Inspect = "inspect",
+        Provide = "provide",
+        Deploy = "deploy",
+        Undeploy = "undeploy",
+        Rescue = "rescue",
+        Unrescue = "unrescue",
+        Recover = "recover",
+        Retire = "retire",
+        /// `metal.power`: one `bmc.power` command.
+        Power = "power",
+        /// `metal.rotateCredentials`: one `bmc.rotateCredentials` command.
+        RotateCredentials = "rotateCredentials",
+    }
+}
+
+crate::wire_enum! {
+    /// Where a batch is.
+    pub enum BatchState "batch state" {
+        AwaitingApproval = "awaiting-approval",
+        Approved = "approved",
+        Running = "running",
+        Finished = "finished",
+        Expired = "expired",
+        Rejected = "rejected",
+        Cancelled = "cancelled",
+    }
+}
+
+impl BatchState {
+    /// Whether its destructive commands may be sent now.
+    pub const fn authorizes(self) -> bool {
+        matches!(self, Self::Approved | Self::Running)
+    }
+
+    /// Whether nothing changes it any more.
+    pub const fn is_final(self) -> bool {
+        matches!(
+            self,
+            Self::Finished | Self::Expired | Self::Rejected | Self::Cancelled
+        )
+    }
+}
+
+crate::wire_enum! {
+    /// Where one node of a bulk request is.
+    pub enum BulkNodeState "bulk node state" {
+        /// Admitted, not started yet (waits for approval or its wave).
+        Queued = "queued",
+        /// Refused at admission or when its wave came (with a code).
+        Refused = "refused",
+        /// Its verb was applied; its chain runs.
+        Started = "started",
+        Succeeded = "succeeded",
+        Failed = "failed",
+        /// The bulk was cancelled before its wave came.
+        Cancelled = "cancelled",
+    }
+}
+
+impl BulkNodeState {
+    /// Whether the node is done with (counts toward the bulk's end).
+    pub const fn is_final(self) -> bool {
+        !matches!(self, Self::Queued | Self::Started)
+    }
+}
+
+/// The verbs `metal.bulk` applies.
+pub const BULK_OPERATIONS: [Operation; 6] = [
+    Operation::Manage,
+    Operation::Inspect,
+    Operation::Provide,
+    Operation::Undeploy,
+    Operation::Rescue,
+    Operation::Retire,
+];
+
+/// The most nodes one bulk request names.
+pub const BULK_MAX_NODES: usize = 10_000;
+
+impl Operation {
+    /// The verb of the state table this operation applies (none for
+    /// `enroll`, which creates the node).
+    pub const fn verb(self) -> Option<crate::Verb> {
+        use crate::Verb;
+        Some(match self {
+            Self::Enroll => return None,
+            Self::Manage => Verb::Manage,
+            Self::Inspect => Verb::Inspect,
+            Self::Provide => Verb::Provide,
+            Self::Deploy => Verb::Deploy,
+            Self::Undeploy => Verb::Release,
+            Self::Rescue => Verb::Rescue,
+            Self::Unrescue => Verb::Unrescue,
+            Self::Recover => Verb::Recover,
+            Self::Retire => Verb::Retire,
+            Self::Power => Verb::Power,
+            Self::RotateCredentials => Verb::RotateCredentials,
+        })
+    }
+
+    /// The operation a verb's batch names; `None` for `abort`, which
+    /// creates no batch (its cleanup runs under the batch it stops).
+    pub const fn for_verb(verb: crate::Verb) -> Option<Self> {
+        use crate::Verb;
+        Some(match verb {
+            Verb::Manage => Self::Manage,
+            Verb::Inspect => Self::Inspect,
+            Verb::Provide => Self::Provide,
+            Verb::Deploy => Self::Deploy,
+            Verb::Release => Self::Undeploy,
+            Verb::Rescue => Self::Rescue,
+            Verb::Unrescue => Self::Unrescue,
+            Verb::Recover => Self::Recover,
+            Verb::Retire => Self::Retire,
+            Verb::Power => Self::Power,
+            Verb::RotateCredentials => Self::RotateCredentials,
+            Verb::Abort => return None,
+        })
+    }
+
+    /// The workflow-driven states the operation's chain runs through.
+    pub const fn chain(self) -> &'static [ProvisionState] {
+        use ProvisionState::*;
+        match self {
+            Self::Enroll | Self::Manage => &[Enrolling, Inspecting, Commissioning],
+            Self::Inspect => &[Inspecting, Commissioning],
+            Self::Provide => &[Commissioning],
+            Self::Deploy => &[Deploying],
+            Self::Undeploy => &[Releasing],
+            Self::Rescue | Self::Unrescue => &[Rescue],
+            Self::Recover => &[Enrolling, Inspecting, Commissioning, Releasing, Retiring],
+            Self::Retire => &[Retiring],
+            Self::Power | Self::RotateCredentials => &[],
+        }
+    }
+
+    /// Where a node's chain ends well (a bulk counts the node succeeded
+    /// there) — the first state out of the chain that is not a workflow's.
+    pub const fn settles_in(self) -> &'static [ProvisionState] {
+        use ProvisionState::*;
+        match self {
+            Self::Enroll | Self::Manage | Self::Inspect | Self::Provide | Self::Undeploy => {
+                &[Ready]
+            }
+            Self::Deploy | Self::Unrescue => &[Deployed],
+            Self::Rescue => &[Rescue],
+            Self::Recover => &[Ready, Deployed, Retired],
+            Self::Retire => &[Retired],
+            Self::Power | Self::RotateCredentials => &[],
+        }
+    }
+
+    /// Whether the operation's leaf names a wipe mode (the release's).
+    pub const fn takes_wipe(self) -> bool {
+        matches!(self, Self::Undeploy)
+    }
+}
+
+/// The profiles a workflow-driven state may run, with every wipe mode.
+fn profiles_of(state: ProvisionState) -> Vec<Profile> {
+    if state == ProvisionState::Deploying {
+        return vec![workflow::tenant_deploy("any", 1)];
+    }
+    let mut out = vec![];
+    for wipe in WipeMode::ALL {
+        for unrescue in [false, true] {
+            if let Some(p) = workflow::metal_profile_for(state, unrescue, wipe) {
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The destructive command kinds (wire names) the operation's chain may
+/// send: its states' profiles' destructive steps, main and cleanup.
+pub fn destructive_kinds(op: Operation) -> Vec<&'static str> {
+    let mut kinds: Vec<&'static str> = match op {
+        Operation::Power => vec!["bmc.power"],
+        Operation::RotateCredentials => vec!["bmc.rotateCredentials"],
+        _ => op
+            .chain()
+            .iter()
+            .flat_map(|s| profiles_of(*s))
+            .flat_map(|p| p.steps.into_iter().chain(p.cleanup))
+            .filter(|s| s.kind.destructive())
+            .map(|s| s.kind.command_kind())
+            .collect(),
+    };
+    kinds.sort_unstable();
+    kinds.dedup();
+    kinds
+}
+
+/// Whether a batch of `op` (with the leaf's `wipe`) allows a destructive
+/// command of `kind` whose wipe mode, for `disk.wipe`, is `command_wipe`.
+/// A leaf that names a wipe mode allows a wipe of that mode only.
+pub fn allows(
+    op: Operation,
+    leaf_wipe: Option<WipeMode>,
+    kind: &str,
+    command_wipe: Option<WipeMode>,
+) -> Result<(), String> {
+    if !destructive_kinds(op).contains(&kind) {
+        return Err(format!("a {op} batch does not cover {kind}"));
+    }
+    match (leaf_wipe, command_wipe) {
+        (Some(l), Some(c)) if op.chain().contains(&ProvisionState::Releasing) && l != c => Err(
+            format!("the batch approved a {l} wipe, the command asks for {c}"),
+        ),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_operation_covers_what_its_chain_sends_and_nothing_else() {
+        let deploy = destructive_kinds(Operation::Deploy);
+        assert!(deploy.contains(&"deploy.image"));
+        assert!(deploy.contains(&"bmc.power"));
+        let inspect = destructive_kinds(Operation::Inspect);
+        assert!(!inspect.contains(&"deploy.image"));
+        // Commissioning wipes.
+        assert!(inspect.contains(&"disk.wipe"));
+        let undeploy = destructive_kinds(Operation::Undeploy);
+        assert!(undeploy.contains(&"disk.wipe"));
+        assert!(!undeploy.contains(&"deploy.image"));
+        assert_eq!(destructive_kinds(Operation::Power), vec!["bmc.power"]);
+        assert!(allows(Operation::Power, None, "disk.wipe", None).is_err());
+        assert!(allows(Operation::Inspect, None, "deploy.image", None).is_err());
+        assert!(allows(Operation::Deploy, None, "deploy.image", None).is_ok());
+        // Unrescue boots the disk; rescue the ramdisk.
+        assert!(destructive_kinds(Operation::Unrescue).contains(&"bmc.bootDevice"));
+        // Every operation that runs a chain covers the power-off of its
+        // cleanup, so an abort can always stop the machine.
+        for op in Operation::ALL {
+            if !op.chain().is_empty() {
+                assert!(destructive_kinds(op).contains(&"bmc.power"), "{op}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_undeploy_leaf_binds_the_wipe_mode() {
+        let q = Some(WipeMode::Quick);
+        assert!(allows(Operation::Undeploy, q, "disk.wipe", q).is_ok());
+        let e = allows(
+            Operation::Undeploy,
+            q,
+            "disk.wipe",
+            Some(WipeMode::SecureErase),
+        )
+        .expect_err("another mode");
+        assert!(e.contains("quick"), "{e}");
+    }
+
+    #[test]
+    fn every_verb_but_abort_names_an_operation_and_back() {
+        for v in crate::Verb::ALL {
+            match Operation::for_verb(v) {
+                Some(op) => assert_eq!(op.verb(), Some(v)),
+                None => assert_eq!(v, crate::Verb::Abort),
+            }
+        }
+        for op in BULK_OPERATIONS {
+            assert!(!op.settles_in().is_empty());
+        }
+        assert!(BatchState::Approved.authorizes() && !BatchState::AwaitingApproval.authorizes());
+    }
+}
