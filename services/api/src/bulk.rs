@@ -458,9 +458,12 @@ pub async fn nodes(
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ListBatches {
     pub tenant_id: Option<TenantId>,
+    /// The batches naming this node (its verbs' one-node batches too).
+    pub node_id: Option<NodeId>,
 }
 
-/// `GET /api/compute/metal/batches`: bulk batches, newest first (100).
+/// `GET /api/compute/metal/batches`: bulk batches, newest first (100); with
+/// `nodeId`, every batch naming the node.
 #[utoipa::path(get, path = "/api/compute/metal/batches", tag = "metal",
     params(ListBatches), responses((status = 200, body = Vec<BatchView>), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn list(
@@ -468,12 +471,17 @@ pub async fn list(
     who: Principal,
     Query(q): Query<ListBatches>,
 ) -> Result<Json<Vec<BatchView>>, ApiError> {
-    let batches = bcm_db::batches::batches_list(
-        &app.inner.db,
-        q.tenant_id.as_ref().map(|t| t.as_str()),
-        100,
-    )
-    .await?;
+    let batches = match &q.node_id {
+        Some(n) => bcm_db::batches::batches_of_node(&app.inner.db, &n.to_string(), 100).await?,
+        None => {
+            bcm_db::batches::batches_list(
+                &app.inner.db,
+                q.tenant_id.as_ref().map(|t| t.as_str()),
+                100,
+            )
+            .await?
+        }
+    };
     let mut out = vec![];
     for b in batches {
         let at = placement(&b)?;

@@ -326,6 +326,19 @@ pub async fn batches_list(
     rows.into_iter().map(TryInto::try_into).collect()
 }
 
+/// The batches that name `node` as a leaf or a refusal (its verbs' own
+/// batches and the bulks that named it), newest first.
+pub async fn batches_of_node(db: &Db, node: &str, limit: i64) -> Result<Vec<Batch>, DbError> {
+    let rows: Vec<BatchRow> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM batches WHERE id IN (SELECT batch_id FROM batch_nodes WHERE node_id = $1) ORDER BY id DESC LIMIT $2"
+    ))
+    .bind(node)
+    .bind(limit)
+    .fetch_all(db.pool())
+    .await?;
+    rows.into_iter().map(TryInto::try_into).collect()
+}
+
 /// Moves a batch to `to` if it is in one of `from`; whether it moved.
 pub async fn batch_set_state_in_txn(
     tx: &mut Tx<'_>,
@@ -402,14 +415,19 @@ pub async fn held_message_take_in_txn(
     tx: &mut Tx<'_>,
     batch: &str,
 ) -> Result<Option<serde_json::Value>, DbError> {
-    Ok(sqlx::query_scalar(
-        "WITH old AS (SELECT held_message FROM batches WHERE id = $1 FOR UPDATE) \
-         UPDATE batches SET held_message = NULL WHERE id = $1 RETURNING (SELECT held_message FROM old)",
-    )
-    .bind(batch)
-    .fetch_optional(&mut **tx)
-    .await?
-    .flatten())
+    let held: Option<serde_json::Value> =
+        sqlx::query_scalar("SELECT held_message FROM batches WHERE id = $1 FOR UPDATE")
+            .bind(batch)
+            .fetch_optional(&mut **tx)
+            .await?
+            .flatten();
+    if held.is_some() {
+        sqlx::query("UPDATE batches SET held_message = NULL WHERE id = $1")
+            .bind(batch)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(held)
 }
 
 /// Why a node's batch cannot authorize a command now.

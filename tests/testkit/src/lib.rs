@@ -563,7 +563,8 @@ impl TestEnv {
 
     /// Registers `approver-1`..`approver-3` for tenant `a` with their
     /// test keys, as principals `approver-<n>`, and returns each one's API
-    /// token (no grants: an approver needs none to sign).
+    /// token (reading tenant `a`'s nodes: an approver needs nothing more to
+    /// sign).
     pub async fn register_approvers(&self) -> anyhow::Result<Vec<String>> {
         let mut tokens = vec![];
         for (i, k) in self.quorum.approvers.iter().enumerate() {
@@ -578,7 +579,10 @@ impl TestEnv {
             if s != 200 {
                 bail!("registering {id}: {s} {b}");
             }
-            tokens.push(self.token(&id, &[]).await?);
+            tokens.push(
+                self.token(&id, &[("compute:nodes:read", "tenant", "a")])
+                    .await?,
+            );
         }
         Ok(tokens)
     }
