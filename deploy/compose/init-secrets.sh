@@ -4,7 +4,7 @@
 # a new volume starts with that owner): generates what
 # must never be committed, once, into the `secrets` volume, and leaves what
 # is there: an nkey per bus identity and the NATS server's authorization
-# of them, the join keys (`bcm nats-auth`), the API's TLS (`bcm local-tls`), the admin token, the sealing key, the Postgres
+# of them, the join keys (`bcm nats-auth`), the API's TLS (`bcm local-tls`), the quorum's keys and anchor (`bcm quorum-keys`), the admin token, the sealing key, the Postgres
 # password, and per service a TOML file of its secrets that the service
 # merges over its committed configuration (`<PREFIX>SECRETS`).
 set -eu
@@ -17,6 +17,10 @@ bcm local-tls --dir "$d/tls" --name api --name localhost --name 127.0.0.1 >/dev/
 # Postgres's TLS: a CA of its own and the server's certificate for the name
 # the services reach it by; every database URL says sslmode=verify-full.
 bcm local-tls --dir "$d/pg-tls" --name postgres >/dev/null
+# The destructive-batch quorum: the API's policy key, three approver keys
+# (2 of 3 sign a bulk) and the sites' anchor, which the bmc, boot and
+# simulated services verify every destructive command against.
+bcm quorum-keys --dir "$d/quorum" --approvers 3 --quorum 2 >/dev/null
 new() { [ -s "$d/$1" ] || head -c "$2" /dev/urandom | od -An -tx1 | tr -d ' \n' >"$d/$1"; }
 new pg-password 24
 # The official postgres image reads POSTGRES_PASSWORD_FILE as its own user
@@ -45,6 +49,8 @@ key_file = "$d/tls/api.key"
 nkey_file = "$d/nats/api.nk"
 [join_key]
 file = "$d/nats/join.key"
+[quorum]
+policy_key_file = "$d/quorum/policy.key"
 [[sealing_keys]]
 id = "compose-1"
 key = "$key"
@@ -61,21 +67,25 @@ database_url = "$db"
 nkey_file = "$d/nats/control.nk"
 [api.join_key]
 file = "$d/nats/join.key"
+[api.quorum]
+policy_key_file = "$d/quorum/policy.key"
 [[api.sealing_keys]]
 id = "compose-1"
 key = "$key"
 [sim]
 nkey_file = "$d/nats/sim-local.nk"
 api_ca_file = "$d/tls/ca.crt"
+quorum_anchor_file = "$d/quorum/anchor.json"
 [sim.join_key]
 file = "$d/nats/join-local.key"
 EOF
 cat >"$d/bmc.toml" <<EOF
+quorum_anchor_file = "$d/quorum/anchor.json"
 [bus]
 nkey_file = "$d/nats/bmc-lab.nk"
 [[sealing_keys]]
 id = "compose-1"
 key = "$key"
 EOF
-printf '[bus]\nnkey_file = "%s"\n[join_key]\nfile = "%s"\n' "$d/nats/boot-lab.nk" "$d/nats/join-lab.key" >"$d/boot.toml"
+printf 'quorum_anchor_file = "%s"\n[bus]\nnkey_file = "%s"\n[join_key]\nfile = "%s"\n' "$d/quorum/anchor.json" "$d/nats/boot-lab.nk" "$d/nats/join-lab.key" >"$d/boot.toml"
 echo "secrets ready in $d (admin token: docker-compose exec api cat $d/admin-token)"

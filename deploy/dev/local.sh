@@ -29,6 +29,11 @@ target/release/bcm nats-auth --dir .bcm/nats --site local >/dev/null
 # The API serves HTTPS from a local CA (generated once, kept in .bcm/tls):
 # the simulated agents and metalctl pin .bcm/tls/ca.crt.
 target/release/bcm local-tls --dir .bcm/tls --name 127.0.0.1 --name localhost --name "${listen%:*}" >/dev/null
+# The destructive-batch quorum (generated once, kept in .bcm/quorum): the
+# API's policy key approves single verbs; three approver keys for bulk
+# batches (2 of 3); the site's anchor the simulated BMCs and agents verify
+# every destructive command against.
+target/release/bcm quorum-keys --dir .bcm/quorum --approvers 3 --quorum 2 >/dev/null
 export BCM_STACK_NATS_USERS="$repo/.bcm/nats/users.conf"
 mkdir -p .bcm/logs
 stack_env="$("$here/stack.sh" env 2>>.bcm/logs/stack.log)" || {
@@ -59,6 +64,9 @@ nkey_file = "$repo/.bcm/nats/control.nk"
 [api.join_key]
 file = "$repo/.bcm/nats/join.key"
 
+[api.quorum]
+policy_key_file = "$repo/.bcm/quorum/policy.key"
+
 [api.tls]
 cert_file = "$repo/.bcm/tls/api.crt"
 key_file = "$repo/.bcm/tls/api.key"
@@ -88,7 +96,13 @@ poll_ms = 2000
 site = "local"
 nkey_file = "$repo/.bcm/nats/sim-local.nk"
 api_ca_file = "$repo/.bcm/tls/ca.crt"
+quorum_anchor_file = "$repo/.bcm/quorum/anchor.json"
 TOML
+fi
+if ! grep -q 'quorum' .bcm/bcm.toml; then
+  # A config generated before the quorum: its keys and the site's anchor.
+  printf '\n[api.quorum]\npolicy_key_file = "%s"\n' "$repo/.bcm/quorum/policy.key" >> .bcm/bcm.toml
+  sed -i "/^\[sim\]/a quorum_anchor_file = \"$repo/.bcm/quorum/anchor.json\"" .bcm/bcm.toml
 fi
 if ! grep -q 'api.tls' .bcm/bcm.toml; then
   # A config generated before HTTPS: serve it, and have the agents pin the CA.

@@ -136,6 +136,10 @@ stack_up() {
   # Each process connects with its own nkey and only its permissions: the
   # control plane as `control`, the site's services as `bmc-lab`, `boot-lab`.
   "$root/target/debug/bcm" nats-auth --dir "$dir/nats" --site lab >/dev/null
+  # The destructive-batch quorum: the API's policy key and the site's
+  # anchor, which the bmc service and (on the kernel command line, from
+  # bcm-boot) bcd verify every destructive command against.
+  "$root/target/debug/bcm" quorum-keys --dir "$dir/quorum" --approvers 3 --quorum 2 >/dev/null
   local e; e=$(in_ctl env -u DATABASE_URL -u NATS_URL -u BCM_STACK_PG_PORT -u BCM_STACK_NATS_PORT \
     BCM_STACK_DIR="$dir/stack" BCM_STACK_NATS_USERS="$dir/nats/users.conf" "$root/deploy/dev/stack.sh" env 2>>"$dir/logs/stack.log")
   DATABASE_URL="" NATS_URL=""
@@ -174,6 +178,8 @@ url = "$NATS_ADDR"
 nkey_file = "$dir/nats/control.nk"
 [api.join_key]
 file = "$dir/nats/join.key"
+[api.quorum]
+policy_key_file = "$dir/quorum/policy.key"
 [api.tls]
 cert_file = "$dir/tls/api.crt"
 key_file = "$dir/tls/api.key"
@@ -214,6 +220,7 @@ EOF
 site = "lab"
 power_timeout_secs = 120
 graceful_timeout_secs = 5
+quorum_anchor_file = "$dir/quorum/anchor.json"
 [bus]
 url = "$NATS_ADDR"
 nkey_file = "$dir/nats/bmc-lab.nk"
@@ -229,6 +236,7 @@ tftp_listen = "$IP:69"
 http_listen = "$IP:8081"
 boot_files = "$dir/tftp"
 image_cache = "$dir/cache"
+quorum_anchor_file = "$dir/quorum/anchor.json"
 [dhcp]
 interface = "eth0"
 [bus]

@@ -191,7 +191,9 @@ pub async fn put_pool(
             return Err(ApiError::invalid("quorum.required must be 1 to 16"));
         }
         if !(1..=10_000).contains(&q.bulk_concurrency) {
-            return Err(ApiError::invalid("quorum.bulkConcurrency must be 1 to 10000"));
+            return Err(ApiError::invalid(
+                "quorum.bulkConcurrency must be 1 to 10000",
+            ));
         }
     }
     let pool = bcm_db::tenancy::Pool {

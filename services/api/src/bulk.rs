@@ -15,7 +15,7 @@ use bcm_contracts::batch::{ApprovalSignature, BatchHeader};
 use bcm_contracts::events::{BulkApproved, BulkCounts, BulkCreated, BulkFinished};
 use bcm_core::authz::{Action, Placement};
 use bcm_core::batch::{BatchState, BulkNodeState, Operation, BULK_MAX_NODES, BULK_OPERATIONS};
-use bcm_core::{ErrorCode, NodeId, NodeFacts, PoolId, TenantId, WipeMode};
+use bcm_core::{ErrorCode, NodeFacts, NodeId, PoolId, TenantId, WipeMode};
 use bcm_db::batches::Batch;
 use serde::{Deserialize, Serialize};
 
@@ -132,7 +132,8 @@ fn counts_of(rows: &[(String, Option<String>, i64)]) -> (BulkCounts, BTreeMap<St
 /// A batch's view, with its counts and approvals.
 pub async fn view(app: &AppState, b: Batch) -> Result<BatchView, ApiError> {
     let a = &app.inner;
-    let (counts, errors) = counts_of(&bcm_db::batches::batch_counts(&a.db, &b.header.batch_id).await?);
+    let (counts, errors) =
+        counts_of(&bcm_db::batches::batch_counts(&a.db, &b.header.batch_id).await?);
     let mut tx = a.db.begin().await?;
     let approvals = bcm_db::batches::approvals_in_txn(&mut tx, &b.header.batch_id).await?;
     tx.rollback().await.map_err(bcm_db::DbError::from)?;
@@ -197,7 +198,9 @@ pub async fn create(
         (Operation::Undeploy, w) => Some(w.unwrap_or_default()),
         (_, None) => None,
         (op, Some(_)) => {
-            return Err(ApiError::invalid(format!("wipe applies to undeploy only, not {op}")))
+            return Err(ApiError::invalid(format!(
+                "wipe applies to undeploy only, not {op}"
+            )))
         }
     };
     let ttl = req.expires_in_secs.unwrap_or(DEFAULT_BULK_TTL_SECS);
@@ -250,7 +253,8 @@ pub async fn create(
     for (i, id) in ids.iter().enumerate() {
         let refuse = match by_id.get(id) {
             Some(n) if n.pool_id == pool.id && n.tenant_id == pool.tenant_id => {
-                match bcm_core::apply(NodeFacts::at(n.provision_state), bcm_core::Move::Verb(verb)) {
+                match bcm_core::apply(NodeFacts::at(n.provision_state), bcm_core::Move::Verb(verb))
+                {
                     Ok(_) => None,
                     Err(e) => Some((ErrorCode::InvalidState, e.to_string())),
                 }
@@ -585,7 +589,10 @@ pub async fn approve(
         ));
     }
     let existing = bcm_db::batches::approvals_in_txn(&mut tx, &b.header.batch_id).await?;
-    let already: Vec<String> = existing.iter().map(|(s, _, _)| s.approver_id.clone()).collect();
+    let already: Vec<String> = existing
+        .iter()
+        .map(|(s, _, _)| s.approver_id.clone())
+        .collect();
     let signature = ApprovalSignature {
         approver_id: approver.id.clone(),
         signature: req.signature.clone(),
@@ -598,7 +605,9 @@ pub async fn approve(
         chrono::Utc::now().timestamp(),
     )
     .map_err(|e| match e {
-        bcm_quorum::QuorumError::Expired { .. } => ApiError::new(ErrorCode::InvalidState, e.to_string()),
+        bcm_quorum::QuorumError::Expired { .. } => {
+            ApiError::new(ErrorCode::InvalidState, e.to_string())
+        }
         bcm_quorum::QuorumError::Duplicate(_) => ApiError::new(ErrorCode::Conflict, e.to_string()),
         bcm_quorum::QuorumError::BadKey(_) => ApiError::new(
             ErrorCode::Forbidden,
@@ -677,12 +686,7 @@ pub struct EndRequest {
 
 /// Ends a batch (`rejected` or `cancelled`): its queued nodes are cancelled
 /// (never started); started nodes finish their chains.
-async fn end(
-    app: &AppState,
-    b: &Batch,
-    to: BatchState,
-    reason: String,
-) -> Result<(), ApiError> {
+async fn end(app: &AppState, b: &Batch, to: BatchState, reason: String) -> Result<(), ApiError> {
     let a = &app.inner;
     let mut tx = a.db.begin().await?;
     let moved = bcm_db::batches::batch_set_state_in_txn(
@@ -729,8 +733,7 @@ async fn end(
 }
 
 fn check_reason(r: &Option<String>) -> Result<(), ApiError> {
-    if r
-        .as_ref()
+    if r.as_ref()
         .is_some_and(|r| !bcm_core::text::is_free_text(r, 0, MAX_REASON))
     {
         return Err(ApiError::invalid(format!(

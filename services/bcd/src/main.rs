@@ -22,7 +22,11 @@ struct Args {
     /// run only under an approved batch verified against it. Absent: the
     /// `bcm.quorum=` the site's boot service puts on the kernel command
     /// line; neither: every destructive command is refused.
-    #[arg(long, global = true, default_value = "/etc/bcd/trust/quorum-anchor.json")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "/etc/bcd/trust/quorum-anchor.json"
+    )]
     quorum_anchor_file: PathBuf,
     #[command(subcommand)]
     mode: Mode,

@@ -99,3 +99,137 @@ fn a_device_erase_without_an_erase_command_fails_and_erases_nothing() {
         "nothing was downgraded to a quick wipe"
     );
 }
+
+/// bcd takes no one's word that a wipe was approved: a `disk.wipe` whose
+/// batch authority is missing, names a node set that was tampered with,
+/// lacks its proof or has too few signatures fails with `FORBIDDEN` and
+/// leaves the disk as it was; the same wipe under a genuine authority runs.
+#[test]
+fn a_wipe_without_a_valid_batch_authority_touches_nothing() {
+    use bcm_contracts::batch::{ApprovalSignature, BatchAuthority, BatchHeader};
+    use bcm_core::batch::Operation;
+    use bcm_core::WipeMode;
+    let mut rng = rand::rngs::OsRng;
+    let keys: Vec<ed25519_dalek::SigningKey> = (0..2)
+        .map(|_| ed25519_dalek::SigningKey::generate(&mut rng))
+        .collect();
+    let anchor = bcm_quorum::Anchor {
+        approvers: keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| bcm_quorum::AnchorKey {
+                id: format!("approver-{i}"),
+                public_key: bcm_quorum::public_key_b64(k),
+            })
+            .collect(),
+        quorum: 2,
+        auto_approver: None,
+    };
+    let me = "node_01jd0000000000000000000000".to_owned();
+    let other = "node_01jd0000000000000000000001".to_owned();
+    let intruder = "node_01jd0000000000000000000002".to_owned();
+    let batch = |nodes: &[String]| {
+        let built =
+            bcm_quorum::build(nodes, Operation::Undeploy, Some(WipeMode::Quick)).expect("nodes");
+        let h = BatchHeader {
+            batch_id: "bat_01jd0000000000000000000000".into(),
+            tenant_id: "a".into(),
+            pool_id: "p".into(),
+            operation: Operation::Undeploy,
+            wipe: Some(WipeMode::Quick),
+            reason_sha256: bcm_quorum::reason_sha256("r"),
+            expires_at: chrono::Utc::now().timestamp() + 600,
+            root: built.root.clone(),
+            leaf_count: nodes.len() as u32,
+        };
+        (h, built)
+    };
+    let sign = |h: &BatchHeader, who: &[usize]| -> Vec<ApprovalSignature> {
+        who.iter()
+            .map(|i| ApprovalSignature {
+                approver_id: format!("approver-{i}"),
+                signature: bcm_quorum::sign(&keys[*i], h),
+            })
+            .collect()
+    };
+    let (h, built) = batch(&[me.clone(), other.clone()]);
+    let (added, added_built) = batch(&[me.clone(), other.clone(), intruder.clone()]);
+    let genuine = BatchAuthority {
+        header: h.clone(),
+        leaf_index: 0,
+        proof: built.proofs[0].clone(),
+        approvals: sign(&h, &[0, 1]),
+    };
+    let forged: Vec<(&str, String, Option<BatchAuthority>)> = vec![
+        ("no authority", me.clone(), None),
+        (
+            "the node added to the signed set",
+            intruder.clone(),
+            Some(BatchAuthority {
+                header: added.clone(),
+                leaf_index: 2,
+                proof: added_built.proofs[2].clone(),
+                approvals: sign(&h, &[0, 1]),
+            }),
+        ),
+        (
+            "a missing proof",
+            me.clone(),
+            Some(BatchAuthority {
+                proof: vec![],
+                ..genuine.clone()
+            }),
+        ),
+        (
+            "one signature of two",
+            me.clone(),
+            Some(BatchAuthority {
+                approvals: sign(&h, &[1]),
+                ..genuine.clone()
+            }),
+        ),
+    ];
+
+    let dir = Scratch::new("quorum");
+    let file = dir.0.join("disk.img");
+    sparse(&file, 1 << 30);
+    prefill(&file);
+    let disk = LoopDisk::attach(&file);
+    let cfg = |node: &str| bcm_bcd::agent::AgentConfig {
+        api: "http://127.0.0.1:9".into(),
+        node: Some(node.to_owned()),
+        join_token: "t".into(),
+        role: bcm_contracts::agent::AgentRole::Ramdisk,
+        hostname: None,
+        disks: vec![disk.dev.clone()],
+        image_keys: vec![],
+        ca_pem: None,
+        proxy: None,
+        heartbeat: std::time::Duration::from_secs(10),
+        wipe_stripes: 4,
+        state_dir: None,
+        quorum_anchor: Some(anchor.clone()),
+    };
+    let wipe = |authority: Option<BatchAuthority>| bcm_contracts::agent::AgentCommand {
+        command_id: "cmd_01jd0000000000000000000000".into(),
+        kind: bcm_contracts::CommandKind::DiskWipe,
+        params: serde_json::json!({"mode": "quick", "verify": true}),
+        issued_at: chrono::Utc::now(),
+        join_tokens: Default::default(),
+        traceparent: None,
+        authority,
+    };
+    for (name, node, authority) in forged {
+        let out = bcm_bcd::agent::execute(&cfg(&node), &[], &wipe(authority));
+        assert!(!out.ok, "{name}: ran");
+        let error = out.error.unwrap_or_default();
+        assert!(error.starts_with("FORBIDDEN"), "{name}: {error}");
+        assert!(
+            wipefs(&disk.dev).contains("gpt"),
+            "{name}: the disk was touched"
+        );
+    }
+    let out = bcm_bcd::agent::execute(&cfg(&me), &[], &wipe(Some(genuine)));
+    assert!(out.ok, "the genuine wipe: {:?}", out.error);
+    assert!(!wipefs(&disk.dev).contains("gpt"), "wiped");
+}

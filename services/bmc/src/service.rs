@@ -280,7 +280,7 @@ async fn run_with_progress(ctx: &Ctx, m: &Incoming<CloudEvent<CommandEnvelope>>)
         cmd.authority.as_ref(),
         chrono::Utc::now().timestamp(),
     ) {
-        tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), node = ?cmd.node_id, error = %e, "refused a destructive command without a valid batch authority; not run");
+        tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), node = %cmd.node_id.map(|n| n.to_string()).unwrap_or_default(), error = %e, "refused a destructive command without a valid batch authority; not run");
         metrics::counter!("bcm_bmc_commands_unauthorized_total", "kind" => cmd.kind().as_str())
             .increment(1);
         return CommandResult::failed(cmd, false, e.refusal());

@@ -259,8 +259,8 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
 
     let quorum_anchor = match &cfg.quorum_anchor_file {
         Some(path) => {
-            let anchor = bcm_quorum::anchor_from_file(path)
-                .map_err(|e| BootError::Config(e.to_string()))?;
+            let anchor =
+                bcm_quorum::anchor_from_file(path).map_err(|e| BootError::Config(e.to_string()))?;
             Some(bcm_quorum::anchor_cmdline_value(&anchor))
         }
         None => {

@@ -35,11 +35,19 @@ pub async fn run(
     let tick = Duration::from_millis(cfg.bulk_tick_ms.max(50));
     let ttl = Duration::from_millis(cfg.lease_ttl_ms.max(300));
     let (db, bus, cfg) = (&db, &bus, &cfg);
-    crate::leader::lead(db, KIND, &holder, ttl.max(tick * 3), tick, &shutdown, || async move {
-        if let Err(e) = round(db, bus, cfg).await {
-            tracing::warn!(error = %e, "bulk round failed");
-        }
-    })
+    crate::leader::lead(
+        db,
+        KIND,
+        &holder,
+        ttl.max(tick * 3),
+        tick,
+        &shutdown,
+        || async move {
+            if let Err(e) = round(db, bus, cfg).await {
+                tracing::warn!(error = %e, "bulk round failed");
+            }
+        },
+    )
     .await;
 }
 
@@ -233,7 +241,8 @@ async fn start_wave(
         if room <= 0 {
             return Ok(moved);
         }
-        let next = bcm_db::batches::bulk_queued_take_in_txn(&mut tx, &b.header.batch_id, room).await?;
+        let next =
+            bcm_db::batches::bulk_queued_take_in_txn(&mut tx, &b.header.batch_id, room).await?;
         if next.is_empty() {
             return Ok(moved);
         }
@@ -242,9 +251,12 @@ async fn start_wave(
             let outcome = start_one(&mut tx, bus, b, verb, id).await;
             updates.push(match outcome {
                 Ok(()) => (id.clone(), BulkNodeState::Started, None, None),
-                Err(Refused { code, message }) => {
-                    (id.clone(), BulkNodeState::Refused, Some(code), Some(message))
-                }
+                Err(Refused { code, message }) => (
+                    id.clone(),
+                    BulkNodeState::Refused,
+                    Some(code),
+                    Some(message),
+                ),
             });
         }
         bcm_db::batches::batch_nodes_set_in_txn(&mut tx, &b.header.batch_id, &updates).await?;

@@ -12,8 +12,8 @@
 //! looked at again every `poll_ms` (`metalPollMs`) in case a wake-up was
 //! missed.
 
-pub mod leader;
 pub mod bulk;
+pub mod leader;
 pub mod power_sync;
 pub mod reconcile;
 pub mod shards;

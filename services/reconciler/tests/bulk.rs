@@ -92,7 +92,8 @@ async fn a_bulk_undeploy_signed_by_two_of_three_releases_every_admitted_node_in_
     let provision = env
         .events_consumer(
             "bulk-provision",
-            &env.subjects().event(&tenant_a(), "node.provision.releasing"),
+            &env.subjects()
+                .event(&tenant_a(), "node.provision.releasing"),
         )
         .await
         .expect("consumer");
@@ -191,7 +192,10 @@ async fn a_bulk_undeploy_signed_by_two_of_three_releases_every_admitted_node_in_
     .await
     .expect("the bulk finished");
     let most_started = most_started.into_inner();
-    assert!(most_started <= 3, "a wave started {most_started} nodes at once");
+    assert!(
+        most_started <= 3,
+        "a wave started {most_started} nodes at once"
+    );
     assert_eq!(done["counts"]["succeeded"], 8, "{done}");
     assert_eq!(done["counts"]["refused"], 3);
     for n in deployed {
@@ -271,7 +275,11 @@ async fn approvals_are_refused_for_every_bad_signature_and_bad_requests_change_n
             .post("/api/compute/metal/bulk", Some(&requester), &bad)
             .await
             .expect("post");
-        assert_eq!((s, b["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{bad:.200} → {b}");
+        assert_eq!(
+            (s, b["code"].as_str()),
+            (400, Some("INVALID_ARGUMENT")),
+            "{bad:.200} → {b}"
+        );
     }
     let (s, _) = env
         .post(
@@ -289,7 +297,11 @@ async fn approvals_are_refused_for_every_bad_signature_and_bad_requests_change_n
     assert_eq!((s, list.as_array().map(Vec::len)), (200, Some(0)));
 
     let (s, bulk) = env
-        .post("/api/compute/metal/bulk", Some(&requester), &body(ids_json.clone()))
+        .post(
+            "/api/compute/metal/bulk",
+            Some(&requester),
+            &body(ids_json.clone()),
+        )
         .await
         .expect("bulk");
     assert_eq!(s, 200, "{bulk}");
@@ -303,32 +315,74 @@ async fn approvals_are_refused_for_every_bad_signature_and_bad_requests_change_n
     };
     let code = |r: &(u16, Value)| (r.0, r.1["code"].as_str().map(str::to_owned));
     // An approver id nobody registered: its key is unknown.
-    let r = post(&tokens[0], json!({"approverId": "mallory", "signature": signature(&env, 1, &b)})).await;
+    let r = post(
+        &tokens[0],
+        json!({"approverId": "mallory", "signature": signature(&env, 1, &b)}),
+    )
+    .await;
     assert_eq!(code(&r), (403, Some("FORBIDDEN".into())), "{}", r.1);
     // Signing as another approver.
-    let r = post(&tokens[0], json!({"approverId": "approver-2", "signature": signature(&env, 2, &b)})).await;
+    let r = post(
+        &tokens[0],
+        json!({"approverId": "approver-2", "signature": signature(&env, 2, &b)}),
+    )
+    .await;
     assert_eq!(code(&r), (403, Some("FORBIDDEN".into())), "{}", r.1);
     // A signature by another key.
-    let r = post(&tokens[0], json!({"approverId": "approver-1", "signature": signature(&env, 2, &b)})).await;
+    let r = post(
+        &tokens[0],
+        json!({"approverId": "approver-1", "signature": signature(&env, 2, &b)}),
+    )
+    .await;
     assert_eq!(code(&r), (403, Some("FORBIDDEN".into())), "{}", r.1);
-    assert!(r.1["message"].as_str().unwrap_or_default().contains("digest"), "{}", r.1);
+    assert!(
+        r.1["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("digest"),
+        "{}",
+        r.1
+    );
     // Over another batch's digest (another reason).
     let mut other = header(&b);
     other.reason_sha256 = bcm_quorum::reason_sha256("something else");
-    let r = post(&tokens[0], json!({"approverId": "approver-1",
-        "signature": bcm_quorum::sign(&env.quorum.approvers[0], &other)})).await;
+    let r = post(
+        &tokens[0],
+        json!({"approverId": "approver-1",
+        "signature": bcm_quorum::sign(&env.quorum.approvers[0], &other)}),
+    )
+    .await;
     assert_eq!(code(&r), (403, Some("FORBIDDEN".into())), "{}", r.1);
     // The digest the approver says it checked is not the batch's.
-    let r = post(&tokens[0], json!({"approverId": "approver-1", "signature": signature(&env, 1, &b),
-        "digest": "00".repeat(32)})).await;
+    let r = post(
+        &tokens[0],
+        json!({"approverId": "approver-1", "signature": signature(&env, 1, &b),
+        "digest": "00".repeat(32)}),
+    )
+    .await;
     assert_eq!(code(&r), (400, Some("INVALID_ARGUMENT".into())), "{}", r.1);
     // Garbage signature.
-    let r = post(&tokens[0], json!({"approverId": "approver-1", "signature": "%%%"})).await;
+    let r = post(
+        &tokens[0],
+        json!({"approverId": "approver-1", "signature": "%%%"}),
+    )
+    .await;
     assert_eq!(code(&r), (403, Some("FORBIDDEN".into())), "{}", r.1);
     // The requester may not approve its own batch (the default policy).
-    let r = post(&tokens[2], json!({"approverId": "approver-3", "signature": signature(&env, 3, &b)})).await;
+    let r = post(
+        &tokens[2],
+        json!({"approverId": "approver-3", "signature": signature(&env, 3, &b)}),
+    )
+    .await;
     assert_eq!(code(&r), (403, Some("FORBIDDEN".into())), "{}", r.1);
-    assert!(r.1["message"].as_str().unwrap_or_default().contains("requested"), "{}", r.1);
+    assert!(
+        r.1["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("requested"),
+        "{}",
+        r.1
+    );
     // A good one, then the same approver again.
     let r = approve(&env, &tokens[0], 1, &b).await;
     assert_eq!(r.0, 200, "{}", r.1);
@@ -358,7 +412,10 @@ async fn approvals_are_refused_for_every_bad_signature_and_bad_requests_change_n
         );
     }
     let (s, _) = env
-        .get("/api/compute/metal/batches/bat_nope", Some(&env.admin_token))
+        .get(
+            "/api/compute/metal/batches/bat_nope",
+            Some(&env.admin_token),
+        )
         .await
         .expect("get");
     assert_eq!(s, 404);
@@ -393,9 +450,7 @@ async fn a_pool_without_auto_approval_holds_single_verbs_and_power_until_approve
     assert_eq!(b["header"]["operation"], "enroll");
     let destructive = |cmds: &[bcm_db::commands::CommandRow]| {
         cmds.iter()
-            .filter(|c| {
-                bcm_contracts::CommandKind::parse(&c.kind).is_ok_and(|k| k.destructive())
-            })
+            .filter(|c| bcm_contracts::CommandKind::parse(&c.kind).is_ok_and(|k| k.destructive()))
             .count()
     };
     let cmds = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
@@ -435,7 +490,10 @@ async fn a_pool_without_auto_approval_holds_single_verbs_and_power_until_approve
         .expect("commands");
     assert_eq!(held.len(), before + 1);
     let cmd = held.last().expect("the power command").clone();
-    assert_eq!((cmd.kind.as_str(), cmd.batch_id.as_deref()), ("bmc.power", None));
+    assert_eq!(
+        (cmd.kind.as_str(), cmd.batch_id.as_deref()),
+        ("bmc.power", None)
+    );
     assert_eq!(env.executions.count(&cmd.id), 0, "not sent");
     assert_eq!(approve(&env, &tokens[0], 1, &power).await.0, 200);
     assert_eq!(env.executions.count(&cmd.id), 0, "one approval is not two");

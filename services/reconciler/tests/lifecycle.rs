@@ -163,14 +163,12 @@ async fn finished_one_leaf_commands_are_pruned_and_workflow_commands_kept() {
     env.verb_ok("power", &id, json!({"action": "on"})).await;
     let leaf = bcm_testkit::eventually(T, || async {
         let cmds = bcm_db::commands::commands_of_node(&env.db, &node).await?;
-        Ok(cmds
-            .into_iter()
-            .find(|c| {
-                // The power sync's reads are leaves too: the verb's command.
-                !workflow_commands.contains(&c.id)
-                    && c.kind == "bmc.power"
-                    && c.status.as_str() == "succeeded"
-            }))
+        Ok(cmds.into_iter().find(|c| {
+            // The power sync's reads are leaves too: the verb's command.
+            !workflow_commands.contains(&c.id)
+                && c.kind == "bmc.power"
+                && c.status.as_str() == "succeeded"
+        }))
     })
     .await
     .expect("the metal.power command finished");

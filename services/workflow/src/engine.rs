@@ -662,7 +662,10 @@ async fn authority_for(
     let Some(batch) = &node.batch_id else {
         return Ok(Err(Started::Ended(Ended::failed(
             false,
-            format!("FORBIDDEN: no approved batch covers node {}: a verb must start its chain", node.id),
+            format!(
+                "FORBIDDEN: no approved batch covers node {}: a verb must start its chain",
+                node.id
+            ),
         ))));
     };
     Ok(
@@ -673,9 +676,10 @@ async fn authority_for(
                 false,
                 format!("FORBIDDEN: batch {batch} was never approved"),
             ))),
-            AuthorityState::Refused(why) => {
-                Err(Started::Ended(Ended::failed(false, format!("FORBIDDEN: {why}"))))
-            }
+            AuthorityState::Refused(why) => Err(Started::Ended(Ended::failed(
+                false,
+                format!("FORBIDDEN: {why}"),
+            ))),
         },
     )
 }

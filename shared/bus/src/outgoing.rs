@@ -96,8 +96,14 @@ pub fn batch_event<T: Serialize>(
     data: T,
 ) -> Outgoing {
     let id = ulid::Ulid::new().to_string().to_lowercase();
-    let event = CloudEvent::new(id.clone(), ty.to_owned(), Some(batch.to_owned()), None, data)
-        .with_batch(Some(batch.to_owned()));
+    let event = CloudEvent::new(
+        id.clone(),
+        ty.to_owned(),
+        Some(batch.to_owned()),
+        None,
+        data,
+    )
+    .with_batch(Some(batch.to_owned()));
     Outgoing {
         id,
         subject: subjects.event(tenant, ty),

@@ -279,7 +279,9 @@ pub struct WorkflowStalled {
 }
 
 /// How many of a bulk's nodes are where.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BulkCounts {
     pub queued: u64,

@@ -57,13 +57,12 @@ pub async fn approvers_list(db: &Db, tenant: Option<&str>) -> Result<Vec<Approve
 
 /// Revokes an approver: its later signatures are refused.
 pub async fn approver_revoke(db: &Db, id: &str) -> Result<(), DbError> {
-    let n = sqlx::query(
-        "UPDATE approvers SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL",
-    )
-    .bind(id)
-    .execute(db.pool())
-    .await?
-    .rows_affected();
+    let n =
+        sqlx::query("UPDATE approvers SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL")
+            .bind(id)
+            .execute(db.pool())
+            .await?
+            .rows_affected();
     if n == 0 {
         return Err(DbError::NotFound);
     }
@@ -471,7 +470,9 @@ pub async fn authority_in_txn(
     .fetch_optional(&mut **tx)
     .await?;
     let Some(row) = row else {
-        return Ok(AuthorityState::Refused(format!("batch {batch} does not exist")));
+        return Ok(AuthorityState::Refused(format!(
+            "batch {batch} does not exist"
+        )));
     };
     let b: Batch = row.batch.try_into()?;
     let (Some(leaf), Some(proof)) = (row.leaf_index, row.proof) else {
@@ -499,9 +500,7 @@ pub async fn authority_in_txn(
         s => {
             return Ok(AuthorityState::Refused(format!(
                 "batch {batch} is {s}{}",
-                b.state_reason
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
+                b.state_reason.map(|r| format!(": {r}")).unwrap_or_default()
             )))
         }
     }
@@ -550,7 +549,10 @@ pub async fn batch_nodes_list(
 }
 
 /// A batch's node counts by state and by refusal or failure code.
-pub async fn batch_counts(db: &Db, batch: &str) -> Result<Vec<(String, Option<String>, i64)>, DbError> {
+pub async fn batch_counts(
+    db: &Db,
+    batch: &str,
+) -> Result<Vec<(String, Option<String>, i64)>, DbError> {
     Ok(sqlx::query_as(
         "SELECT state, code, count(*) FROM batch_nodes WHERE batch_id = $1 GROUP BY state, code ORDER BY state, code",
     )

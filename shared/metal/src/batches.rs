@@ -142,7 +142,10 @@ pub async fn release_held_in_txn(
         return Ok(None);
     };
     let bad = |w: &str| DbError::Corrupt(format!("held message of {batch}: {w}"));
-    let node = held["nodeId"].as_str().ok_or_else(|| bad("node"))?.to_owned();
+    let node = held["nodeId"]
+        .as_str()
+        .ok_or_else(|| bad("node"))?
+        .to_owned();
     let mut payload = held["payload"].clone();
     let command_id = payload["data"]["commandId"]
         .as_str()
@@ -158,7 +161,10 @@ pub async fn release_held_in_txn(
     bcm_db::commands::command_set_batch_in_txn(tx, &command_id, batch).await?;
     Ok(Some(NewOutboxMessage {
         id: held["id"].as_str().ok_or_else(|| bad("id"))?.to_owned(),
-        subject: held["subject"].as_str().ok_or_else(|| bad("subject"))?.to_owned(),
+        subject: held["subject"]
+            .as_str()
+            .ok_or_else(|| bad("subject"))?
+            .to_owned(),
         payload,
         headers: held["headers"].as_object().cloned().unwrap_or_default(),
         node_id: Some(node),

@@ -101,10 +101,7 @@ pub async fn commit_in_txn(
 /// its state, `failedFrom`, the unrescue flag, whether the rescue ramdisk
 /// is still booting (up once `metal-rescue` succeeded) and whether a BMC
 /// password rotation is pending.
-pub async fn facts_in_txn(
-    tx: &mut Tx<'_>,
-    node: &Node,
-) -> Result<bcm_core::NodeFacts, DbError> {
+pub async fn facts_in_txn(tx: &mut Tx<'_>, node: &Node) -> Result<bcm_core::NodeFacts, DbError> {
     use bcm_core::workflow::WorkflowPhase;
     use bcm_core::ProvisionState;
     let rescue_booting = match (node.provision_state, node.workflow_id) {

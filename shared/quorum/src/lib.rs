@@ -130,7 +130,7 @@ pub enum QuorumError {
     Duplicate(String),
     #[error("the command carries no batch authority")]
     Missing,
-    #[error("the batch is for node set of {leaves} leaves; leaf {index} of node {node} is not under its root")]
+    #[error("node {node} is not leaf {index} of the batch's {leaves}: its proof does not reach the signed root")]
     NotIncluded {
         node: String,
         index: u32,
@@ -208,7 +208,9 @@ impl Anchor {
         let a: Anchor = serde_json::from_str(text)
             .map_err(|e| QuorumError::BadKey(format!("trust anchor: {e}")))?;
         if a.quorum == 0 {
-            return Err(QuorumError::BadKey("trust anchor: quorum must be at least 1".into()));
+            return Err(QuorumError::BadKey(
+                "trust anchor: quorum must be at least 1".into(),
+            ));
         }
         for k in a.approvers.iter().chain(a.auto_approver.iter()) {
             public_key(&k.public_key)
@@ -372,8 +374,6 @@ pub fn anchor_from_cmdline(cmdline: &str) -> Option<Result<Anchor, QuorumError>>
         base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(v)
             .map_err(|_| QuorumError::BadKey("bcm.quorum= is not base64".into()))
-            .and_then(|b| {
-                Anchor::from_json(&String::from_utf8_lossy(&b))
-            }),
+            .and_then(|b| Anchor::from_json(&String::from_utf8_lossy(&b))),
     )
 }

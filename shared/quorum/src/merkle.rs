@@ -126,7 +126,13 @@ mod tests {
 
     fn leaves(n: usize) -> Vec<Hash> {
         (0..n)
-            .map(|i| leaf_hash(&format!("node_{i}"), Operation::Undeploy, Some(WipeMode::Quick)))
+            .map(|i| {
+                leaf_hash(
+                    &format!("node_{i}"),
+                    Operation::Undeploy,
+                    Some(WipeMode::Quick),
+                )
+            })
             .collect()
     }
 
@@ -152,9 +158,18 @@ mod tests {
     #[test]
     fn a_leaf_names_node_operation_and_wipe() {
         let a = leaf_hash("node_a", Operation::Undeploy, Some(WipeMode::Quick));
-        assert_ne!(a, leaf_hash("node_b", Operation::Undeploy, Some(WipeMode::Quick)));
-        assert_ne!(a, leaf_hash("node_a", Operation::Retire, Some(WipeMode::Quick)));
-        assert_ne!(a, leaf_hash("node_a", Operation::Undeploy, Some(WipeMode::SecureErase)));
+        assert_ne!(
+            a,
+            leaf_hash("node_b", Operation::Undeploy, Some(WipeMode::Quick))
+        );
+        assert_ne!(
+            a,
+            leaf_hash("node_a", Operation::Retire, Some(WipeMode::Quick))
+        );
+        assert_ne!(
+            a,
+            leaf_hash("node_a", Operation::Undeploy, Some(WipeMode::SecureErase))
+        );
         assert_ne!(a, leaf_hash("node_a", Operation::Undeploy, None));
         // A one-leaf tree's root is its leaf.
         assert!(verify(a, 0, 1, &[], &a));

@@ -77,9 +77,20 @@ const NODES: [&str; 5] = ["node_a", "node_b", "node_c", "node_d", "node_e"];
 fn a_quorum_of_known_approvers_allows_a_covered_command_on_an_included_node() {
     let s = setup(2);
     let (h, b) = batch(&NODES, Operation::Undeploy, Some(WipeMode::Quick));
-    let a = authority(&h, &b, 2, &[("approver-0", &s.keys[0]), ("approver-2", &s.keys[2])]);
+    let a = authority(
+        &h,
+        &b,
+        2,
+        &[("approver-0", &s.keys[0]), ("approver-2", &s.keys[2])],
+    );
     s.anchor
-        .check(Some(&a), Some("node_c"), "disk.wipe", Some(WipeMode::Quick), NOW)
+        .check(
+            Some(&a),
+            Some("node_c"),
+            "disk.wipe",
+            Some(WipeMode::Quick),
+            NOW,
+        )
         .expect("allowed");
     s.anchor
         .check(Some(&a), Some("node_c"), "bmc.power", None, NOW)
@@ -91,23 +102,67 @@ fn too_few_duplicate_unknown_or_forged_signatures_are_refused() {
     let s = setup(2);
     let (h, b) = batch(&NODES, Operation::Undeploy, Some(WipeMode::Quick));
     let check = |a: &BatchAuthority| {
-        s.anchor
-            .check(Some(a), Some("node_a"), "disk.wipe", Some(WipeMode::Quick), NOW)
+        s.anchor.check(
+            Some(a),
+            Some("node_a"),
+            "disk.wipe",
+            Some(WipeMode::Quick),
+            NOW,
+        )
     };
     let one = authority(&h, &b, 0, &[("approver-0", &s.keys[0])]);
-    assert_eq!(check(&one), Err(QuorumError::TooFew { valid: 1, needed: 2 }));
+    assert_eq!(
+        check(&one),
+        Err(QuorumError::TooFew {
+            valid: 1,
+            needed: 2
+        })
+    );
     // The same approver twice is one approver.
-    let twice = authority(&h, &b, 0, &[("approver-0", &s.keys[0]), ("approver-0", &s.keys[0])]);
-    assert_eq!(check(&twice), Err(QuorumError::TooFew { valid: 1, needed: 2 }));
+    let twice = authority(
+        &h,
+        &b,
+        0,
+        &[("approver-0", &s.keys[0]), ("approver-0", &s.keys[0])],
+    );
+    assert_eq!(
+        check(&twice),
+        Err(QuorumError::TooFew {
+            valid: 1,
+            needed: 2
+        })
+    );
     // A key the anchor does not name counts for nothing, whatever id it uses.
     let stranger = SigningKey::generate(&mut rand::rngs::OsRng);
-    let forged = authority(&h, &b, 0, &[("approver-0", &s.keys[0]), ("approver-1", &stranger)]);
-    assert_eq!(check(&forged), Err(QuorumError::TooFew { valid: 1, needed: 2 }));
-    let unknown = authority(&h, &b, 0, &[("approver-0", &s.keys[0]), ("mallory", &stranger)]);
+    let forged = authority(
+        &h,
+        &b,
+        0,
+        &[("approver-0", &s.keys[0]), ("approver-1", &stranger)],
+    );
+    assert_eq!(
+        check(&forged),
+        Err(QuorumError::TooFew {
+            valid: 1,
+            needed: 2
+        })
+    );
+    let unknown = authority(
+        &h,
+        &b,
+        0,
+        &[("approver-0", &s.keys[0]), ("mallory", &stranger)],
+    );
     assert!(check(&unknown).is_err());
     // The policy key approves one-leaf batches only.
     let auto = authority(&h, &b, 0, &[("policy", &s.auto)]);
-    assert_eq!(check(&auto), Err(QuorumError::TooFew { valid: 0, needed: 2 }));
+    assert_eq!(
+        check(&auto),
+        Err(QuorumError::TooFew {
+            valid: 0,
+            needed: 2
+        })
+    );
     let (h1, b1) = batch(&["node_a"], Operation::Undeploy, Some(WipeMode::Quick));
     let auto1 = authority(&h1, &b1, 0, &[("policy", &s.auto)]);
     assert_eq!(check(&auto1), Ok(()));
@@ -117,7 +172,13 @@ fn too_few_duplicate_unknown_or_forged_signatures_are_refused() {
         ..s.anchor.clone()
     };
     assert!(strict
-        .check(Some(&auto1), Some("node_a"), "disk.wipe", Some(WipeMode::Quick), NOW)
+        .check(
+            Some(&auto1),
+            Some("node_a"),
+            "disk.wipe",
+            Some(WipeMode::Quick),
+            NOW
+        )
         .is_err());
 }
 
@@ -147,7 +208,10 @@ fn a_tampered_node_set_header_or_proof_is_refused() {
     swapped.approvals = good.approvals.clone();
     assert_eq!(
         check(&swapped, "node_x"),
-        Err(QuorumError::TooFew { valid: 0, needed: 2 })
+        Err(QuorumError::TooFew {
+            valid: 0,
+            needed: 2
+        })
     );
     // A header changed after signing (a later expiry, another wipe).
     let mut later = good.clone();
@@ -215,7 +279,10 @@ fn approvals_arriving_at_the_control_plane_are_checked_one_by_one() {
         approver_id: "approver-0".into(),
         signature: sign(k, &h),
     };
-    assert_eq!(verify_approval(&h, &key0, &sig(&s.keys[0]), &[], NOW), Ok(()));
+    assert_eq!(
+        verify_approval(&h, &key0, &sig(&s.keys[0]), &[], NOW),
+        Ok(())
+    );
     assert_eq!(
         verify_approval(&h, &key0, &sig(&s.keys[0]), &["approver-0".into()], NOW),
         Err(QuorumError::Duplicate("approver-0".into()))
@@ -254,10 +321,9 @@ fn anchors_and_keys_read_from_text_refuse_garbage() {
     assert_eq!(Anchor::from_json(&text), Ok(s.anchor.clone()));
     assert!(Anchor::from_json("{").is_err());
     assert!(Anchor::from_json(r#"{"approvers":[],"quorum":0}"#).is_err());
-    assert!(Anchor::from_json(
-        r#"{"approvers":[{"id":"a","publicKey":"AAAA"}],"quorum":1}"#
-    )
-    .is_err());
+    assert!(
+        Anchor::from_json(r#"{"approvers":[{"id":"a","publicKey":"AAAA"}],"quorum":1}"#).is_err()
+    );
     let seed = hex::encode(s.keys[0].to_bytes());
     assert_eq!(
         signing_key(&seed).map(|k| public_key_b64(&k)),

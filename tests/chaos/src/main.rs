@@ -95,6 +95,8 @@ namespace = "{ns}"
 nkey_file = "{ids}/control.nk"
 [api.join_key]
 file = "{ids}/join.key"
+[api.quorum]
+policy_key_file = "{pki}/quorum/policy.key"
 [api.tls]
 cert_file = "{pki}/tls/api.crt"
 key_file = "{pki}/tls/api.key"
@@ -125,6 +127,7 @@ site = "local"
 latency_ms = 20
 nkey_file = "{ids}/sim-local.nk"
 api_ca_file = "{pki}/tls/ca.crt"
+quorum_anchor_file = "{pki}/quorum/anchor.json"
 "#
     )
 }
@@ -248,6 +251,8 @@ async fn run(
     std::fs::create_dir_all(&pki)?;
     // HTTPS as compose serves it: a local CA the agents and the driver pin.
     let tls = bcm_pki::tls::LocalTls::write_missing(&pki.join("tls"), &["127.0.0.1".to_owned()])?;
+    // The quorum: the API's policy key, the simulated site's anchor.
+    bcm_quorum::files::write_missing(&pki.join("quorum"), 3, 2)?;
     std::fs::write(
         &config_path,
         config(

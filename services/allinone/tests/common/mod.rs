@@ -27,6 +27,12 @@ pub fn config_file(
     // test's join key.
     let join_key = dir.join("join.key");
     std::fs::write(&join_key, env.join_key.to_text()).expect("write join key");
+    // The test's quorum: its policy key signs one-node batches, its anchor
+    // is the simulated site's.
+    let policy_key = dir.join("policy.key");
+    std::fs::write(&policy_key, hex::encode(env.quorum.policy.to_bytes()))
+        .expect("write policy key");
+    let anchor = env.anchor_file();
     let text = format!(
         r#"
 [api]
@@ -37,16 +43,21 @@ url = "{nats}"
 namespace = "{ns}"
 [api.join_key]
 file = "{join_key}"
+[api.quorum]
+policy_key_file = "{policy_key}"
 [[api.sealing_keys]]
 id = "child"
 key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 [sim]
 site = "s1"
+quorum_anchor_file = "{anchor}"
 {sections}
 "#,
         db = env.database_url,
         nats = env.bus_config.url,
         join_key = join_key.display(),
+        policy_key = policy_key.display(),
+        anchor = anchor.display(),
     );
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write config");

@@ -94,7 +94,7 @@ pub fn config(
         images: vec![],
         http_proxy: None,
         telemetry: Default::default(),
-        quorum_anchor_file: None,
+        quorum_anchor_file: Some(env.anchor_file()),
     }
 }
 
