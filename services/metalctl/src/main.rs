@@ -10,6 +10,7 @@ use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use futures::StreamExt as _;
 use serde_json::{json, Value};
 
+mod bulk;
 mod image;
 
 #[derive(Parser)]
@@ -68,6 +69,83 @@ enum ImageCmd {
         format: String,
         image: std::path::PathBuf,
     },
+}
+
+/// `metalctl bulk <verb> --pool P --nodes-from FILE --reason TEXT
+/// [--wipe MODE] [--expires-in-secs N]` submits VERB (manage, inspect,
+/// provide, undeploy, rescue, retire) for the nodes of FILE and prints the
+/// digest and what approvers sign; `metalctl bulk watch BATCH` follows it.
+#[derive(Subcommand)]
+enum BulkCmd {
+    /// Follow a bulk: a progress bar, then a per-state summary.
+    Watch {
+        batch: String,
+        /// How often to look, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        every_ms: u64,
+    },
+    #[command(external_subcommand)]
+    Verb(Vec<String>),
+}
+
+/// The arguments of `metalctl bulk <verb>`.
+#[derive(Parser)]
+#[command(name = "metalctl bulk <verb>", no_binary_name = true)]
+struct BulkArgs {
+    /// manage, inspect, provide, undeploy, rescue or retire.
+    verb: String,
+    #[arg(long)]
+    pool: String,
+    /// One node id a line (`#` comments), or a JSON array.
+    #[arg(long)]
+    nodes_from: std::path::PathBuf,
+    /// What approvers read.
+    #[arg(long)]
+    reason: String,
+    /// undeploy: none, quick, secure-erase or crypto-erase.
+    #[arg(long)]
+    wipe: Option<String>,
+    #[arg(long)]
+    expires_in_secs: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum BatchCmd {
+    /// A batch: header, state, approvals, counts per node state and error.
+    Show { batch: String },
+    /// Bulk batches of the tenant, or every batch naming --node.
+    List {
+        #[arg(long)]
+        node: Option<String>,
+    },
+    /// Rebuild the batch's root from its leaves and its digest from its
+    /// header, then sign as APPROVER with the key in FILE.
+    Approve {
+        batch: String,
+        #[arg(long)]
+        approver: String,
+        #[arg(long)]
+        key: std::path::PathBuf,
+    },
+    /// Refuse the batch as APPROVER: nothing of it not yet started runs.
+    Reject {
+        batch: String,
+        #[arg(long)]
+        approver: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Stop the batch: nodes not yet started are left alone; started ones
+    /// finish their chains.
+    Cancel {
+        batch: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Create an approver's ed25519 key in KEY_FILE (never overwritten);
+    /// prints the public key an administrator registers
+    /// (`PUT /api/compute/admin/approvers/{id}`) and the sites' anchors name.
+    Keygen { key_file: std::path::PathBuf },
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -201,6 +279,22 @@ enum Cmd {
         /// An nkey seed to connect with (an identity allowed to read events).
         #[arg(long, env = "BCM_NKEY_FILE")]
         nkey_file: Option<std::path::PathBuf>,
+    },
+    /// A verb over many nodes of a pool under one destructive batch that
+    /// approvers sign once (`metal.bulk`): `metalctl bulk <verb> --pool P
+    /// --nodes-from FILE --reason TEXT [--wipe MODE] [--expires-in-secs N]`
+    /// (verb: manage, inspect, provide, undeploy, rescue, retire) prints
+    /// the digest and what approvers sign; `metalctl bulk watch BATCH`
+    /// shows its progress.
+    Bulk {
+        #[command(subcommand)]
+        cmd: BulkCmd,
+    },
+    /// Destructive batches: show, list, approve (signs after checking the
+    /// root and digest itself), reject, cancel; keygen for approvers.
+    Batch {
+        #[command(subcommand)]
+        cmd: BatchCmd,
     },
     /// Print a shell completion script, e.g.
     /// `metalctl completions bash > /etc/bash_completion.d/metalctl`.
@@ -428,6 +522,63 @@ async fn run() -> anyhow::Result<()> {
             )
             .await
         }
+        Cmd::Bulk { cmd } => match cmd {
+            BulkCmd::Watch { batch, every_ms } => {
+                bulk::watch(
+                    &api,
+                    cli.output,
+                    batch,
+                    std::time::Duration::from_millis((*every_ms).max(100)),
+                )
+                .await
+            }
+            BulkCmd::Verb(args) => {
+                let a = BulkArgs::try_parse_from(args)?;
+                bulk::submit(
+                    &api,
+                    cli.output,
+                    tenant,
+                    &a.verb,
+                    &a.pool,
+                    &a.nodes_from,
+                    a.wipe.as_deref(),
+                    &a.reason,
+                    a.expires_in_secs,
+                )
+                .await
+            }
+        },
+        Cmd::Batch { cmd } => match cmd {
+            BatchCmd::Show { batch } => bulk::show(&api, cli.output, batch).await,
+            BatchCmd::List { node } => bulk::list(&api, cli.output, tenant, node.as_deref()).await,
+            BatchCmd::Approve {
+                batch,
+                approver,
+                key,
+            } => bulk::approve(&api, cli.output, batch, approver, key).await,
+            BatchCmd::Reject {
+                batch,
+                approver,
+                reason,
+            } => {
+                bulk::end(
+                    &api,
+                    cli.output,
+                    batch,
+                    "reject",
+                    Some(approver),
+                    reason.as_deref(),
+                )
+                .await
+            }
+            BatchCmd::Cancel { batch, reason } => {
+                bulk::end(&api, cli.output, batch, "cancel", None, reason.as_deref()).await
+            }
+            BatchCmd::Keygen { key_file } => {
+                emit(image::keygen(key_file)?);
+                Ok(())
+            }
+        },
         Cmd::Completions { shell } => {
             use clap::CommandFactory as _;
             clap_complete::generate(
@@ -561,6 +712,8 @@ fn mutation(tenant: &str, cmd: &Cmd) -> anyhow::Result<(String, Value)> {
         | Cmd::List { .. }
         | Cmd::Show { .. }
         | Cmd::Watch { .. }
+        | Cmd::Bulk { .. }
+        | Cmd::Batch { .. }
         | Cmd::Events { .. }
         | Cmd::Completions { .. } => {
             anyhow::bail!("not a command that changes anything")
