@@ -457,14 +457,14 @@ pub async fn authority_in_txn(
         node_state: Option<String>,
         approvals: serde_json::Value,
     }
-    let row: Option<Row> = sqlx::query_as(&format!(
+    let row: Option<Row> = sqlx::query_as(
         "SELECT b.id, b.tenant_id, b.pool_id, b.site_id, b.scope, b.operation, b.wipe, b.reason, b.reason_sha256, \
          b.requested_by, b.state, b.quorum_required, b.requester_may_approve, b.expires_at, b.root, b.leaf_count, \
          b.state_reason, b.created_at, b.approved_at, b.finished_at, bn.leaf_index, bn.proof, bn.state AS node_state, \
          coalesce((SELECT json_agg(json_build_object('approverId', a.approver_id, 'signature', a.signature) ORDER BY a.approved_at, a.approver_id) \
                    FROM batch_approvals a WHERE a.batch_id = b.id), '[]'::json) AS approvals \
          FROM batches b LEFT JOIN batch_nodes bn ON bn.batch_id = b.id AND bn.node_id = $2 WHERE b.id = $1"
-    ))
+    )
     .bind(batch)
     .bind(node)
     .fetch_optional(&mut **tx)
