@@ -157,3 +157,39 @@ async fn health(State(s): State<HttpState>) -> Json<serde_json::Value> {
         "entries": s.entries.len(),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The site's anchor goes on every ramdisk's command line, and one the
+    /// control plane wrote into the entry is dropped: the anchor is the
+    /// site's, never the control plane's.
+    #[test]
+    fn the_script_carries_the_sites_anchor_and_never_the_entrys() {
+        let proxy = ProxyConfig {
+            server_ip: std::net::Ipv4Addr::LOCALHOST,
+            http_port: 8081,
+            bios_file: "undionly.kpxe".into(),
+            uefi_x64_file: "ipxe.efi".into(),
+            uefi_arm64_file: "ipxe-arm64.efi".into(),
+            client_port: 68,
+        };
+        let entry = BootEntry {
+            node_id: Some("node_1".into()),
+            kernel: "ramdisk/vmlinuz".into(),
+            initrd: "ramdisk/initrd.img".into(),
+            cmdline: "console=ttyS0 bcm.quorum=forged bcm.node=node_1".into(),
+            expires_at: u64::MAX,
+        };
+        let mac = Mac::parse("52:54:00:aa:00:01").expect("mac");
+        let script = render(&proxy, None, Some("sitesown"), &mac, &entry);
+        assert!(
+            script.contains("bcm.node=node_1 bcm.quorum=sitesown"),
+            "{script}"
+        );
+        assert!(!script.contains("forged"), "{script}");
+        let without = render(&proxy, None, None, &mac, &entry);
+        assert!(!without.contains("bcm.quorum="), "{without}");
+    }
+}

@@ -156,7 +156,7 @@ pub async fn ramdisk(
         return;
     }
     if let Some(command) = cfg.ramdisk_command.clone() {
-        return external_ramdisk(&command, &address, &boot, stop).await;
+        return external_ramdisk(&command, &address, &boot, cfg.quorum_anchor.as_ref(), stop).await;
     }
     let Some((key, session_token)) =
         ramdisk_session(&http, &machines, &address, &boot, &stop).await
@@ -383,14 +383,20 @@ async fn external_ramdisk(
     command: &[String],
     address: &str,
     boot: &BootParams,
+    anchor: Option<&bcm_quorum::Anchor>,
     stop: CancellationToken,
 ) {
     let Some((program, args)) = command.split_first() else {
         tracing::warn!(%address, "sim: ramdisk_command is empty");
         return;
     };
+    // As a site's boot service does: the site's anchor on the command
+    // line, so the real agent verifies destructive commands against it.
+    let quorum = anchor
+        .map(|a| format!(" bcm.quorum={}", bcm_quorum::anchor_cmdline_value(a)))
+        .unwrap_or_default();
     let cmdline = format!(
-        "console=ttyS0 bcm.node={} bcm.api={} bcm.join={}",
+        "console=ttyS0 bcm.node={} bcm.api={} bcm.join={}{quorum}",
         boot.node, boot.api, boot.join
     );
     let child = tokio::process::Command::new(program)

@@ -33,7 +33,7 @@ async fn send(
         }),
         issued_at: chrono::Utc::now() - chrono::Duration::minutes(30),
         deadline: Some(deadline),
-        authority: None,
+        authority: Some(env.power_authority(&node)),
     };
     let tenant = bcm_testkit::tenant_a();
     let msg = bcm_bus::outgoing::command(

@@ -550,6 +550,40 @@ impl TestEnv {
         Ok(body["token"].as_str().context("token")?.to_owned())
     }
 
+    /// A genuine authority for a one-leaf `power` batch of `node`, signed
+    /// by approvers 1 and 2 (what the site's anchor needs), as a test that
+    /// publishes a destructive command itself must carry.
+    pub fn power_authority(&self, node: &NodeId) -> bcm_contracts::batch::BatchAuthority {
+        let op = bcm_core::batch::Operation::Power;
+        let ids = vec![node.to_string()];
+        let built = bcm_quorum::build(&ids, op, None).unwrap_or_else(|| panic!("one leaf"));
+        let header = bcm_contracts::batch::BatchHeader {
+            batch_id: format!("bat_{}", random_suffix()),
+            tenant_id: "a".into(),
+            pool_id: "a-pool".into(),
+            operation: op,
+            wipe: None,
+            reason_sha256: bcm_quorum::reason_sha256("a test's own command"),
+            expires_at: chrono::Utc::now().timestamp() + 3600,
+            root: built.root,
+            leaf_count: 1,
+        };
+        let approvals = self.quorum.approvers[..2]
+            .iter()
+            .enumerate()
+            .map(|(i, k)| bcm_contracts::batch::ApprovalSignature {
+                approver_id: format!("approver-{}", i + 1),
+                signature: bcm_quorum::sign(k, &header),
+            })
+            .collect();
+        bcm_contracts::batch::BatchAuthority {
+            header,
+            leaf_index: 0,
+            proof: vec![],
+            approvals,
+        }
+    }
+
     /// Writes the site's quorum anchor to a file (for a bmc or boot
     /// service's `quorum_anchor_file`) and returns its path.
     pub fn anchor_file(&self) -> std::path::PathBuf {

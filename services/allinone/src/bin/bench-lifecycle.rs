@@ -4,6 +4,11 @@
 //! public HTTP API. Prints one JSON line of figures.
 //!
 //! `eval "$(deploy/dev/stack.sh env)"; cargo run --release -p bcm-allinone --bin bench-lifecycle -- --nodes 1000`
+//!
+//! With `--release-by-bulk` the release is one `metal.bulk` undeploy of
+//! every node, signed by 2 of 3 approvers (the site's anchor needs 2): the
+//! figures add the time to admit the request, to approve it, and to finish
+//! it, with the bulk's waves of `--bulk-concurrency`.
 
 /// mimalloc: many small short-lived allocations (rows, JSON, HTTP) are
 /// cheaper than with glibc's allocator (measured by bench-lifecycle).
@@ -45,6 +50,13 @@ struct Args {
     /// Serve the API as plain HTTP (to measure what HTTPS costs).
     #[arg(long)]
     plain_http: bool,
+    /// Release every node with one bulk undeploy signed by 2 of 3
+    /// approvers instead of one verb per node.
+    #[arg(long)]
+    release_by_bulk: bool,
+    /// The pool's `bulkConcurrency` for `--release-by-bulk`.
+    #[arg(long, default_value_t = 1000)]
+    bulk_concurrency: u32,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -141,6 +153,114 @@ async fn wait_all(
     }
 }
 
+impl Run {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await?;
+        let status = res.status();
+        let v: Value = res.json().await?;
+        anyhow::ensure!(status.is_success(), "{path}: {status} {v}");
+        Ok(v)
+    }
+}
+
+/// Releases every node with one bulk undeploy: registers three approvers,
+/// sets the pool's quorum (2) and waves, submits, has two approvers sign,
+/// and waits for the bulk to finish. Returns its figures.
+async fn bulk_release(
+    run: &Run,
+    approvers: &[ed25519_dalek::SigningKey],
+    ids: &[String],
+    concurrency: u32,
+) -> anyhow::Result<Value> {
+    use reqwest::Method;
+    run.call(
+        Method::PUT,
+        "/api/compute/admin/pools/default",
+        Some(json!({"tenantId": "root", "siteId": "local", "hardwareProfile": "gpu-redfish",
+            "quorum": {"required": 2, "requesterMayApprove": true, "bulkConcurrency": concurrency}})),
+    )
+    .await?;
+    for (i, k) in approvers.iter().enumerate() {
+        // The bench's admin signs as each approver (its principal).
+        run.call(
+            Method::PUT,
+            &format!("/api/compute/admin/approvers/approver-{}", i + 1),
+            Some(json!({"tenantId": "root", "principal": "admin", "publicKey": bcm_quorum::public_key_b64(k)})),
+        )
+        .await?;
+    }
+    let t = Instant::now();
+    let bulk = run
+        .call(
+            Method::POST,
+            "/api/compute/metal/bulk",
+            Some(
+                json!({"tenantId": "root", "poolId": "default", "verb": "undeploy", "wipe": "quick",
+                "nodeIds": ids, "reason": "bench: release every node"}),
+            ),
+        )
+        .await?;
+    let admit = t.elapsed();
+    let batch = &bulk["batch"];
+    let id = batch["header"]["batchId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let header: bcm_contracts::batch::BatchHeader =
+        serde_json::from_value(batch["header"].clone())?;
+    let t = Instant::now();
+    for n in [1usize, 3] {
+        run.call(
+            Method::POST,
+            &format!("/api/compute/metal/batches/{id}/approve"),
+            Some(json!({"approverId": format!("approver-{n}"),
+                "signature": bcm_quorum::sign(&approvers[n - 1], &header)})),
+        )
+        .await?;
+    }
+    let approve = t.elapsed();
+    let t = Instant::now();
+    let done = loop {
+        let b = run
+            .call(
+                Method::GET,
+                &format!("/api/compute/metal/batches/{id}"),
+                None,
+            )
+            .await?;
+        if b["state"] != "approved" && b["state"] != "running" {
+            break b;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let finish = t.elapsed();
+    anyhow::ensure!(
+        done["state"] == "finished",
+        "the bulk ended {}",
+        done["state"]
+    );
+    Ok(json!({
+        "admitSeconds": admit.as_secs_f64(),
+        "approveSeconds": approve.as_secs_f64(),
+        "approvedToFinishedSeconds": finish.as_secs_f64(),
+        "nodesPerSecond": ids.len() as f64 / finish.as_secs_f64(),
+        "bulkConcurrency": concurrency,
+        "counts": done["counts"],
+    }))
+}
+
 async fn each(
     run: &Arc<Run>,
     callers: usize,
@@ -202,6 +322,29 @@ async fn main() -> anyhow::Result<()> {
     let scheme = if args.plain_http { "http" } else { "https" };
     let base = format!("{scheme}://{}", listener.local_addr()?);
     let mut cfg = cfg;
+    // The quorum: the API's policy key approves single verbs; three
+    // approvers, two of whom the site's anchor needs for a bulk.
+    let mut rng = rand::rngs::OsRng;
+    let policy = ed25519_dalek::SigningKey::generate(&mut rng);
+    let approvers: Vec<ed25519_dalek::SigningKey> = (0..3)
+        .map(|_| ed25519_dalek::SigningKey::generate(&mut rng))
+        .collect();
+    cfg.api.quorum.policy_key = Some(policy.clone());
+    cfg.sim.quorum_anchor = Some(bcm_quorum::Anchor {
+        approvers: approvers
+            .iter()
+            .enumerate()
+            .map(|(i, k)| bcm_quorum::AnchorKey {
+                id: format!("approver-{}", i + 1),
+                public_key: bcm_quorum::public_key_b64(k),
+            })
+            .collect(),
+        quorum: 2,
+        auto_approver: Some(bcm_quorum::AnchorKey {
+            id: "policy".into(),
+            public_key: bcm_quorum::public_key_b64(&policy),
+        }),
+    });
     let mut engine = bcm_workflow::EngineConfig::new(base.clone());
     if let Some(w) = args.engine_workers {
         engine.workers = w;
@@ -315,15 +458,20 @@ async fn main() -> anyhow::Result<()> {
     wait_all(&db, bcm_core::ProvisionState::Deployed, n, timeout).await?;
     let t_deployed = t1.elapsed();
     let t2 = Instant::now();
-    each(
-        &run,
-        args.callers,
-        ids.iter()
-            .map(|id| json!({"tenantId": "root", "nodeId": id, "wipe": "quick"}))
-            .collect(),
-        "undeploy",
-    )
-    .await?;
+    let mut bulk_figures = Value::Null;
+    if args.release_by_bulk {
+        bulk_figures = bulk_release(&run, &approvers, &ids, args.bulk_concurrency).await?;
+    } else {
+        each(
+            &run,
+            args.callers,
+            ids.iter()
+                .map(|id| json!({"tenantId": "root", "nodeId": id, "wipe": "quick"}))
+                .collect(),
+            "undeploy",
+        )
+        .await?;
+    }
     wait_all(&db, bcm_core::ProvisionState::Ready, n, timeout).await?;
     let t_released = t2.elapsed();
     let total = t0.elapsed();
@@ -359,6 +507,7 @@ async fn main() -> anyhow::Result<()> {
         "engineWorkers": engine_workers,
         "engineBatch": engine_batch,
         "reconcilers": args.reconcilers,
+        "bulkRelease": bulk_figures,
     });
     println!("{out}");
     shutdown.cancel();

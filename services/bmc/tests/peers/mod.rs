@@ -399,7 +399,8 @@ impl BmcProcess {
             })
             .collect();
         let config = format!(
-            "site = \"s1\"\npower_timeout_secs = 40\n[bus]\nurl = \"{}\"\nnamespace = \"{}\"\n[telemetry]\nlog_format = \"json\"\nlog_filter = \"debug\"\n{keys}",
+            "site = \"s1\"\npower_timeout_secs = 40\nquorum_anchor_file = \"{}\"\n[bus]\nurl = \"{}\"\nnamespace = \"{}\"\n[telemetry]\nlog_format = \"json\"\nlog_filter = \"debug\"\n{keys}",
+            env.anchor_file().display(),
             env.bus_config.url,
             env.bus_config.namespace.clone().expect("namespace"),
         );
