@@ -617,7 +617,16 @@ pub async fn approve(
     })?;
     bcm_db::batches::approval_insert_in_txn(&mut tx, &b.header.batch_id, &signature, &who.name)
         .await?;
-    // Distinct registered approvers (the policy key is not one).
+    // Distinct people: a principal holding two approver ids counts once
+    // (the policy key is nobody).
+    let mut principals: Vec<String> = existing
+        .iter()
+        .filter(|(_, principal, _)| principal != "policy")
+        .map(|(_, principal, _)| principal.clone())
+        .collect();
+    principals.push(who.name.clone());
+    principals.sort();
+    principals.dedup();
     let mut approvers: Vec<String> = existing
         .into_iter()
         .filter(|(_, principal, _)| principal != "policy")
@@ -625,7 +634,7 @@ pub async fn approve(
         .collect();
     approvers.push(approver.id.clone());
     let mut rows = vec![];
-    if b.state == BatchState::AwaitingApproval && approvers.len() as i32 >= b.quorum_required {
+    if b.state == BatchState::AwaitingApproval && principals.len() as i32 >= b.quorum_required {
         bcm_db::batches::batch_set_state_in_txn(
             &mut tx,
             &b.header.batch_id,
@@ -688,15 +697,22 @@ pub struct EndRequest {
 /// (never started); started nodes finish their chains.
 async fn end(app: &AppState, b: &Batch, to: BatchState, reason: String) -> Result<(), ApiError> {
     let a = &app.inner;
-    let mut tx = a.db.begin().await?;
-    let moved = bcm_db::batches::batch_set_state_in_txn(
-        &mut tx,
-        &b.header.batch_id,
+    // A verb's own batch ends only before anything ran under it: once its
+    // chain runs, `abort` stops it (and runs its cleanup under the batch).
+    let endable: &[BatchState] = if b.scope == "bulk" {
         &[
             BatchState::AwaitingApproval,
             BatchState::Approved,
             BatchState::Running,
-        ],
+        ]
+    } else {
+        &[BatchState::AwaitingApproval]
+    };
+    let mut tx = a.db.begin().await?;
+    let moved = bcm_db::batches::batch_set_state_in_txn(
+        &mut tx,
+        &b.header.batch_id,
+        endable,
         to,
         Some(&reason),
     )
@@ -704,10 +720,22 @@ async fn end(app: &AppState, b: &Batch, to: BatchState, reason: String) -> Resul
     if !moved {
         return Err(ApiError::new(
             ErrorCode::InvalidState,
-            format!("batch {} has ended already", b.header.batch_id),
+            if b.scope == "bulk" {
+                format!("batch {} has ended already", b.header.batch_id)
+            } else {
+                format!(
+                    "batch {} is not awaiting approval: a verb's running chain is stopped with abort",
+                    b.header.batch_id
+                )
+            },
         ));
     }
     bcm_db::batches::bulk_cancel_queued_in_txn(&mut tx, &b.header.batch_id).await?;
+    // A held one-leaf command goes out without authority: the site refuses
+    // it, and its result ends it the usual way (a rotation rolls back).
+    let refused =
+        bcm_metal::batches::release_held_refused_in_txn(&mut tx, &b.header.batch_id).await?;
+    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &refused.into_iter().collect::<Vec<_>>()).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     if b.scope == "bulk" {
         let (counts, _) =
@@ -873,6 +901,12 @@ pub async fn put_approver(
     bcm_db::batches::approver_insert(&app.inner.db, &approver)
         .await
         .map_err(|e| match e {
+            bcm_db::DbError::Duplicate { constraint } if constraint == "approvers_key" => {
+                ApiError::new(
+                    ErrorCode::Conflict,
+                    "this public key is registered to another approver already",
+                )
+            }
             bcm_db::DbError::Duplicate { .. } => ApiError::new(
                 ErrorCode::Conflict,
                 format!("approver {id} is registered already; register a new key under a new id"),

@@ -128,7 +128,9 @@ fn default_policy_approver_id() -> String {
     "policy".to_owned()
 }
 fn default_node_batch_ttl_secs() -> u64 {
-    7 * 86_400
+    // A chain's longest step (a wipe: 24 h) with room to start it; an
+    // authority carried on the bus is good for no longer.
+    2 * 86_400
 }
 fn default_bulk_max_ttl_secs() -> u64 {
     7 * 86_400

@@ -144,9 +144,18 @@ async fn main() -> anyhow::Result<()> {
             };
             let (ca_pem, keys) = pinned(&ca_file, &image_keys_file, &image_keys)?;
             let quorum_anchor = if args.quorum_anchor_file.exists() {
+                // The build's own: a broken one is a broken build.
                 Some(bcm_quorum::anchor_from_file(&args.quorum_anchor_file)?)
             } else {
-                bcm_quorum::anchor_from_cmdline(&line).transpose()?
+                // The site's, from the command line: unreadable, the agent
+                // still joins and reports, and refuses what is destructive.
+                match bcm_quorum::anchor_from_cmdline(&line).transpose() {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "bcm.quorum= is unreadable: no anchor");
+                        None
+                    }
+                }
             };
             if quorum_anchor.is_none() {
                 tracing::warn!("no quorum trust anchor (pinned or bcm.quorum=): every destructive command will be refused");

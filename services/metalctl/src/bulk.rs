@@ -235,6 +235,7 @@ pub async fn approve(
     id: &str,
     approver: &str,
     key_file: &Path,
+    expected_nodes: Option<&Path>,
 ) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(key_file)
         .with_context(|| format!("reading {}", key_file.display()))?;
@@ -260,10 +261,31 @@ pub async fn approve(
     if bcm_quorum::reason_sha256(reason) != header.reason_sha256 {
         bail!("batch {id}'s reason does not match its header: not signing");
     }
+    // The requester's own list, when the approver has it: the batch may
+    // hold no node it does not name.
+    if let Some(path) = expected_nodes {
+        let expected: std::collections::HashSet<String> = node_ids(path)?.into_iter().collect();
+        let extra: Vec<&String> = nodes.iter().filter(|n| !expected.contains(*n)).collect();
+        if !extra.is_empty() {
+            bail!(
+                "batch {id} holds {} node(s) {} does not name (first: {}): not signing",
+                extra.len(),
+                path.display(),
+                extra[0]
+            );
+        }
+    }
     let digest = hex::encode(bcm_quorum::digest(&header));
+    let expires = chrono::DateTime::from_timestamp(header.expires_at, 0)
+        .map(|d| d.to_rfc3339())
+        .unwrap_or_default();
     eprintln!(
-        "signing batch {id}: {} of {} nodes in {}/{}: \"{reason}\" (digest {digest})",
-        header.operation, header.leaf_count, header.tenant_id, header.pool_id
+        "signing batch {id}: {}{} of {} nodes in {}/{} until {expires}: \"{reason}\" (digest {digest})",
+        header.operation,
+        header.wipe.map(|w| format!(" (wipe {w})")).unwrap_or_default(),
+        header.leaf_count,
+        header.tenant_id,
+        header.pool_id
     );
     let v = api
         .call(

@@ -126,6 +126,10 @@ enum BatchCmd {
         approver: String,
         #[arg(long)]
         key: std::path::PathBuf,
+        /// The requester's node list: refuse to sign when the batch holds
+        /// a node it does not name.
+        #[arg(long)]
+        nodes_from: Option<std::path::PathBuf>,
     },
     /// Refuse the batch as APPROVER: nothing of it not yet started runs.
     Reject {
@@ -555,7 +559,18 @@ async fn run() -> anyhow::Result<()> {
                 batch,
                 approver,
                 key,
-            } => bulk::approve(&api, cli.output, batch, approver, key).await,
+                nodes_from,
+            } => {
+                bulk::approve(
+                    &api,
+                    cli.output,
+                    batch,
+                    approver,
+                    key,
+                    nodes_from.as_deref(),
+                )
+                .await
+            }
             BatchCmd::Reject {
                 batch,
                 approver,

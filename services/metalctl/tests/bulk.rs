@@ -83,6 +83,18 @@ async fn a_bulk_is_submitted_signed_by_two_approvers_and_watched_to_its_end() {
         .to_owned();
     assert!(out.contains(&id), "{out}");
 
+    // An approver holding a list without one of the batch's nodes refuses.
+    let short = dir.join("short.txt");
+    std::fs::write(&short, format!("{}\n{}\n", ids[0], ids[1])).expect("short");
+    let key1 = dir.join("approver-1.key");
+    std::fs::write(&key1, hex::encode(env.quorum.approvers[0].to_bytes())).expect("key");
+    let (ok, _, err) = run(metalctl(&env, &tokens[0])
+        .args(["batch", "approve", &id, "--approver", "approver-1", "--key"])
+        .arg(&key1)
+        .arg("--nodes-from")
+        .arg(&short));
+    assert!(!ok);
+    assert!(err.contains("not signing"), "{err}");
     for (n, token) in [(1usize, &tokens[0]), (2, &tokens[1])] {
         let key = dir.join(format!("approver-{n}.key"));
         std::fs::write(&key, hex::encode(env.quorum.approvers[n - 1].to_bytes())).expect("key");
@@ -95,7 +107,9 @@ async fn a_bulk_is_submitted_signed_by_two_approvers_and_watched_to_its_end() {
                 &format!("approver-{n}"),
                 "--key",
             ])
-            .arg(&key));
+            .arg(&key)
+            .arg("--nodes-from")
+            .arg(&nodes));
         assert!(ok, "approver-{n}: {err}");
         assert!(err.contains("signing batch"), "{err}");
         assert!(out.contains("APPROVALS"), "{out}");

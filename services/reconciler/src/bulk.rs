@@ -88,7 +88,9 @@ pub async fn round(db: &Db, bus: &Bus, cfg: &ReconcilerConfig) -> Result<usize, 
         let t = tenant(&b)?;
         let mut rows = vec![];
         if c.queued == 0 && c.started == 0 {
-            bcm_db::batches::batch_set_state_in_txn(
+            // Only the round that finishes it says so (a cancel or a
+            // rejection meanwhile published its own end).
+            let moved = bcm_db::batches::batch_set_state_in_txn(
                 &mut tx,
                 &b.header.batch_id,
                 &[BatchState::Approved, BatchState::Running],
@@ -96,6 +98,9 @@ pub async fn round(db: &Db, bus: &Bus, cfg: &ReconcilerConfig) -> Result<usize, 
                 None,
             )
             .await?;
+            if !moved {
+                continue;
+            }
             rows.push(bcm_bus::outgoing::batch_event(
                 bus.subjects(),
                 &t,
@@ -153,6 +158,11 @@ async fn expire(db: &Db, bus: &Bus) -> Result<(), DbError> {
         )
         .await?;
         bcm_db::batches::bulk_cancel_queued_in_txn(&mut tx, &b.header.batch_id).await?;
+        // A held one-leaf command goes out refused (a rotation rolls back).
+        let refused =
+            bcm_metal::batches::release_held_refused_in_txn(&mut tx, &b.header.batch_id).await?;
+        let refused: Vec<_> = refused.into_iter().collect();
+        bcm_db::outbox::outbox_insert_in_txn(&mut tx, &refused).await?;
         tx.commit().await.map_err(DbError::from)?;
         if moved && b.scope == "bulk" {
             let c = counts(db, &b.header.batch_id).await?;
@@ -232,8 +242,15 @@ async fn start_wave(
     loop {
         let mut tx = db.begin().await?;
         bcm_db::lock_timeout_in_txn(&mut tx, cfg.lock_timeout_ms).await?;
+        // The batch as it is now, locked: a cancel, rejection or expiry
+        // that committed since this round began stops the waves.
+        let now =
+            bcm_db::batches::batch_fetch_for_update_in_txn(&mut tx, &b.header.batch_id).await?;
+        if !now.state.authorizes() || chrono::Utc::now().timestamp() >= now.header.expires_at {
+            return Ok(moved);
+        }
         let policy = bcm_db::batches::pool_policy_in_txn(&mut tx, &b.header.pool_id).await?;
-        let in_flight = bcm_db::batches::bulk_in_flight_in_txn(&mut tx, &b.header.batch_id).await?;
+        let in_flight = bcm_db::batches::pool_in_flight_in_txn(&mut tx, &b.header.pool_id).await?;
         let site = bcm_db::batches::site_in_flight_in_txn(&mut tx, &b.site_id).await?;
         let room = (i64::from(policy.bulk_concurrency) - in_flight)
             .min(i64::from(cfg.bulk_site_concurrency) - site)

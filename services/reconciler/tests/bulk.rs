@@ -506,4 +506,66 @@ async fn a_pool_without_auto_approval_holds_single_verbs_and_power_until_approve
     .expect("the released power command ran");
     assert_eq!(ran.batch_id.as_deref(), power["header"]["batchId"].as_str());
     assert_eq!(env.executions.count(&cmd.id), 1);
+
+    // A verb's batch whose chain runs is not cancelled (abort stops it).
+    let (s, b) = env
+        .post(
+            &format!("/api/compute/metal/batches/{enroll_batch}/cancel"),
+            Some(&env.admin_token),
+            &json!({}),
+        )
+        .await
+        .expect("cancel");
+    assert_eq!((s, b["code"].as_str()), (409, Some("INVALID_STATE")), "{b}");
+
+    // A power command whose batch is rejected goes out without authority:
+    // the site refuses it unrun and the command ends failed, not waiting.
+    env.verb_ok("power", &id, json!({"action": "on"})).await;
+    let (_, list) = env
+        .get(
+            &format!("/api/compute/metal/batches?nodeId={id}"),
+            Some(&env.admin_token),
+        )
+        .await
+        .expect("list");
+    let held_batch = list
+        .as_array()
+        .expect("batches")
+        .iter()
+        .find(|b| b["header"]["operation"] == "power" && b["state"] == "awaiting-approval")
+        .cloned()
+        .expect("the second power batch");
+    let held = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands")
+        .last()
+        .cloned()
+        .expect("the held command");
+    let (s, b) = env
+        .post(
+            &format!(
+                "/api/compute/metal/batches/{}/reject",
+                held_batch["header"]["batchId"].as_str().expect("id")
+            ),
+            Some(&tokens[1]),
+            &json!({"approverId": "approver-2", "reason": "not now"}),
+        )
+        .await
+        .expect("reject");
+    assert_eq!(s, 200, "{b}");
+    let failed = bcm_testkit::eventually(T, || async {
+        let c = bcm_db::commands::command_fetch(&env.db, &held.id).await?;
+        Ok((c.status.as_str() == "failed").then_some(c))
+    })
+    .await
+    .expect("the refused command ended");
+    assert!(
+        failed
+            .result
+            .map(|r| r.to_string())
+            .unwrap_or_default()
+            .contains("FORBIDDEN"),
+        "refused by the site"
+    );
+    assert_eq!(env.executions.count(&held.id), 0, "never ran");
 }

@@ -15,6 +15,8 @@ CREATE TABLE approvers (
     revoked_at  TIMESTAMPTZ
 );
 CREATE INDEX approvers_tenant ON approvers (tenant_id);
+-- One key, one approver: a key registered twice would sign twice.
+CREATE UNIQUE INDEX approvers_key ON approvers (public_key) WHERE revoked_at IS NULL;
 
 ALTER TABLE pools
     ADD COLUMN quorum_required INT NOT NULL DEFAULT 1 CHECK (quorum_required BETWEEN 1 AND 16),

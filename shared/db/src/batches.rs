@@ -636,12 +636,14 @@ pub async fn bulk_queued_take_in_txn(
     .await?)
 }
 
-/// How many of a bulk's nodes are started and not finished.
-pub async fn bulk_in_flight_in_txn(tx: &mut Tx<'_>, batch: &str) -> Result<i64, DbError> {
+/// How many nodes of a pool's bulks (of any state: a cancelled bulk's
+/// started nodes still run) are started and not finished.
+pub async fn pool_in_flight_in_txn(tx: &mut Tx<'_>, pool: &str) -> Result<i64, DbError> {
     Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM batch_nodes WHERE batch_id = $1 AND state = 'started'",
+        "SELECT count(*) FROM batch_nodes bn JOIN batches b ON b.id = bn.batch_id \
+         WHERE b.pool_id = $1 AND b.scope = 'bulk' AND bn.state = 'started'",
     )
-    .bind(batch)
+    .bind(pool)
     .fetch_one(&mut **tx)
     .await?)
 }
@@ -650,7 +652,7 @@ pub async fn bulk_in_flight_in_txn(tx: &mut Tx<'_>, batch: &str) -> Result<i64, 
 pub async fn site_in_flight_in_txn(tx: &mut Tx<'_>, site: &str) -> Result<i64, DbError> {
     Ok(sqlx::query_scalar(
         "SELECT count(*) FROM batch_nodes bn JOIN batches b ON b.id = bn.batch_id \
-         WHERE b.site_id = $1 AND b.state = 'running' AND bn.state = 'started'",
+         WHERE b.site_id = $1 AND b.scope = 'bulk' AND bn.state = 'started'",
     )
     .bind(site)
     .fetch_one(&mut **tx)

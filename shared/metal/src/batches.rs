@@ -171,6 +171,33 @@ pub async fn release_held_in_txn(
     }))
 }
 
+/// The held one-leaf command of a batch that ended unapproved (rejected,
+/// cancelled, expired), sent without authority and with a fresh deadline:
+/// the site refuses it unrun (`FORBIDDEN`), and that result ends the
+/// command the usual way — a held rotation rolls back instead of leaving
+/// the node waiting for an answer that would never come.
+pub async fn release_held_refused_in_txn(
+    tx: &mut Tx<'_>,
+    batch: &str,
+) -> Result<Option<NewOutboxMessage>, DbError> {
+    let Some(held) = bcm_db::batches::held_message_take_in_txn(tx, batch).await? else {
+        return Ok(None);
+    };
+    let bad = |w: &str| DbError::Corrupt(format!("held message of {batch}: {w}"));
+    let mut payload = held["payload"].clone();
+    payload["data"]["deadline"] = serde_json::json!(Utc::now() + crate::bmc::LEAF_COMMAND_TTL);
+    Ok(Some(NewOutboxMessage {
+        id: held["id"].as_str().ok_or_else(|| bad("id"))?.to_owned(),
+        subject: held["subject"]
+            .as_str()
+            .ok_or_else(|| bad("subject"))?
+            .to_owned(),
+        payload,
+        headers: held["headers"].as_object().cloned().unwrap_or_default(),
+        node_id: held["nodeId"].as_str().map(str::to_owned),
+    }))
+}
+
 /// A bulk request's batch: the header over the admitted nodes (in request
 /// order) and every node's row, refused ones with their code.
 pub struct BulkBatch {

@@ -28,7 +28,7 @@ use base64::Engine as _;
 use bcm_contracts::batch::{ApprovalSignature, BatchAuthority, BatchHeader};
 use bcm_core::batch::Operation;
 use bcm_core::WipeMode;
-use ed25519_dalek::{Signature, Signer as _, SigningKey, Verifier as _, VerifyingKey};
+use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
@@ -81,7 +81,11 @@ pub fn public_key(b64: &str) -> Result<VerifyingKey, QuorumError> {
     let arr: [u8; 32] = bytes
         .try_into()
         .map_err(|_| QuorumError::BadKey("not 32 bytes".into()))?;
-    VerifyingKey::from_bytes(&arr).map_err(|e| QuorumError::BadKey(e.to_string()))
+    let key = VerifyingKey::from_bytes(&arr).map_err(|e| QuorumError::BadKey(e.to_string()))?;
+    if key.is_weak() {
+        return Err(QuorumError::BadKey("a weak (small-order) key".into()));
+    }
+    Ok(key)
 }
 
 /// Reads an ed25519 signing key: a 32-byte seed in base64 or hex.
@@ -112,7 +116,8 @@ pub fn signature_valid(key: &VerifyingKey, h: &BatchHeader, signature: &str) -> 
     let Ok(sig) = Signature::from_slice(&bytes) else {
         return false;
     };
-    key.verify(&approval_message(h), &sig).is_ok()
+    // Strict: no malleable signature and no small-order key passes.
+    key.verify_strict(&approval_message(h), &sig).is_ok()
 }
 
 /// Why an approval or a command's authority is refused.
@@ -212,9 +217,18 @@ impl Anchor {
                 "trust anchor: quorum must be at least 1".into(),
             ));
         }
+        let mut ids = BTreeSet::new();
+        let mut keys = BTreeSet::new();
         for k in a.approvers.iter().chain(a.auto_approver.iter()) {
-            public_key(&k.public_key)
+            let key = public_key(&k.public_key)
                 .map_err(|e| QuorumError::BadKey(format!("trust anchor key {}: {e}", k.id)))?;
+            // One person, one vote: an id or a key named twice would count twice.
+            if !ids.insert(k.id.clone()) || !keys.insert(key.to_bytes()) {
+                return Err(QuorumError::BadKey(format!(
+                    "trust anchor names approver {} or its key twice",
+                    k.id
+                )));
+            }
         }
         Ok(a)
     }

@@ -57,6 +57,12 @@ struct Args {
     /// The pool's `bulkConcurrency` for `--release-by-bulk`.
     #[arg(long, default_value_t = 1000)]
     bulk_concurrency: u32,
+    /// Measure only the admission of one bulk request naming every node:
+    /// the nodes are written `ready` straight into the record (no
+    /// workflows run), then `metal.bulk inspect` of all of them is timed
+    /// three times.
+    #[arg(long)]
+    admit_only: bool,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -173,6 +179,58 @@ impl Run {
         anyhow::ensure!(status.is_success(), "{path}: {status} {v}");
         Ok(v)
     }
+}
+
+/// Writes `n` nodes `ready` into the record (as enrollment would leave
+/// them, without running it) and times `metal.bulk inspect` of all of
+/// them: validation, per-node admission, the Merkle tree and the batch's
+/// rows, three times.
+async fn admit_only(run: &Run, db: &bcm_db::Db, n: usize) -> anyhow::Result<Value> {
+    let mut ids = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+        let mut tx = db.begin().await?;
+        for i in chunk {
+            let id = bcm_core::NodeId::generate();
+            let address = format!("sim://admit-{i}");
+            let node = bcm_db::nodes::Node {
+                macs: vec![bcm_sim::site::mac_of(&address)],
+                ..bcm_db::nodes::Node::first(
+                    id,
+                    "root".parse()?,
+                    "default".parse()?,
+                    "local".parse()?,
+                    bcm_core::ProvisionState::Ready,
+                    bcm_core::BmcDriver::Sim,
+                    address,
+                    "gpu-redfish".into(),
+                )
+            };
+            bcm_db::nodes::node_insert_in_txn(&mut tx, &node).await?;
+            ids.push(id.to_string());
+        }
+        tx.commit().await?;
+    }
+    let mut seconds = vec![];
+    for round in 0..3 {
+        let t = Instant::now();
+        let v = run
+            .call(
+                reqwest::Method::POST,
+                "/api/compute/metal/bulk",
+                Some(
+                    json!({"tenantId": "root", "poolId": "default", "verb": "inspect",
+                    "nodeIds": ids, "reason": format!("bench: admission {round}")}),
+                ),
+            )
+            .await?;
+        seconds.push(t.elapsed().as_secs_f64());
+        anyhow::ensure!(
+            v["batch"]["header"]["leafCount"].as_u64() == Some(n as u64),
+            "not every node was admitted: {}",
+            v["refused"]
+        );
+    }
+    Ok(json!({"nodes": n, "admitSeconds": seconds}))
 }
 
 /// Releases every node with one bulk undeploy: registers three approvers,
@@ -428,6 +486,16 @@ async fn main() -> anyhow::Result<()> {
         latencies: Mutex::default(),
     });
     let n = args.nodes;
+    if args.admit_only {
+        let out = admit_only(&run, &db, n).await?;
+        println!("{out}");
+        shutdown.cancel();
+        let _ = server.await;
+        bcm_bus::streams::delete_all(&bus).await?;
+        drop(db);
+        bcm_db::admin::database_drop(&database, &db_name).await?;
+        return Ok(());
+    }
     let timeout = Duration::from_secs(args.phase_timeout_secs);
     let commits_before = bcm_db::admin::commit_count(&db).await?;
     let t0 = Instant::now();
