@@ -166,17 +166,29 @@ impl Run {
         path: &str,
         body: Option<Value>,
     ) -> anyhow::Result<Value> {
+        self.call_as(&self.token, method, path, body).await
+    }
+
+    async fn call_as(
+        &self,
+        token: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token);
+            .bearer_auth(token);
         if let Some(b) = body {
             req = req.json(&b);
         }
         let res = req.send().await?;
         let status = res.status();
-        let v: Value = res.json().await?;
-        anyhow::ensure!(status.is_success(), "{path}: {status} {v}");
+        let text = res.text().await?;
+        // 204 No Content (an admin write) has no body.
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        anyhow::ensure!(status.is_success(), "{path}: {status} {text}");
         Ok(v)
     }
 }
@@ -250,14 +262,25 @@ async fn bulk_release(
             "quorum": {"required": 2, "requesterMayApprove": true, "bulkConcurrency": concurrency}})),
     )
     .await?;
+    let mut tokens = vec![];
     for (i, k) in approvers.iter().enumerate() {
-        // The bench's admin signs as each approver (its principal).
+        // Each approver is a person of its own, with a token of its own.
+        let principal = format!("approver-{}", i + 1);
         run.call(
             Method::PUT,
-            &format!("/api/compute/admin/approvers/approver-{}", i + 1),
-            Some(json!({"tenantId": "root", "principal": "admin", "publicKey": bcm_quorum::public_key_b64(k)})),
+            &format!("/api/compute/admin/approvers/{principal}"),
+            Some(json!({"tenantId": "root", "principal": principal, "publicKey": bcm_quorum::public_key_b64(k)})),
         )
         .await?;
+        let t = run
+            .call(
+                Method::POST,
+                "/api/compute/admin/tokens",
+                Some(json!({"principal": principal, "grants": [
+                    {"action": "compute:nodes:read", "scope": {"kind": "tenant", "id": "root"}}]})),
+            )
+            .await?;
+        tokens.push(t["token"].as_str().unwrap_or_default().to_owned());
     }
     let t = Instant::now();
     let bulk = run
@@ -280,7 +303,8 @@ async fn bulk_release(
         serde_json::from_value(batch["header"].clone())?;
     let t = Instant::now();
     for n in [1usize, 3] {
-        run.call(
+        run.call_as(
+            &tokens[n - 1],
             Method::POST,
             &format!("/api/compute/metal/batches/{id}/approve"),
             Some(json!({"approverId": format!("approver-{n}"),
