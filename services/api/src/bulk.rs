@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::Json;
 use bcm_contracts::batch::{ApprovalSignature, BatchHeader};
 use bcm_contracts::events::{BulkApproved, BulkCounts, BulkCreated, BulkFinished};
@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::extract::Body;
+use crate::extract::{Body, Path, Query};
 use crate::AppState;
 
 /// The longest reason approvers read.
@@ -169,7 +169,7 @@ pub async fn view(app: &AppState, b: Batch) -> Result<BatchView, ApiError> {
 /// pool does not hold is `NOT_FOUND`, one whose state refuses the verb is
 /// `INVALID_STATE`; the others go ahead) into one batch awaiting the
 /// pool's approvers.
-#[utoipa::path(post, path = "/api/compute/metal/bulk", request_body = BulkRequest, tag = "metal",
+#[utoipa::path(post, path = "/api/compute/metal/bulk", operation_id = "bulk", request_body = BulkRequest, tag = "metal",
     responses((status = 200, body = BulkView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn create(
     State(app): State<AppState>,
@@ -347,10 +347,19 @@ pub async fn create(
     }))
 }
 
+/// Whether `id` could name a batch (`bat_` and a lowercase ULID).
+fn valid_batch_id(id: &str) -> bool {
+    id.len() == 30
+        && id.starts_with("bat_")
+        && id[4..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+}
+
 /// A batch the principal may read: its pool's nodes are readable to them.
 async fn readable(app: &AppState, who: &Principal, id: &str) -> Result<Batch, ApiError> {
     let not_found = || ApiError::new(ErrorCode::NotFound, format!("batch {id:.40} not found"));
-    if !id.starts_with("bat_") || id.len() > 40 {
+    if !valid_batch_id(id) {
         return Err(not_found());
     }
     let b = match bcm_db::batches::batch_fetch(&app.inner.db, id).await {
@@ -384,7 +393,7 @@ fn placement(b: &Batch) -> Result<Placement, ApiError> {
 }
 
 /// `GET /api/compute/metal/batches/{id}`.
-#[utoipa::path(get, path = "/api/compute/metal/batches/{id}", tag = "metal",
+#[utoipa::path(get, path = "/api/compute/metal/batches/{id}", operation_id = "getBatch", tag = "metal",
     params(("id" = String, Path)), responses((status = 200, body = BatchView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn get(
     State(app): State<AppState>,
@@ -398,6 +407,7 @@ pub async fn get(
 /// A page of a batch's nodes.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct NodesPage {
     /// Nodes after this position.
     pub after: Option<i32>,
@@ -423,7 +433,7 @@ pub struct BatchNodeView {
 
 /// `GET /api/compute/metal/batches/{id}/nodes`: the nodes by position, so
 /// an approver can rebuild the Merkle root from the leaves.
-#[utoipa::path(get, path = "/api/compute/metal/batches/{id}/nodes", tag = "metal",
+#[utoipa::path(get, path = "/api/compute/metal/batches/{id}/nodes", operation_id = "listBatchNodes", tag = "metal",
     params(("id" = String, Path), NodesPage), responses((status = 200, body = Vec<BatchNodeView>), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn nodes(
     State(app): State<AppState>,
@@ -460,6 +470,7 @@ pub async fn nodes(
 /// Which batches to list.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListBatches {
     pub tenant_id: Option<TenantId>,
     /// The batches naming this node (its verbs' one-node batches too).
@@ -468,7 +479,7 @@ pub struct ListBatches {
 
 /// `GET /api/compute/metal/batches`: bulk batches, newest first (100); with
 /// `nodeId`, every batch naming the node.
-#[utoipa::path(get, path = "/api/compute/metal/batches", tag = "metal",
+#[utoipa::path(get, path = "/api/compute/metal/batches", operation_id = "listBatches", tag = "metal",
     params(ListBatches), responses((status = 200, body = Vec<BatchView>), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn list(
     State(app): State<AppState>,
@@ -522,6 +533,11 @@ async fn acting_approver(
     approver_id: &str,
 ) -> Result<bcm_db::batches::Approver, ApiError> {
     let forbidden = |m: String| ApiError::new(ErrorCode::Forbidden, m);
+    if !bcm_core::text::is_profile_id(approver_id) {
+        return Err(forbidden(format!(
+            "approver {approver_id:.64} is not registered: its key is unknown"
+        )));
+    }
     let approver = match bcm_db::batches::approver_fetch(&app.inner.db, approver_id).await {
         Ok(a) => a,
         Err(bcm_db::DbError::NotFound) => {
@@ -557,7 +573,7 @@ async fn acting_approver(
 
 /// `POST /api/compute/metal/batches/{id}/approve`: records one approver's
 /// signature; the one that completes the quorum approves the batch.
-#[utoipa::path(post, path = "/api/compute/metal/batches/{id}/approve", tag = "metal", request_body = ApproveRequest,
+#[utoipa::path(post, path = "/api/compute/metal/batches/{id}/approve", operation_id = "approveBatch", tag = "metal", request_body = ApproveRequest,
     params(("id" = String, Path)), responses((status = 200, body = BatchView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn approve(
     State(app): State<AppState>,
@@ -671,7 +687,7 @@ pub async fn approve(
 /// may (an approver needs no read grant on the pool).
 async fn batch_for_approver(app: &AppState, id: &str) -> Result<Batch, ApiError> {
     let not_found = || ApiError::new(ErrorCode::NotFound, format!("batch {id:.40} not found"));
-    if !id.starts_with("bat_") || id.len() > 40 {
+    if !valid_batch_id(id) {
         return Err(not_found());
     }
     match bcm_db::batches::batch_fetch(&app.inner.db, id).await {
@@ -773,7 +789,7 @@ fn check_reason(r: &Option<String>) -> Result<(), ApiError> {
 
 /// `POST /api/compute/metal/batches/{id}/reject`: an approver refuses the
 /// batch; nothing of it that has not started ever will.
-#[utoipa::path(post, path = "/api/compute/metal/batches/{id}/reject", tag = "metal", request_body = EndRequest,
+#[utoipa::path(post, path = "/api/compute/metal/batches/{id}/reject", operation_id = "rejectBatch", tag = "metal", request_body = EndRequest,
     params(("id" = String, Path)), responses((status = 200, body = BatchView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn reject(
     State(app): State<AppState>,
@@ -802,7 +818,7 @@ pub async fn reject(
 /// `POST /api/compute/metal/batches/{id}/cancel`: the requester (or anyone
 /// who may apply its verb on the pool) stops it; nodes not yet started are
 /// left alone.
-#[utoipa::path(post, path = "/api/compute/metal/batches/{id}/cancel", tag = "metal", request_body = EndRequest,
+#[utoipa::path(post, path = "/api/compute/metal/batches/{id}/cancel", operation_id = "cancelBatch", tag = "metal", request_body = EndRequest,
     params(("id" = String, Path)), responses((status = 200, body = BatchView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn cancel(
     State(app): State<AppState>,
@@ -868,7 +884,7 @@ impl From<bcm_db::batches::Approver> for ApproverView {
 
 /// `PUT /api/compute/admin/approvers/{id}`: registers an approver's key
 /// (an id is registered once; a new key is a new approver).
-#[utoipa::path(put, path = "/api/compute/admin/approvers/{id}", tag = "admin", request_body = ApproverRequest,
+#[utoipa::path(put, path = "/api/compute/admin/approvers/{id}", operation_id = "putApprover", tag = "admin", request_body = ApproverRequest,
     params(("id" = String, Path)), responses((status = 200, body = ApproverView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn put_approver(
     State(app): State<AppState>,
@@ -926,7 +942,7 @@ pub async fn put_approver(
 }
 
 /// `GET /api/compute/admin/approvers`.
-#[utoipa::path(get, path = "/api/compute/admin/approvers", tag = "admin",
+#[utoipa::path(get, path = "/api/compute/admin/approvers", operation_id = "listApprovers", tag = "admin",
     responses((status = 200, body = Vec<ApproverView>), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn list_approvers(
     State(app): State<AppState>,
@@ -944,7 +960,7 @@ pub async fn list_approvers(
 
 /// `DELETE /api/compute/admin/approvers/{id}`: its later signatures are
 /// refused (the edges' anchors must drop its key too).
-#[utoipa::path(delete, path = "/api/compute/admin/approvers/{id}", tag = "admin",
+#[utoipa::path(delete, path = "/api/compute/admin/approvers/{id}", operation_id = "revokeApprover", tag = "admin",
     params(("id" = String, Path)), responses((status = 204), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn revoke_approver(
     State(app): State<AppState>,

@@ -57,6 +57,10 @@ struct Args {
     /// The pool's `bulkConcurrency` for `--release-by-bulk`.
     #[arg(long, default_value_t = 1000)]
     bulk_concurrency: u32,
+    /// The API's pool for the agent endpoints (the service's default
+    /// when absent).
+    #[arg(long)]
+    agent_connections: Option<u32>,
     /// Measure only the admission of one bulk request naming every node:
     /// the nodes are written `ready` straight into the record (no
     /// workflows run), then `metal.bulk inspect` of all of them is timed
@@ -404,6 +408,9 @@ async fn main() -> anyhow::Result<()> {
     let scheme = if args.plain_http { "http" } else { "https" };
     let base = format!("{scheme}://{}", listener.local_addr()?);
     let mut cfg = cfg;
+    if let Some(n) = args.agent_connections {
+        cfg.api.database_agent_connections = n;
+    }
     // The quorum: the API's policy key approves single verbs; three
     // approvers, two of whom the site's anchor needs for a bulk.
     let mut rng = rand::rngs::OsRng;
