@@ -70,6 +70,7 @@ pub struct PoolRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolQuorum {
     /// Distinct approvers a batch needs (1-16).
+    #[serde(deserialize_with = "crate::whole_number::required")]
     #[schema(minimum = 1, maximum = 16)]
     pub required: u32,
     /// Whether the requester may be one of them.
@@ -80,7 +81,10 @@ pub struct PoolQuorum {
     #[serde(default = "yes")]
     pub auto_approve_single: bool,
     /// How many of a bulk's nodes run at once (1-10000).
-    #[serde(default = "default_bulk_concurrency")]
+    #[serde(
+        default = "default_bulk_concurrency",
+        deserialize_with = "crate::whole_number::required"
+    )]
     #[schema(minimum = 1, maximum = 10000)]
     pub bulk_concurrency: u32,
 }

@@ -14,7 +14,7 @@ use axum::Json;
 use bcm_contracts::batch::{ApprovalSignature, BatchHeader};
 use bcm_contracts::events::{BulkApproved, BulkCounts, BulkCreated, BulkFinished};
 use bcm_core::authz::{Action, Placement};
-use bcm_core::batch::{BatchState, BulkNodeState, Operation, BULK_MAX_NODES, BULK_OPERATIONS};
+use bcm_core::batch::{BatchState, BulkNodeState, Operation, BULK_MAX_NODES};
 use bcm_core::{ErrorCode, NodeFacts, NodeId, PoolId, TenantId, WipeMode};
 use bcm_db::batches::Batch;
 use serde::{Deserialize, Serialize};
@@ -36,20 +36,24 @@ pub struct BulkRequest {
     pub tenant_id: TenantId,
     pub pool_id: PoolId,
     /// `manage`, `inspect`, `provide`, `undeploy`, `rescue` or `retire`.
-    pub verb: Operation,
+    pub verb: bcm_core::batch::BulkVerb,
     /// 1 to 10,000 node ids of the pool, each once.
     #[schema(min_items = 1, max_items = 10000)]
-    pub node_ids: Vec<String>,
+    pub node_ids: Vec<NodeId>,
     /// `undeploy` only: the release's wipe (default `quick`).
     #[serde(default)]
     pub wipe: Option<WipeMode>,
     /// What approvers read.
-    #[schema(min_length = 1, max_length = 1024)]
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = "^[^\\u0000-\\u001f\\u007f]*$"
+    )]
     pub reason: String,
     /// How long approvals and the batch's commands count (60 s to the
     /// configured maximum; a day by default).
-    #[serde(default)]
-    #[schema(minimum = 60)]
+    #[serde(default, deserialize_with = "crate::whole_number::optional")]
+    #[schema(minimum = 60, maximum = 604800)]
     pub expires_in_secs: Option<u64>,
 }
 
@@ -177,12 +181,7 @@ pub async fn create(
     Body(req): Body<BulkRequest>,
 ) -> Result<Json<BulkView>, ApiError> {
     let a = &app.inner;
-    if !BULK_OPERATIONS.contains(&req.verb) {
-        return Err(ApiError::invalid(format!(
-            "verb must be one of manage, inspect, provide, undeploy, rescue, retire; not {}",
-            req.verb
-        )));
-    }
+    let op = req.verb.operation();
     if req.node_ids.is_empty() || req.node_ids.len() > BULK_MAX_NODES {
         return Err(ApiError::invalid(format!(
             "nodeIds must name 1 to {BULK_MAX_NODES} nodes, not {}",
@@ -194,13 +193,14 @@ pub async fn create(
             "reason must be 1-{MAX_REASON} characters without control characters"
         )));
     }
-    let wipe = match (req.verb, req.wipe) {
+    let wipe = match (op, req.wipe) {
         (Operation::Undeploy, w) => Some(w.unwrap_or_default()),
         (_, None) => None,
         (op, Some(_)) => {
-            return Err(ApiError::invalid(format!(
-                "wipe applies to undeploy only, not {op}"
-            )))
+            return Err(ApiError::new(
+                ErrorCode::InvalidConfig,
+                format!("wipe applies to undeploy only, not {op}"),
+            ))
         }
     };
     let ttl = req.expires_in_secs.unwrap_or(DEFAULT_BULK_TTL_SECS);
@@ -211,15 +211,15 @@ pub async fn create(
         )));
     }
     let mut seen = HashSet::with_capacity(req.node_ids.len());
-    let mut ids = Vec::with_capacity(req.node_ids.len());
-    for (i, raw) in req.node_ids.iter().enumerate() {
-        let id: NodeId = raw.parse().map_err(|_| {
-            ApiError::invalid(format!("nodeIds[{i}] is not a node id: {:.40}", raw))
-        })?;
-        if !seen.insert(id) {
-            return Err(ApiError::invalid(format!("nodeIds[{i}] repeats node {id}")));
+    let ids = req.node_ids.clone();
+    for (i, id) in ids.iter().enumerate() {
+        // A node named twice would be two leaves for one machine.
+        if !seen.insert(*id) {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("nodeIds[{i}] repeats node {id}"),
+            ));
         }
-        ids.push(id);
     }
     // Decided on the pool.
     let pool = match bcm_db::tenancy::pool_fetch(&a.db, &req.pool_id).await {
@@ -232,8 +232,7 @@ pub async fn create(
         }
         Err(e) => return Err(e.into()),
     };
-    let verb = req
-        .verb
+    let verb = op
         .verb()
         .ok_or_else(|| ApiError::internal("a bulk operation without a verb"))?;
     let at = Placement {
@@ -287,7 +286,7 @@ pub async fn create(
             ErrorCode::InvalidState,
             format!(
                 "no node of the request can {}: {}",
-                req.verb,
+                op,
                 refusals
                     .iter()
                     .take(5)
@@ -304,7 +303,7 @@ pub async fn create(
         pool.tenant_id.as_str(),
         pool.id.as_str(),
         pool.site_id.as_str(),
-        req.verb,
+        op,
         wipe,
         &req.reason,
         &who.name,
@@ -326,7 +325,7 @@ pub async fn create(
             batch_id: h.batch_id.clone(),
             tenant_id: pool.tenant_id.clone(),
             pool_id: pool.id.clone(),
-            operation: req.verb,
+            operation: op,
             digest: hex::encode(bcm_quorum::digest(h)),
             reason: req.reason.clone(),
             requested_by: who.name.clone(),
@@ -338,8 +337,8 @@ pub async fn create(
     );
     bcm_db::outbox::outbox_insert_in_txn(&mut tx, &[bcm_metal::outbox::row(created)]).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
-    metrics::counter!("bcm_bulk_requests_total", "verb" => req.verb.as_str()).increment(1);
-    tracing::info!(batch = %h.batch_id, verb = %req.verb, admitted = admitted.len(), refused = refused.len(), by = %who.name, "bulk admitted");
+    metrics::counter!("bcm_bulk_requests_total", "verb" => op.as_str()).increment(1);
+    tracing::info!(batch = %h.batch_id, verb = %op, admitted = admitted.len(), refused = refused.len(), by = %who.name, "bulk admitted");
     let batch = bcm_db::batches::batch_fetch(&a.db, &h.batch_id).await?;
     Ok(Json(BulkView {
         batch: view(&app, batch).await?,
@@ -411,7 +410,8 @@ pub async fn get(
 pub struct NodesPage {
     /// Nodes after this position.
     pub after: Option<i32>,
-    /// At most this many (1-10000, 1000 by default).
+    /// At most this many (1000 by default).
+    #[param(minimum = 1, maximum = 10000)]
     pub limit: Option<i64>,
 }
 
@@ -441,11 +441,11 @@ pub async fn nodes(
     Path(id): Path<String>,
     Query(page): Query<NodesPage>,
 ) -> Result<Json<Vec<BatchNodeView>>, ApiError> {
-    let b = readable(&app, &who, &id).await?;
     let limit = page.limit.unwrap_or(1000);
     if !(1..=10_000).contains(&limit) {
         return Err(ApiError::invalid("limit must be 1 to 10000"));
     }
+    let b = readable(&app, &who, &id).await?;
     let rows = bcm_db::batches::batch_nodes_list(
         &app.inner.db,
         &b.header.batch_id,
@@ -697,15 +697,22 @@ async fn batch_for_approver(app: &AppState, id: &str) -> Result<Batch, ApiError>
     }
 }
 
-/// A rejection or a cancel.
+/// A rejection: the approver rejecting, and why.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct EndRequest {
-    /// Required to reject: the approver rejecting.
+pub struct RejectRequest {
+    pub approver_id: String,
     #[serde(default)]
-    pub approver_id: Option<String>,
+    #[schema(max_length = 1024, pattern = "^[^\\u0000-\\u001f\\u007f]*$")]
+    pub reason: Option<String>,
+}
+
+/// A cancel, and why.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CancelRequest {
     #[serde(default)]
-    #[schema(max_length = 1024)]
+    #[schema(max_length = 1024, pattern = "^[^\\u0000-\\u001f\\u007f]*$")]
     pub reason: Option<String>,
 }
 
@@ -789,21 +796,17 @@ fn check_reason(r: &Option<String>) -> Result<(), ApiError> {
 
 /// `POST /api/compute/metal/batches/{id}/reject`: an approver refuses the
 /// batch; nothing of it that has not started ever will.
-#[utoipa::path(post, path = "/api/compute/metal/batches/{id}/reject", operation_id = "rejectBatch", tag = "metal", request_body = EndRequest,
+#[utoipa::path(post, path = "/api/compute/metal/batches/{id}/reject", operation_id = "rejectBatch", tag = "metal", request_body = RejectRequest,
     params(("id" = String, Path)), responses((status = 200, body = BatchView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn reject(
     State(app): State<AppState>,
     who: Principal,
     Path(id): Path<String>,
-    Body(req): Body<EndRequest>,
+    Body(req): Body<RejectRequest>,
 ) -> Result<Json<BatchView>, ApiError> {
     check_reason(&req.reason)?;
     let b = batch_for_approver(&app, &id).await?;
-    let approver_id = req
-        .approver_id
-        .as_deref()
-        .ok_or_else(|| ApiError::invalid("approverId is required to reject"))?;
-    let approver = acting_approver(&app, &who, &b, approver_id).await?;
+    let approver = acting_approver(&app, &who, &b, &req.approver_id).await?;
     let reason = format!(
         "rejected by {}{}",
         approver.id,
@@ -818,13 +821,13 @@ pub async fn reject(
 /// `POST /api/compute/metal/batches/{id}/cancel`: the requester (or anyone
 /// who may apply its verb on the pool) stops it; nodes not yet started are
 /// left alone.
-#[utoipa::path(post, path = "/api/compute/metal/batches/{id}/cancel", operation_id = "cancelBatch", tag = "metal", request_body = EndRequest,
+#[utoipa::path(post, path = "/api/compute/metal/batches/{id}/cancel", operation_id = "cancelBatch", tag = "metal", request_body = CancelRequest,
     params(("id" = String, Path)), responses((status = 200, body = BatchView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn cancel(
     State(app): State<AppState>,
     who: Principal,
     Path(id): Path<String>,
-    Body(req): Body<EndRequest>,
+    Body(req): Body<CancelRequest>,
 ) -> Result<Json<BatchView>, ApiError> {
     check_reason(&req.reason)?;
     let b = readable(&app, &who, &id).await?;
@@ -850,9 +853,14 @@ pub async fn cancel(
 pub struct ApproverRequest {
     pub tenant_id: TenantId,
     /// The principal (token name) who signs as this approver.
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     pub principal: String,
-    /// ed25519, base64 of the 32 bytes (`metalctl keygen` prints it).
+    /// ed25519, base64 of the 32 bytes (`metalctl batch keygen` prints it).
+    #[schema(pattern = "^[A-Za-z0-9+/]{43}=$")]
     pub public_key: String,
 }
 
@@ -885,7 +893,7 @@ impl From<bcm_db::batches::Approver> for ApproverView {
 /// `PUT /api/compute/admin/approvers/{id}`: registers an approver's key
 /// (an id is registered once; a new key is a new approver).
 #[utoipa::path(put, path = "/api/compute/admin/approvers/{id}", operation_id = "putApprover", tag = "admin", request_body = ApproverRequest,
-    params(("id" = String, Path)), responses((status = 200, body = ApproverView), crate::error::ErrorResponses), security(("bearer" = [])))]
+    params(("id" = String, Path, pattern = "^[a-z0-9._-]{1,64}$")), responses((status = 200, body = ApproverView), crate::error::ErrorResponses), security(("bearer" = [])))]
 pub async fn put_approver(
     State(app): State<AppState>,
     who: Principal,
@@ -904,8 +912,24 @@ pub async fn put_approver(
         )));
     }
     crate::verbs::check_text("principal", &req.principal, 128)?;
-    bcm_quorum::public_key(&req.public_key)
-        .map_err(|e| ApiError::invalid(format!("publicKey: {e}")))?;
+    let shaped = req.public_key.len() == 44
+        && req.public_key.ends_with('=')
+        && req.public_key[..43]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/');
+    if !shaped {
+        return Err(ApiError::invalid(
+            "publicKey must be the base64 of 32 bytes (44 characters ending in '=')",
+        ));
+    }
+    // Well shaped, yet not a usable ed25519 key (not a curve point, or a
+    // weak one): nothing could ever verify with it.
+    bcm_quorum::public_key(&req.public_key).map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidConfig,
+            format!("publicKey is not a usable ed25519 public key: {e}"),
+        )
+    })?;
     let approver = bcm_db::batches::Approver {
         id: id.clone(),
         tenant_id: req.tenant_id.to_string(),

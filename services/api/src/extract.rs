@@ -14,8 +14,13 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(Body(v)),
+        // Every body is a JSON object: serde would take an array for a
+        // struct whose fields are positional, which no schema says.
+        match axum::Json::<serde_json::Value>::from_request(req, state).await {
+            Ok(axum::Json(v)) if v.is_object() => serde_json::from_value(v)
+                .map(Body)
+                .map_err(|e| ApiError::invalid(format!("the body does not fit its schema: {e}"))),
+            Ok(_) => Err(ApiError::invalid("the body must be a JSON object")),
             Err(rejection) => Err(ApiError::invalid(rejection.body_text())),
         }
     }

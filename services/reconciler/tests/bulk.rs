@@ -263,10 +263,8 @@ async fn approvals_are_refused_for_every_bad_signature_and_bad_requests_change_n
     for bad in [
         body(json!([])),
         body(json!(["node_nope"])),
-        body(json!([ids[0].to_string(), ids[0].to_string()])),
         body(json!(vec![ids[0].to_string(); 10_001])),
         json!({"tenantId": "a", "poolId": "a-pool", "verb": "inspect", "nodeIds": ids_json, "reason": "x\u{0}"}),
-        json!({"tenantId": "a", "poolId": "a-pool", "verb": "inspect", "nodeIds": ids_json, "reason": "r", "wipe": "quick"}),
         json!({"tenantId": "a", "poolId": "a-pool", "verb": "deploy", "nodeIds": ids_json, "reason": "r"}),
         json!({"tenantId": "a", "poolId": "a-pool", "verb": "inspect", "nodeIds": ids_json, "reason": "r", "expiresInSecs": 5}),
         json!({"tenantId": "a", "poolId": "a-pool", "verb": "inspect", "nodeIds": ids_json, "reason": "r", "extra": 1}),
@@ -281,6 +279,30 @@ async fn approvals_are_refused_for_every_bad_signature_and_bad_requests_change_n
             "{bad:.200} → {b}"
         );
     }
+    // A node named twice is a conflict; a wipe on another verb than
+    // undeploy is a request this verb cannot serve.
+    let (s, b) = env
+        .post(
+            "/api/compute/metal/bulk",
+            Some(&requester),
+            &body(json!([ids[0].to_string(), ids[0].to_string()])),
+        )
+        .await
+        .expect("post");
+    assert_eq!((s, b["code"].as_str()), (409, Some("CONFLICT")), "{b}");
+    let (s, b) = env
+        .post(
+            "/api/compute/metal/bulk",
+            Some(&requester),
+            &json!({"tenantId": "a", "poolId": "a-pool", "verb": "inspect", "nodeIds": ids_json, "reason": "r", "wipe": "quick"}),
+        )
+        .await
+        .expect("post");
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (422, Some("INVALID_CONFIG")),
+        "{b}"
+    );
     let (s, _) = env
         .post(
             "/api/compute/metal/bulk",

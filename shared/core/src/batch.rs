@@ -85,6 +85,32 @@ impl BulkNodeState {
     }
 }
 
+crate::wire_enum! {
+    /// The verbs `metal.bulk` applies.
+    pub enum BulkVerb "bulk verb" {
+        Manage = "manage",
+        Inspect = "inspect",
+        Provide = "provide",
+        Undeploy = "undeploy",
+        Rescue = "rescue",
+        Retire = "retire",
+    }
+}
+
+impl BulkVerb {
+    /// The batch operation it names.
+    pub const fn operation(self) -> Operation {
+        match self {
+            Self::Manage => Operation::Manage,
+            Self::Inspect => Operation::Inspect,
+            Self::Provide => Operation::Provide,
+            Self::Undeploy => Operation::Undeploy,
+            Self::Rescue => Operation::Rescue,
+            Self::Retire => Operation::Retire,
+        }
+    }
+}
+
 /// The verbs `metal.bulk` applies.
 pub const BULK_OPERATIONS: [Operation; 6] = [
     Operation::Manage,
