@@ -112,32 +112,10 @@ pub struct BulkView {
     pub refused: Vec<Refusal>,
 }
 
-fn counts_of(rows: &[(String, Option<String>, i64)]) -> (BulkCounts, BTreeMap<String, u64>) {
-    let mut c = BulkCounts::default();
-    let mut errors = BTreeMap::new();
-    for (state, code, n) in rows {
-        let n = *n as u64;
-        match BulkNodeState::parse(state) {
-            Some(BulkNodeState::Queued) => c.queued += n,
-            Some(BulkNodeState::Refused) => c.refused += n,
-            Some(BulkNodeState::Started) => c.started += n,
-            Some(BulkNodeState::Succeeded) => c.succeeded += n,
-            Some(BulkNodeState::Failed) => c.failed += n,
-            Some(BulkNodeState::Cancelled) => c.cancelled += n,
-            None => {}
-        }
-        if let Some(code) = code {
-            *errors.entry(code.clone()).or_insert(0) += n;
-        }
-    }
-    (c, errors)
-}
-
 /// A batch's view, with its counts and approvals.
 pub async fn view(app: &AppState, b: Batch) -> Result<BatchView, ApiError> {
     let a = &app.inner;
-    let (counts, errors) =
-        counts_of(&bcm_db::batches::batch_counts(&a.db, &b.header.batch_id).await?);
+    let (counts, errors) = bcm_db::batches::batch_counts(&a.db, &b.header.batch_id).await?;
     let mut tx = a.db.begin().await?;
     let approvals = bcm_db::batches::approvals_in_txn(&mut tx, &b.header.batch_id).await?;
     tx.rollback().await.map_err(bcm_db::DbError::from)?;
@@ -453,18 +431,22 @@ pub async fn nodes(
         limit,
     )
     .await?;
-    Ok(Json(
-        rows.into_iter()
-            .map(|r| BatchNodeView {
-                state: BulkNodeState::parse(&r.state).unwrap_or(BulkNodeState::Failed),
+    let nodes = rows
+        .into_iter()
+        .map(|r| {
+            Ok(BatchNodeView {
+                state: BulkNodeState::parse(&r.state).ok_or_else(|| {
+                    ApiError::internal(format!("a stored bulk node state {:?}", r.state))
+                })?,
                 node_id: r.node_id,
                 position: r.position,
                 leaf_index: r.leaf_index,
                 code: r.code,
                 message: r.message,
             })
-            .collect(),
-    ))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    Ok(Json(nodes))
 }
 
 /// Which batches to list.
@@ -761,8 +743,7 @@ async fn end(app: &AppState, b: &Batch, to: BatchState, reason: String) -> Resul
     bcm_db::outbox::outbox_insert_in_txn(&mut tx, &refused.into_iter().collect::<Vec<_>>()).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     if b.scope == "bulk" {
-        let (counts, _) =
-            counts_of(&bcm_db::batches::batch_counts(&a.db, &b.header.batch_id).await?);
+        let (counts, _) = bcm_db::batches::batch_counts(&a.db, &b.header.batch_id).await?;
         let mut tx = a.db.begin().await?;
         let ev = bcm_bus::outgoing::batch_event(
             a.bus.subjects(),

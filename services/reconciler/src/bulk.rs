@@ -59,20 +59,7 @@ fn tenant(b: &Batch) -> Result<bcm_core::TenantId, DbError> {
 }
 
 async fn counts(db: &Db, batch: &str) -> Result<BulkCounts, DbError> {
-    let mut c = BulkCounts::default();
-    for (state, _, n) in bcm_db::batches::batch_counts(db, batch).await? {
-        let n = n as u64;
-        match BulkNodeState::parse(&state) {
-            Some(BulkNodeState::Queued) => c.queued += n,
-            Some(BulkNodeState::Refused) => c.refused += n,
-            Some(BulkNodeState::Started) => c.started += n,
-            Some(BulkNodeState::Succeeded) => c.succeeded += n,
-            Some(BulkNodeState::Failed) => c.failed += n,
-            Some(BulkNodeState::Cancelled) => c.cancelled += n,
-            None => {}
-        }
-    }
-    Ok(c)
+    Ok(bcm_db::batches::batch_counts(db, batch).await?.0)
 }
 
 /// One round over every open bulk. Returns how many nodes it started.

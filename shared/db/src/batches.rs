@@ -5,6 +5,7 @@
 //! this module stores and reads.
 
 use bcm_contracts::batch::{ApprovalSignature, BatchAuthority, BatchHeader};
+use bcm_contracts::events::BulkCounts;
 use bcm_core::batch::{BatchState, BulkNodeState, Operation};
 use bcm_core::WipeMode;
 use chrono::{DateTime, Utc};
@@ -548,17 +549,36 @@ pub async fn batch_nodes_list(
     .await?)
 }
 
-/// A batch's node counts by state and by refusal or failure code.
+/// A batch's node counts by state, and by refusal or failure code.
 pub async fn batch_counts(
     db: &Db,
     batch: &str,
-) -> Result<Vec<(String, Option<String>, i64)>, DbError> {
-    Ok(sqlx::query_as(
+) -> Result<(BulkCounts, std::collections::BTreeMap<String, u64>), DbError> {
+    let rows: Vec<(String, Option<String>, i64)> = sqlx::query_as(
         "SELECT state, code, count(*) FROM batch_nodes WHERE batch_id = $1 GROUP BY state, code ORDER BY state, code",
     )
     .bind(batch)
     .fetch_all(db.pool())
-    .await?)
+    .await?;
+    let mut c = BulkCounts::default();
+    let mut errors = std::collections::BTreeMap::new();
+    for (state, code, n) in rows {
+        let n = n as u64;
+        let slot =
+            match BulkNodeState::parse(&state).ok_or_else(|| corrupt("node state", &state))? {
+                BulkNodeState::Queued => &mut c.queued,
+                BulkNodeState::Refused => &mut c.refused,
+                BulkNodeState::Started => &mut c.started,
+                BulkNodeState::Succeeded => &mut c.succeeded,
+                BulkNodeState::Failed => &mut c.failed,
+                BulkNodeState::Cancelled => &mut c.cancelled,
+            };
+        *slot += n;
+        if let Some(code) = code {
+            *errors.entry(code).or_insert(0) += n;
+        }
+    }
+    Ok((c, errors))
 }
 
 /// Open bulk batches the runner drives (approved or running), oldest first.

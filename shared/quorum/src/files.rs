@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use ed25519_dalek::SigningKey;
 
-use crate::{public_key_b64, signing_key, Anchor, AnchorKey};
+use crate::{signing_key, Anchor};
 
 /// What was written (or found).
 pub struct Written {
@@ -55,23 +55,12 @@ pub fn write_missing(dir: &Path, approvers: usize, quorum: usize) -> std::io::Re
     let mut keys = vec![];
     for n in 1..=approvers {
         let path = dir.join(format!("approver-{n}.key"));
-        let k = key_file(&path)?;
-        keys.push(AnchorKey {
-            id: format!("approver-{n}"),
-            public_key: public_key_b64(&k),
-        });
+        keys.push(key_file(&path)?);
         approver_keys.push(path);
     }
     let anchor = dir.join("anchor.json");
     if !anchor.exists() {
-        let a = Anchor {
-            approvers: keys,
-            quorum: quorum.max(1),
-            auto_approver: Some(AnchorKey {
-                id: "policy".into(),
-                public_key: public_key_b64(&policy),
-            }),
-        };
+        let a = Anchor::of(&keys, quorum.max(1), Some(&policy));
         let text = serde_json::to_string_pretty(&a).map_err(std::io::Error::other)?;
         std::fs::write(&anchor, text + "\n")?;
     }

@@ -208,6 +208,27 @@ pub struct Anchor {
 }
 
 impl Anchor {
+    /// The anchor of `approvers` (named `approver-1`, `approver-2`, …) of
+    /// whom `quorum` must sign, and of the control plane's policy key
+    /// (named `policy`) where one-node batches may be approved by it.
+    pub fn of(approvers: &[SigningKey], quorum: usize, policy: Option<&SigningKey>) -> Self {
+        Anchor {
+            approvers: approvers
+                .iter()
+                .enumerate()
+                .map(|(i, k)| AnchorKey {
+                    id: format!("approver-{}", i + 1),
+                    public_key: public_key_b64(k),
+                })
+                .collect(),
+            quorum,
+            auto_approver: policy.map(|k| AnchorKey {
+                id: "policy".into(),
+                public_key: public_key_b64(k),
+            }),
+        }
+    }
+
     /// Reads an anchor from its JSON and checks every key.
     pub fn from_json(text: &str) -> Result<Self, QuorumError> {
         let a: Anchor = serde_json::from_str(text)

@@ -132,21 +132,7 @@ impl Quorum {
         let approvers: Vec<_> = (0..3)
             .map(|_| ed25519_dalek::SigningKey::generate(&mut rng))
             .collect();
-        let anchor = bcm_quorum::Anchor {
-            approvers: approvers
-                .iter()
-                .enumerate()
-                .map(|(i, k)| bcm_quorum::AnchorKey {
-                    id: format!("approver-{}", i + 1),
-                    public_key: bcm_quorum::public_key_b64(k),
-                })
-                .collect(),
-            quorum: 2,
-            auto_approver: Some(bcm_quorum::AnchorKey {
-                id: "policy".into(),
-                public_key: bcm_quorum::public_key_b64(&policy),
-            }),
-        };
+        let anchor = bcm_quorum::Anchor::of(&approvers, 2, Some(&policy));
         Self {
             policy,
             approvers,

@@ -419,21 +419,7 @@ async fn main() -> anyhow::Result<()> {
         .map(|_| ed25519_dalek::SigningKey::generate(&mut rng))
         .collect();
     cfg.api.quorum.policy_key = Some(policy.clone());
-    cfg.sim.quorum_anchor = Some(bcm_quorum::Anchor {
-        approvers: approvers
-            .iter()
-            .enumerate()
-            .map(|(i, k)| bcm_quorum::AnchorKey {
-                id: format!("approver-{}", i + 1),
-                public_key: bcm_quorum::public_key_b64(k),
-            })
-            .collect(),
-        quorum: 2,
-        auto_approver: Some(bcm_quorum::AnchorKey {
-            id: "policy".into(),
-            public_key: bcm_quorum::public_key_b64(&policy),
-        }),
-    });
+    cfg.sim.quorum_anchor = Some(bcm_quorum::Anchor::of(&approvers, 2, Some(&policy)));
     let mut engine = bcm_workflow::EngineConfig::new(base.clone());
     if let Some(w) = args.engine_workers {
         engine.workers = w;
