@@ -12,11 +12,19 @@ use support::{Client, Request, Scratch};
 
 const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xbb, 0x00, 0x01];
 
-fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .expect("port")
+/// Four distinct ports, each free for both UDP and TCP right now (a port
+/// free for UDP may be taken for TCP, and two separate asks may return the
+/// same port once the first socket is closed).
+fn free_ports() -> [u16; 4] {
+    let mut held = Vec::new();
+    while held.len() < 4 {
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp port");
+        let port = udp.local_addr().expect("addr").port();
+        if let Ok(tcp) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            held.push((port, udp, tcp));
+        }
+    }
+    [held[0].0, held[1].0, held[2].0, held[3].0]
 }
 
 struct Proc {
@@ -32,7 +40,7 @@ impl Proc {
         name: &str,
         client_port: u16,
     ) -> Proc {
-        let (dhcp, pxe, tftp, http) = (free_port(), free_port(), free_port(), free_port());
+        let [dhcp, pxe, tftp, http] = free_ports();
         let config = format!(
             r#"site = "s1"
 server_ip = "127.0.0.1"
@@ -76,6 +84,17 @@ log_format = "json"
             dhcp: SocketAddr::from(([127, 0, 0, 1], dhcp)),
             http: SocketAddr::from(([127, 0, 0, 1], http)),
         }
+    }
+
+    /// Its log and whether it has exited: what a failed expectation shows.
+    fn report(&mut self, dir: &std::path::Path, name: &str) -> String {
+        let status = match self.child.try_wait() {
+            Ok(Some(status)) => format!("exited: {status}"),
+            Ok(None) => "still running".to_owned(),
+            Err(e) => format!("status unknown: {e}"),
+        };
+        let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+        format!("bcm-boot {name} {status}; its log:\n{log}")
     }
 
     fn signal(&self, sig: &str) {
@@ -123,7 +142,7 @@ async fn only_the_lease_holder_answers_and_a_standby_takes_over() {
     support::boot_files(&dir.0.join("boot"));
     let client = Client::new().await;
 
-    let a = Proc::start(&env, &dir.0, "a", client.port());
+    let mut a = Proc::start(&env, &dir.0, "a", client.port());
     support::command(
         &env,
         "site.bootEntry.set",
@@ -131,9 +150,15 @@ async fn only_the_lease_holder_answers_and_a_standby_takes_over() {
             "cmdline": "c", "expiresInSecs": 600}}),
     )
     .await;
-    answers_within(&client, a.dhcp, Duration::from_secs(30))
+    if answers_within(&client, a.dhcp, Duration::from_secs(30))
         .await
-        .expect("the first process takes the lease and answers");
+        .is_none()
+    {
+        panic!(
+            "the first process takes the lease and answers within 30 s; {}",
+            a.report(&dir.0, "a")
+        );
+    }
     let b = Proc::start(&env, &dir.0, "b", client.port());
     // Up (its HTTP answers) and standing by.
     let http = reqwest::Client::new();
@@ -177,8 +202,11 @@ async fn only_the_lease_holder_answers_and_a_standby_takes_over() {
 
     // The new holder is killed: the other takes over within 10 s.
     b.signal("KILL");
-    let took = answers_within(&client, a.dhcp, Duration::from_secs(10))
-        .await
-        .expect("the remaining process answers within 10 s");
+    let Some(took) = answers_within(&client, a.dhcp, Duration::from_secs(10)).await else {
+        panic!(
+            "the remaining process answers within 10 s; {}",
+            a.report(&dir.0, "a")
+        )
+    };
     eprintln!("takeover {took:?} after the holder was killed");
 }
