@@ -250,7 +250,8 @@ pub async fn commands(
         return Err(ApiError::invalid("waitMs must be at most 30000"));
     }
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
-    let mut wakeups = app.inner.agent_wakeups.subscribe();
+    // Registered before the first look, so a command written meanwhile wakes it.
+    let mut woken = app.inner.agent_wakeups.register(&agent.node_id);
     loop {
         if bcm_db::commands::commands_pending_for_agent(&app.inner.agent_db, &agent.node_id).await?
         {
@@ -310,28 +311,18 @@ pub async fn commands(
                 return Ok(Json(handed));
             }
         }
-        // Wait for a notification for this node (or a lagged channel), and
-        // re-check at least every few seconds in case one was missed or a
-        // lease ran out.
+        // Wait for a wake-up of this node (a missed one is covered by the
+        // wake-up of every poll when the listener reconnects), and look again
+        // at least once per command lease, in case one ran out.
         let wait = deadline
             .saturating_duration_since(tokio::time::Instant::now())
-            .min(Duration::from_secs(15))
             .min(Duration::from_millis(
                 app.inner.agents.command_lease_ms.max(100),
             ));
         if wait.is_zero() {
             return Ok(Json(vec![]));
         }
-        let _ = tokio::time::timeout(wait, async {
-            loop {
-                match wakeups.recv().await {
-                    Ok(node) if node == agent.node_id => return,
-                    Ok(_) => continue,
-                    Err(_) => return,
-                }
-            }
-        })
-        .await;
+        let _ = tokio::time::timeout(wait, woken.woken()).await;
     }
 }
 

@@ -18,6 +18,7 @@ pub mod reads;
 pub mod relay;
 pub mod verbs;
 pub mod views;
+pub mod wakeups;
 pub mod whole_number;
 
 use axum::routing::{get, post, put};
@@ -335,8 +336,8 @@ pub struct Inner {
     pub sealer: Sealer,
     pub admin_token_hash: Vec<u8>,
     pub lock_timeout_ms: u32,
-    /// Node ids with new agent commands, fanned out to long-polls.
-    pub agent_wakeups: tokio::sync::broadcast::Sender<String>,
+    /// The agents' long polls, woken per node when its commands are written.
+    pub agent_wakeups: Arc<wakeups::AgentWakeups>,
     pub agents: AgentProtocolConfig,
     /// The join key (master), if configured.
     pub join_key: Option<bcm_pki::JoinKey>,
@@ -446,7 +447,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
     let agent_db = Db::connect(&cfg.database_url, cfg.database_agent_connections.max(1)).await?;
     seed(&db, &cfg.seed).await?;
     let bus = Bus::connect(&cfg.bus).await?;
-    let (agent_wakeups, _) = tokio::sync::broadcast::channel(4096);
+    let agent_wakeups = Arc::new(wakeups::AgentWakeups::default());
     tokio::spawn(forward_agent_wakeups(db.clone(), agent_wakeups.clone()));
     Ok(AppState {
         inner: Arc::new(Inner {
@@ -469,20 +470,22 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
 /// Forwards `bcm_agent` notifications to waiting long-polls, reconnecting
 /// on failure (long-polls re-check every few seconds meanwhile); ends when
 /// the pool is closed.
-async fn forward_agent_wakeups(db: Db, tx: tokio::sync::broadcast::Sender<String>) {
+async fn forward_agent_wakeups(db: Db, wakeups: Arc<wakeups::AgentWakeups>) {
     while !db.is_closed() {
         match bcm_db::commands::agent_listener(&db).await {
-            Ok(mut l) => loop {
-                match l.next().await {
-                    Ok(node) => {
-                        let _ = tx.send(node);
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "agent wake-up listener ended; reconnecting");
-                        break;
+            Ok(mut l) => {
+                // Listening (again): what was written meanwhile woke nobody.
+                wakeups.wake_all();
+                loop {
+                    match l.next().await {
+                        Ok(node) => wakeups.wake(&node),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "agent wake-up listener ended; reconnecting");
+                            break;
+                        }
                     }
                 }
-            },
+            }
             Err(e) => tracing::debug!(error = %e, "cannot listen for agent commands"),
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;

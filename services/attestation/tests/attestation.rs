@@ -407,6 +407,40 @@ async fn only_the_newest_session_of_a_node_takes_its_commands() {
     env.stop();
 }
 
+/// A poll waits for its own node's command: the command written while it
+/// waits is handed at once (woken per node), not when the wait runs out
+/// (30 s here, so a lost wake-up fails the bound below), and another
+/// node's poll keeps waiting.
+#[tokio::test]
+async fn a_waiting_poll_is_woken_by_a_command_for_its_node() {
+    let env = TestEnv::start().await.expect("env");
+    let (a, b) = (node(&env).await, node(&env).await);
+    let (_, ja, _) = join(&env, &token(&env, &a, "discovery", 600).await, "ramdisk").await;
+    let (_, jb, _) = join(&env, &token(&env, &b, "discovery", 600).await, "ramdisk").await;
+    let (ja, jb) = (ja.expect("join a"), jb.expect("join b"));
+    let poll_a = env.get("/api/agent/commands?waitMs=30000", Some(&ja.session));
+    let mut poll_b = Box::pin(env.get("/api/agent/commands?waitMs=30000", Some(&jb.session)));
+    let write = async {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        command(&env, &a, "inventory", json!({})).await
+    };
+    let (polled, id) = tokio::time::timeout(std::time::Duration::from_secs(15), async {
+        tokio::join!(poll_a, write)
+    })
+    .await
+    .expect("the poll is woken by its node's command, not by the end of its wait");
+    let (status, got) = polled.expect("poll a");
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got[0]["commandId"], json!(id), "{got}");
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(500), &mut poll_b)
+            .await
+            .is_err(),
+        "another node's poll keeps waiting"
+    );
+    env.stop();
+}
+
 #[tokio::test]
 async fn a_signed_result_holding_nul_characters_is_refused_as_sent_and_changes_nothing() {
     let env = TestEnv::start().await.expect("env");

@@ -1,0 +1,162 @@
+//! Wakes the long polls of one node's agents when a command for that node
+//! is written (Postgres `NOTIFY`, forwarded here), and only those.
+//!
+//! A wake-up costs one map lookup whatever the number of agents polling:
+//! a broadcast to every poll cost each of 10,000 polls a look at every
+//! wake-up, and a poll that fell behind re-read the database, so a fleet in
+//! its ramdisk swamped the agent pool. A poll registers before it looks at
+//! the database, so a command written between its look and its wait still
+//! wakes it; when the listener reconnects (wake-ups may have been missed)
+//! every poll is woken to look again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use tokio::sync::watch;
+
+/// The polls waiting, by node id.
+#[derive(Default)]
+pub struct AgentWakeups {
+    waiting: Mutex<HashMap<String, Waiter>>,
+}
+
+/// One node's polls: a counter their receivers watch, and how many hold it.
+struct Waiter {
+    tx: watch::Sender<u64>,
+    polls: usize,
+}
+
+impl AgentWakeups {
+    fn waiting(&self) -> MutexGuard<'_, HashMap<String, Waiter>> {
+        // Nothing here can leave the map half-changed: a poisoned lock's
+        // map is still whole.
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A poll of `node` starts waiting; call before looking for commands.
+    pub fn register(self: &Arc<Self>, node: &str) -> Registration {
+        let mut waiting = self.waiting();
+        let waiter = waiting.entry(node.to_owned()).or_insert_with(|| Waiter {
+            tx: watch::channel(0).0,
+            polls: 0,
+        });
+        waiter.polls += 1;
+        let mut rx = waiter.tx.subscribe();
+        rx.mark_unchanged();
+        Registration {
+            owner: self.clone(),
+            node: node.to_owned(),
+            rx,
+        }
+    }
+
+    /// A command for `node` was written: its polls look again.
+    pub fn wake(&self, node: &str) {
+        if let Some(w) = self.waiting().get(node) {
+            w.tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Wake-ups may have been missed: every poll looks again.
+    pub fn wake_all(&self) {
+        for w in self.waiting().values() {
+            w.tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// How many nodes have a poll waiting.
+    pub fn nodes_waiting(&self) -> usize {
+        self.waiting().len()
+    }
+}
+
+/// A waiting poll; dropping it stops the waiting.
+pub struct Registration {
+    owner: Arc<AgentWakeups>,
+    node: String,
+    rx: watch::Receiver<u64>,
+}
+
+impl Registration {
+    /// Returns once the node was woken after the registration or the last
+    /// return (at once if that already happened).
+    pub async fn woken(&mut self) {
+        // The sender lives as long as this registration holds its count.
+        let _ = self.rx.changed().await;
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut waiting = self.owner.waiting();
+        if let Some(w) = waiting.get_mut(&self.node) {
+            w.polls = w.polls.saturating_sub(1);
+            if w.polls == 0 {
+                waiting.remove(&self.node);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn woken_within(r: &mut Registration, ms: u64) -> bool {
+        tokio::time::timeout(Duration::from_millis(ms), r.woken())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn only_the_nodes_polls_wake() {
+        let w = Arc::new(AgentWakeups::default());
+        let mut a = w.register("node_a");
+        let mut b = w.register("node_b");
+        w.wake("node_a");
+        assert!(woken_within(&mut a, 100).await);
+        assert!(
+            !woken_within(&mut b, 50).await,
+            "another node's poll slept on"
+        );
+        assert!(!woken_within(&mut a, 50).await, "one wake-up wakes once");
+    }
+
+    #[tokio::test]
+    async fn a_wake_up_before_the_wait_is_not_lost() {
+        let w = Arc::new(AgentWakeups::default());
+        let mut a = w.register("node_a");
+        // The poll looks at the database here; the command lands now.
+        w.wake("node_a");
+        assert!(woken_within(&mut a, 100).await);
+    }
+
+    #[tokio::test]
+    async fn two_polls_of_one_node_both_wake_and_the_map_empties() {
+        let w = Arc::new(AgentWakeups::default());
+        let mut a1 = w.register("node_a");
+        let mut a2 = w.register("node_a");
+        assert_eq!(w.nodes_waiting(), 1);
+        w.wake("node_a");
+        assert!(woken_within(&mut a1, 100).await);
+        assert!(woken_within(&mut a2, 100).await);
+        drop(a1);
+        assert_eq!(w.nodes_waiting(), 1, "the second poll still waits");
+        drop(a2);
+        assert_eq!(w.nodes_waiting(), 0);
+        // Nobody waits: a wake-up is a no-op, and a later poll is not woken by it.
+        w.wake("node_a");
+        let mut a3 = w.register("node_a");
+        assert!(!woken_within(&mut a3, 50).await);
+    }
+
+    #[tokio::test]
+    async fn wake_all_wakes_every_poll() {
+        let w = Arc::new(AgentWakeups::default());
+        let mut a = w.register("node_a");
+        let mut b = w.register("node_b");
+        w.wake_all();
+        assert!(woken_within(&mut a, 100).await);
+        assert!(woken_within(&mut b, 100).await);
+    }
+}
