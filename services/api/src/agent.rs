@@ -211,6 +211,14 @@ pub async fn heartbeat(
     agent: Agent,
     Body(hb): Body<Heartbeat>,
 ) -> Result<axum::http::StatusCode, ApiError> {
+    // The session's touch (in the extractor) is what keeps it alive. A node
+    // with no running workflow has no step waiting on a join and nothing to
+    // record: an idle fleet's heartbeats cost one write each, not a
+    // transaction of four. A workflow that starts just after this look sees
+    // the agent's next heartbeat.
+    if !bcm_db::workflows::workflow_running_for_node(&app.inner.agent_db, &agent.node_id).await? {
+        return Ok(axum::http::StatusCode::NO_CONTENT);
+    }
     let mut tx = app.inner.agent_db.begin().await?;
     // Kept apart from the join's record (`agent:<purpose>`): a heartbeat
     // is never taken for a join.

@@ -426,6 +426,18 @@ pub async fn step_waiting_on_command_in_txn(
     .await?)
 }
 
+/// Whether the node has a running workflow: a heartbeat of a node with
+/// none has no step to wake and no join to record (one index read, no
+/// transaction, so an idle fleet's heartbeats stay cheap).
+pub async fn workflow_running_for_node(db: &Db, node_id: &str) -> Result<bool, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM workflows WHERE node_id = $1 AND status = 'running')",
+    )
+    .bind(node_id)
+    .fetch_one(db.pool())
+    .await?)
+}
+
 /// Makes the running steps of the node's running workflows that wait for an
 /// agent due now (an agent joined or reported in); other steps wait for
 /// their command's result and are left alone.

@@ -259,9 +259,42 @@ async fn a_heartbeat_is_never_taken_for_a_join() {
     let env = TestEnv::start().await.expect("env");
     let node = enrolled(&env).await;
     let os = join(&env, &node, "provisioned", "node").await;
+    // With no workflow running, a heartbeat keeps the session alive and
+    // records nothing: there is no step to wake.
+    assert!(
+        !bcm_db::workflows::workflow_running_for_node(&env.db, &node)
+            .await
+            .expect("running?"),
+        "the enrolled node's workflow is still running"
+    );
+    assert_eq!(heartbeat(&env, &os, "node").await, 204);
+    let beat = bcm_db::agents::node_fact_fetch(&env.db, &node, "heartbeat:provisioned")
+        .await
+        .expect("fact");
+    assert_eq!(beat, None, "an idle node's heartbeat wrote a fact");
     // A step that starts waiting for the OS's join after it joined (a new
     // deploy, say) must not take this OS's heartbeats for a join. The join
     // was stamped with its transaction's start, before its answer came.
+    let mut tx = env.db.begin().await.expect("tx");
+    bcm_db::workflows::workflow_insert_in_txn(
+        &mut tx,
+        &bcm_db::workflows::NewWorkflow {
+            id: format!("wf_{}", ulid::Ulid::new().to_string().to_lowercase()),
+            node_id: node.clone(),
+            owner: "a".into(),
+            profile_id: "deploy".into(),
+            profile_version: 1,
+            for_state: "deploying".into(),
+            for_version: 1_000,
+            definition: json!({}),
+            steps: vec![],
+            actor: None,
+            traceparent: None,
+        },
+    )
+    .await
+    .expect("workflow");
+    tx.commit().await.expect("commit");
     let step_started = Utc::now();
     assert_eq!(heartbeat(&env, &os, "node").await, 204);
     let mut tx = env.db.begin().await.expect("tx");
