@@ -188,8 +188,8 @@ pub async fn create(
             a.quorum.bulk_max_ttl_secs
         )));
     }
-    let mut seen = HashSet::with_capacity(req.node_ids.len());
-    let ids = req.node_ids.clone();
+    let ids = &req.node_ids;
+    let mut seen = HashSet::with_capacity(ids.len());
     for (i, id) in ids.iter().enumerate() {
         // A node named twice would be two leaves for one machine.
         if !seen.insert(*id) {
@@ -619,7 +619,7 @@ pub async fn approve(
     // (the policy key is nobody).
     let mut principals: Vec<String> = existing
         .iter()
-        .filter(|(_, principal, _)| principal != "policy")
+        .filter(|(_, principal, _)| principal != bcm_quorum::POLICY_PRINCIPAL)
         .map(|(_, principal, _)| principal.clone())
         .collect();
     principals.push(who.name.clone());
@@ -627,7 +627,7 @@ pub async fn approve(
     principals.dedup();
     let mut approvers: Vec<String> = existing
         .into_iter()
-        .filter(|(_, principal, _)| principal != "policy")
+        .filter(|(_, principal, _)| principal != bcm_quorum::POLICY_PRINCIPAL)
         .map(|(s, _, _)| s.approver_id)
         .collect();
     approvers.push(approver.id.clone());
@@ -915,7 +915,7 @@ pub async fn put_approver(
         id: id.clone(),
         tenant_id: req.tenant_id.to_string(),
         principal: req.principal,
-        public_key: req.public_key.trim().to_owned(),
+        public_key: req.public_key,
         created_at: chrono::Utc::now(),
         revoked_at: None,
     };

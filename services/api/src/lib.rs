@@ -126,7 +126,7 @@ impl Default for QuorumConfig {
 }
 
 fn default_policy_approver_id() -> String {
-    "policy".to_owned()
+    bcm_quorum::POLICY_APPROVER_ID.to_owned()
 }
 fn default_node_batch_ttl_secs() -> u64 {
     // A chain's longest step (a wipe: 24 h) with room to start it; an

@@ -64,7 +64,8 @@ impl AgentWakeups {
     }
 
     /// How many nodes have a poll waiting.
-    pub fn nodes_waiting(&self) -> usize {
+    #[cfg(test)]
+    fn nodes_waiting(&self) -> usize {
         self.waiting().len()
     }
 }

@@ -111,16 +111,6 @@ impl BulkVerb {
     }
 }
 
-/// The verbs `metal.bulk` applies.
-pub const BULK_OPERATIONS: [Operation; 6] = [
-    Operation::Manage,
-    Operation::Inspect,
-    Operation::Provide,
-    Operation::Undeploy,
-    Operation::Rescue,
-    Operation::Retire,
-];
-
 /// The most nodes one bulk request names.
 pub const BULK_MAX_NODES: usize = 10_000;
 
@@ -314,8 +304,8 @@ mod tests {
                 None => assert_eq!(v, crate::Verb::Abort),
             }
         }
-        for op in BULK_OPERATIONS {
-            assert!(!op.settles_in().is_empty());
+        for v in BulkVerb::ALL {
+            assert!(!v.operation().settles_in().is_empty());
         }
         assert!(BatchState::Approved.authorizes() && !BatchState::AwaitingApproval.authorizes());
     }

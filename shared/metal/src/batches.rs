@@ -116,7 +116,8 @@ pub async fn node_batch_in_txn(
             approver_id: s.id.clone(),
             signature: bcm_quorum::sign(&s.key, &batch.header),
         };
-        bcm_db::batches::approval_insert_in_txn(tx, &id, &approval, "policy").await?;
+        bcm_db::batches::approval_insert_in_txn(tx, &id, &approval, bcm_quorum::POLICY_PRINCIPAL)
+            .await?;
     }
     Ok(NodeBatch { id, state })
 }

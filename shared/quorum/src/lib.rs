@@ -102,6 +102,14 @@ pub fn signing_key(text: &str) -> Result<SigningKey, QuorumError> {
     Ok(SigningKey::from_bytes(&seed))
 }
 
+/// The approver id the control plane's policy key goes by in anchors,
+/// unless the API is configured otherwise (`api.quorum.policy_approver_id`).
+pub const POLICY_APPROVER_ID: &str = "policy";
+
+/// The principal an approval by the policy key is recorded under: nobody,
+/// so it never counts as a person toward a pool's quorum.
+pub const POLICY_PRINCIPAL: &str = "policy";
+
 /// The public key of a signing key, in base64.
 pub fn public_key_b64(key: &SigningKey) -> String {
     base64::engine::general_purpose::STANDARD.encode(key.verifying_key().to_bytes())
@@ -223,7 +231,7 @@ impl Anchor {
                 .collect(),
             quorum,
             auto_approver: policy.map(|k| AnchorKey {
-                id: "policy".into(),
+                id: POLICY_APPROVER_ID.into(),
                 public_key: public_key_b64(k),
             }),
         }
