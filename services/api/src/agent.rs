@@ -18,7 +18,8 @@ use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::Json;
 use bcm_contracts::agent::{
-    AgentCommand, AgentPurpose, AgentResult, Heartbeat, JoinRequest, JoinResponse, PresenceEvent,
+    AgentCommand, AgentPurpose, AgentResult, Heartbeat, HeartbeatAck, JoinRequest, JoinResponse,
+    PresenceEvent,
 };
 use bcm_contracts::attest::{AttestJoin, AttestReply, AttestResult, JoinGranted, ResultRecorded};
 use bcm_contracts::CommandKind;
@@ -86,6 +87,32 @@ impl Agent {
             .map(CommandKind::run_by_purpose)
             .unwrap_or_default()
     }
+}
+
+/// Records each agent request's duration by endpoint and status
+/// (`bcm_api_agent_request_seconds`): which endpoint holds the agent pool
+/// when a fleet's agents crowd it, and how often they are turned away
+/// (`503` when the pool had no connection in time).
+pub async fn measured(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let endpoint: &'static str = match req.uri().path().rsplit('/').next() {
+        Some("join") => "join",
+        Some("heartbeat") => "heartbeat",
+        Some("commands") => "commands",
+        Some("results") => "results",
+        _ => "other",
+    };
+    let started = std::time::Instant::now();
+    let response = next.run(req).await;
+    metrics::histogram!(
+        "bcm_api_agent_request_seconds",
+        "endpoint" => endpoint,
+        "status" => response.status().as_str().to_owned(),
+    )
+    .record(started.elapsed().as_secs_f64());
+    response
 }
 
 /// The longest long poll, in milliseconds.
@@ -203,21 +230,31 @@ pub async fn join(
 
 /// `POST /api/agent/heartbeat`.
 #[utoipa::path(post, path = "/api/agent/heartbeat", request_body = Heartbeat, tag = "agent",
-    description = "The agent is alive in its role; wakes the steps waiting for it.",
-    responses((status = 204), crate::error::ErrorResponses),
+    description = "The agent is alive in its role; wakes the steps waiting for it. The answer says when the control plane wants the next heartbeat.",
+    responses((status = 200, body = HeartbeatAck), crate::error::ErrorResponses),
     security(("agentSession" = [])))]
 pub async fn heartbeat(
     State(app): State<AppState>,
     agent: Agent,
     Body(hb): Body<Heartbeat>,
-) -> Result<axum::http::StatusCode, ApiError> {
+) -> Result<Json<HeartbeatAck>, ApiError> {
     // The session's touch (in the extractor) is what keeps it alive. A node
     // with no running workflow has no step waiting on a join and nothing to
     // record: an idle fleet's heartbeats cost one write each, not a
     // transaction of four. A workflow that starts just after this look sees
     // the agent's next heartbeat.
-    if !bcm_db::workflows::workflow_running_for_node(&app.inner.agent_db, &agent.node_id).await? {
-        return Ok(axum::http::StatusCode::NO_CONTENT);
+    let running =
+        bcm_db::workflows::workflow_running_for_node(&app.inner.agent_db, &agent.node_id).await?;
+    let ack = HeartbeatAck {
+        next_heartbeat_secs: heartbeat_cadence(
+            &app.inner.agents,
+            &agent.purpose,
+            running,
+            rand::random::<f64>(),
+        ),
+    };
+    if !running {
+        return Ok(Json(ack));
     }
     let mut tx = app.inner.agent_db.begin().await?;
     // Kept apart from the join's record (`agent:<purpose>`): a heartbeat
@@ -231,7 +268,33 @@ pub async fn heartbeat(
     .await?;
     bcm_db::workflows::steps_wake_for_node_in_txn(&mut tx, &agent.node_id).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
-    Ok(axum::http::StatusCode::NO_CONTENT)
+    Ok(Json(ack))
+}
+
+/// The cadence asked of an agent: busy while its node runs a workflow or
+/// it is a ramdisk (whose silence the engine watches), else idle, moved by
+/// up to a tenth either way (`jitter` in 0..1) so a fleet spreads out.
+fn heartbeat_cadence(
+    cfg: &crate::AgentProtocolConfig,
+    purpose: &str,
+    workflow_running: bool,
+    jitter: f64,
+) -> u32 {
+    let installed_os = matches!(
+        AgentPurpose::parse(purpose),
+        Ok(AgentPurpose::Provisioned | AgentPurpose::Node)
+    );
+    if workflow_running || !installed_os {
+        return cfg.busy_heartbeat_secs;
+    }
+    let idle = f64::from(cfg.idle_heartbeat_secs);
+    let jitter = if jitter.is_finite() {
+        jitter.clamp(0.0, 1.0)
+    } else {
+        0.5
+    };
+    let spread = idle * 0.1 * (2.0 * jitter - 1.0);
+    ((idle + spread).round() as u32).max(1)
 }
 
 /// Long-poll parameters.
@@ -384,7 +447,36 @@ pub async fn results(
 
 #[cfg(test)]
 mod tests {
-    use super::requested_wait_ms;
+    use super::{heartbeat_cadence, requested_wait_ms};
+    use crate::AgentProtocolConfig;
+
+    #[test]
+    fn an_idle_installed_os_beats_slowly_with_jitter_and_a_busy_or_ramdisk_agent_often() {
+        let cfg = AgentProtocolConfig::default();
+        assert_eq!(heartbeat_cadence(&cfg, "provisioned", true, 0.5), 10);
+        assert_eq!(heartbeat_cadence(&cfg, "discovery", false, 0.5), 10);
+        assert_eq!(heartbeat_cadence(&cfg, "what-is-this", false, 0.5), 10);
+        assert_eq!(heartbeat_cadence(&cfg, "provisioned", false, 0.5), 60);
+        assert_eq!(heartbeat_cadence(&cfg, "node", false, 0.0), 54);
+        assert_eq!(heartbeat_cadence(&cfg, "node", false, 1.0), 66);
+        assert_eq!(heartbeat_cadence(&cfg, "node", false, f64::NAN), 60);
+        let fast = AgentProtocolConfig {
+            idle_heartbeat_secs: 1,
+            ..AgentProtocolConfig::default()
+        };
+        assert_eq!(heartbeat_cadence(&fast, "node", false, 0.0), 1, "never 0");
+    }
+
+    #[test]
+    fn cadences_an_agent_would_not_keep_are_refused_at_start() {
+        let mut cfg = AgentProtocolConfig::default();
+        assert!(cfg.check().is_ok());
+        cfg.idle_heartbeat_secs = 0;
+        assert!(cfg.check().is_err_and(|e| e.contains("idle_heartbeat_secs")));
+        cfg.idle_heartbeat_secs = 60;
+        cfg.busy_heartbeat_secs = 7200;
+        assert!(cfg.check().is_err_and(|e| e.contains("busy_heartbeat_secs")));
+    }
 
     #[test]
     fn a_poll_is_alive_for_the_wait_it_asks_for_at_most_the_longest() {

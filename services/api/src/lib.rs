@@ -172,6 +172,32 @@ pub struct AgentProtocolConfig {
     /// service while the bus or the service is away, before `UNAVAILABLE`.
     #[serde(default = "default_attest_retry_ms")]
     pub attest_retry_ms: u64,
+    /// The heartbeat cadence asked of an agent whose node runs a workflow,
+    /// and of every ramdisk agent (a step may be waiting on it, and the
+    /// engine counts a ramdisk silent after `agent_silence_ms`).
+    #[serde(default = "default_busy_heartbeat_secs")]
+    pub busy_heartbeat_secs: u32,
+    /// The cadence asked of an idle installed OS (no workflow running), to
+    /// which a tenth is added or taken at random so a fleet deployed
+    /// together does not beat together.
+    #[serde(default = "default_idle_heartbeat_secs")]
+    pub idle_heartbeat_secs: u32,
+}
+
+impl AgentProtocolConfig {
+    /// Refuses cadences an agent would not keep (0, or above an hour).
+    pub fn check(&self) -> Result<(), String> {
+        let max = bcm_contracts::agent::HeartbeatAck::MAX_SECS;
+        for (name, v) in [
+            ("agents.busy_heartbeat_secs", self.busy_heartbeat_secs),
+            ("agents.idle_heartbeat_secs", self.idle_heartbeat_secs),
+        ] {
+            if !(1..=max).contains(&v) {
+                return Err(format!("{name} must be 1-{max}, not {v}"));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for AgentProtocolConfig {
@@ -179,6 +205,8 @@ impl Default for AgentProtocolConfig {
         Self {
             command_lease_ms: default_command_lease_ms(),
             attest_retry_ms: default_attest_retry_ms(),
+            busy_heartbeat_secs: default_busy_heartbeat_secs(),
+            idle_heartbeat_secs: default_idle_heartbeat_secs(),
         }
     }
 }
@@ -188,6 +216,14 @@ fn default_command_lease_ms() -> u64 {
     // command at a time and poll again only once it is answered, so a
     // lease never runs out under a command that is still running.
     30_000
+}
+fn default_busy_heartbeat_secs() -> u32 {
+    // Six chances inside the engine's default silence limit (60 s).
+    10
+}
+fn default_idle_heartbeat_secs() -> u32 {
+    // 10,000 deployed nodes: about 170 requests a second, not 1,000.
+    60
 }
 fn default_attest_retry_ms() -> u64 {
     // Long enough for a NATS server to restart and clients to reconnect.
@@ -389,7 +425,8 @@ pub fn router(state: AppState) -> Router {
         .route("/join", post(agent::join))
         .route("/heartbeat", post(agent::heartbeat))
         .route("/commands", get(agent::commands))
-        .route("/results", post(agent::results));
+        .route("/results", post(agent::results))
+        .layer(axum::middleware::from_fn(agent::measured));
     axum::Router::new()
         .nest("/api/compute/metal", metal)
         .nest("/api/agent", agent)
@@ -438,13 +475,16 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             "admin_token must be at least 16 characters".into(),
         ));
     }
+    cfg.agents.check().map_err(StartError::Config)?;
     let policy_signer = cfg.quorum.signer().map_err(StartError::Config)?;
     if policy_signer.is_none() {
         tracing::warn!("no quorum policy key is configured (api.quorum.policy_key_file): every batch, even a single verb's, waits for the pool's approvers");
     }
     let db = Db::connect(&cfg.database_url, cfg.database_max_connections).await?;
     db.migrate().await?;
-    let agent_db = Db::connect(&cfg.database_url, cfg.database_agent_connections.max(1)).await?;
+    let agent_db = Db::connect(&cfg.database_url, cfg.database_agent_connections.max(1))
+        .await?
+        .named("agent");
     seed(&db, &cfg.seed).await?;
     let bus = Bus::connect(&cfg.bus).await?;
     let agent_wakeups = Arc::new(wakeups::AgentWakeups::default());

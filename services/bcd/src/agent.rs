@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use bcm_contracts::agent::{
-    AgentCommand, AgentResult, AgentRole, Heartbeat, JoinRequest, JoinResponse,
+    AgentCommand, AgentResult, AgentRole, Heartbeat, HeartbeatAck, JoinRequest, JoinResponse,
 };
 use bcm_contracts::commands::{Command, DeployImageParams, WipeParams};
 use bcm_contracts::outputs::{KexecLoaded, WipeReport};
@@ -210,15 +210,18 @@ pub fn http_client(cfg: &AgentConfig) -> Result<reqwest::Client, AgentError> {
         .map_err(|e| AgentError::JoinRefused(e.to_string()))
 }
 
-/// Heartbeats until `stop`.
+/// Heartbeats until `stop`, every `default` until the control plane's
+/// answer names another cadence (then at that one, until an answer says
+/// otherwise; an unanswered or unreadable heartbeat keeps the last).
 pub async fn heartbeat(
     http: reqwest::Client,
     api: String,
     session: String,
     role: AgentRole,
-    every: Duration,
+    default: Duration,
     stop: CancellationToken,
 ) {
+    let mut every = default;
     loop {
         let sent = http
             .post(format!("{api}/api/agent/heartbeat"))
@@ -231,6 +234,11 @@ pub async fn heartbeat(
                 tracing::warn!("heartbeat: session ended");
                 stop.cancel();
                 return;
+            }
+            if r.status().is_success() {
+                if let Ok(ack) = r.json::<HeartbeatAck>().await {
+                    every = ack.next();
+                }
             }
         }
         tokio::select! {

@@ -218,6 +218,34 @@ pub struct Heartbeat {
     pub role: AgentRole,
 }
 
+/// The answer to a heartbeat: when the control plane wants the next one.
+///
+/// The control plane sets the cadence, not the agent: an agent whose node
+/// runs a workflow (a step may be waiting on it) is asked every few
+/// seconds, an idle installed OS about once a minute with jitter, so a
+/// deployed fleet's heartbeats do not crowd out the agents that are at
+/// work. Read by agents that may be older or newer than the control plane:
+/// unknown fields are ignored, and an agent that gets no answer (or a
+/// `204` from an older control plane) keeps its own default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatAck {
+    /// Seconds until the next heartbeat (1 to [`HeartbeatAck::MAX_SECS`]).
+    #[schema(minimum = 1, maximum = 3600)]
+    pub next_heartbeat_secs: u32,
+}
+
+impl HeartbeatAck {
+    /// The longest cadence an agent accepts; a larger value is taken as this.
+    pub const MAX_SECS: u32 = 3600;
+
+    /// How long the agent waits before its next heartbeat: the control
+    /// plane's cadence, bounded to 1 s..[`Self::MAX_SECS`].
+    pub fn next(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(self.next_heartbeat_secs.clamp(1, Self::MAX_SECS)))
+    }
+}
+
 /// A command handed to an agent. `params` is kept as the control plane
 /// stored it: the agent signs over exactly these bytes' JSON, and reads
 /// them through [`AgentCommand::command`].
@@ -418,6 +446,20 @@ mod tests {
             assert_eq!(AgentPurpose::parse(p.as_str()).ok(), Some(p));
         }
         assert!(AgentPurpose::parse("ramdisk").is_err());
+    }
+
+    #[test]
+    fn a_heartbeat_answer_is_bounded_and_tolerant() {
+        let ack: HeartbeatAck =
+            serde_json::from_str(r#"{"nextHeartbeatSecs":0,"fromANewerPlane":true}"#)
+                .expect("unknown fields are ignored");
+        assert_eq!(ack.next().as_secs(), 1, "never a busy loop");
+        let ack = HeartbeatAck {
+            next_heartbeat_secs: u32::MAX,
+        };
+        assert_eq!(ack.next().as_secs(), 3600, "never silent for hours");
+        assert!(serde_json::from_str::<HeartbeatAck>(r#"{"nextHeartbeatSecs":-5}"#).is_err());
+        assert!(serde_json::from_str::<HeartbeatAck>("{}").is_err());
     }
 
     #[test]

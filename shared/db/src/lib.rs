@@ -88,6 +88,8 @@ fn hex_of(b: &[u8]) -> String {
 #[derive(Clone, Debug)]
 pub struct Db {
     pool: PgPool,
+    /// The pool's name in metrics (`main` unless [`Db::named`]).
+    name: &'static str,
 }
 
 /// How long [`Db::connect`] waits for an unreachable Postgres.
@@ -134,7 +136,7 @@ impl Db {
                 .connect_with(opts.clone())
                 .await;
             match connected {
-                Ok(pool) => return Ok(Self { pool }),
+                Ok(pool) => return Ok(Self { pool, name: "main" }),
                 Err(e) if server_away(&e) && std::time::Instant::now() + pause < give_up => {
                     tracing::warn!(error = %e, ?pause, "Postgres is not reachable yet; waiting");
                     tokio::time::sleep(pause).await;
@@ -143,6 +145,12 @@ impl Db {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// The same pool, named `name` in its metrics (a service with two
+    /// pools tells them apart: the API's `agent` pool from its `main`).
+    pub fn named(self, name: &'static str) -> Self {
+        Self { name, ..self }
     }
 
     /// Applies every pending migration. Safe to run from several processes
@@ -163,10 +171,12 @@ impl Db {
         let tx = self.pool.begin().await?;
         // How long work waited for a connection of the pool (and its BEGIN,
         // well under a millisecond on a healthy database).
-        metrics::histogram!("bcm_db_pool_wait_seconds").record(asked.elapsed().as_secs_f64());
+        metrics::histogram!("bcm_db_pool_wait_seconds", "pool" => self.name)
+            .record(asked.elapsed().as_secs_f64());
         let (size, idle) = (self.pool.size(), self.pool.num_idle() as u32);
-        metrics::gauge!("bcm_db_pool_connections", "state" => "idle").set(idle as f64);
-        metrics::gauge!("bcm_db_pool_connections", "state" => "used")
+        metrics::gauge!("bcm_db_pool_connections", "pool" => self.name, "state" => "idle")
+            .set(idle as f64);
+        metrics::gauge!("bcm_db_pool_connections", "pool" => self.name, "state" => "used")
             .set(size.saturating_sub(idle) as f64);
         Ok(tx)
     }

@@ -5,8 +5,8 @@
 
 use base64::Engine as _;
 use bcm_contracts::agent::{
-    retry_backoff, AgentCommand, AgentResult, AgentRole, Answer, Heartbeat, JoinRequest,
-    JoinResponse,
+    retry_backoff, AgentCommand, AgentResult, AgentRole, Answer, Heartbeat, HeartbeatAck,
+    JoinRequest, JoinResponse,
 };
 use bcm_contracts::commands::Command;
 use bcm_contracts::outputs::{
@@ -621,8 +621,11 @@ pub async fn os(
             }
         }
     };
+    // The control plane's answer sets the cadence (bcd's default until one
+    // comes).
+    let mut every = Duration::from_secs(10);
     while !stop.is_cancelled() {
-        let _ = http
+        let sent = http
             .post(format!("{}/api/agent/heartbeat", disk.api))
             .bearer_auth(&session)
             .json(&Heartbeat {
@@ -630,9 +633,16 @@ pub async fn os(
             })
             .send()
             .await;
+        if let Ok(r) = sent {
+            if r.status().is_success() {
+                if let Ok(ack) = r.json::<HeartbeatAck>().await {
+                    every = ack.next();
+                }
+            }
+        }
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+            _ = tokio::time::sleep(every) => {}
         }
     }
 }

@@ -137,14 +137,20 @@ async fn command(env: &TestEnv, id: &str) -> bcm_db::commands::CommandRow {
 }
 
 async fn heartbeat(env: &TestEnv, agent: &Agent, role: &str) -> u16 {
-    env.post(
-        "/api/agent/heartbeat",
-        Some(&agent.session),
-        &json!({ "role": role }),
-    )
-    .await
-    .expect("heartbeat")
-    .0
+    heartbeat_answer(env, agent, role).await.0
+}
+
+/// A heartbeat's status and the cadence its answer asks for.
+async fn heartbeat_answer(env: &TestEnv, agent: &Agent, role: &str) -> (u16, Option<u64>) {
+    let (status, body) = env
+        .post(
+            "/api/agent/heartbeat",
+            Some(&agent.session),
+            &json!({ "role": role }),
+        )
+        .await
+        .expect("heartbeat");
+    (status, body["nextHeartbeatSecs"].as_u64())
 }
 
 /// A node enrolled in tenant `a`'s pool, by id.
@@ -221,7 +227,7 @@ async fn undeploy_ends_every_identity_and_a_revoked_certificates_result_is_refus
     let id = wipe_command(&env, &node).await;
     let issued = command(&env, &id).await.created_at;
     assert_eq!(poll(&env, &old_ramdisk).await.1.len(), 1);
-    assert_eq!(heartbeat(&env, &os, "node").await, 204);
+    assert_eq!(heartbeat(&env, &os, "node").await, 200);
 
     env.verb_ok("undeploy", &node_id, json!({})).await;
 
@@ -267,7 +273,12 @@ async fn a_heartbeat_is_never_taken_for_a_join() {
             .expect("running?"),
         "the enrolled node's workflow is still running"
     );
-    assert_eq!(heartbeat(&env, &os, "node").await, 204);
+    let (status, every) = heartbeat_answer(&env, &os, "node").await;
+    assert_eq!(status, 200);
+    assert!(
+        every.is_some_and(|s| (54..=66).contains(&s)),
+        "an idle OS is asked to beat about once a minute, not {every:?}"
+    );
     let beat = bcm_db::agents::node_fact_fetch(&env.db, &node, "heartbeat:provisioned")
         .await
         .expect("fact");
@@ -296,7 +307,11 @@ async fn a_heartbeat_is_never_taken_for_a_join() {
     .expect("workflow");
     tx.commit().await.expect("commit");
     let step_started = Utc::now();
-    assert_eq!(heartbeat(&env, &os, "node").await, 204);
+    assert_eq!(
+        heartbeat_answer(&env, &os, "node").await,
+        (200, Some(10)),
+        "a node at work is asked to beat often"
+    );
     let mut tx = env.db.begin().await.expect("tx");
     let joined =
         bcm_db::agents::node_fact_since_in_txn(&mut tx, &node, "agent:provisioned", step_started)
