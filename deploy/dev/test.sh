@@ -8,7 +8,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 cd "$repo"
 
-step() { echo "==> $*"; }
+# Each step says when it started and how long the run has taken so far,
+# so a slow step shows in the log.
+step() { echo "==> [$(date +%T), ${SECONDS}s in] $*"; }
 
 step "toolchain components"
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
@@ -87,3 +89,4 @@ step "end to end: QEMU machines behind Redfish, PXE through bcm-boot into bcd, t
 e2e_dir="$(mktemp -d /tmp/bcm-e2e.XXXXXX)"
 "$repo/tests/e2e/run.sh" "$e2e_dir"
 rm -rf "$e2e_dir"   # kept (and printed) only when the run failed
+step "done"

@@ -38,6 +38,8 @@ pub struct Agent {
     pub node_id: String,
     pub cert_serial: String,
     pub purpose: String,
+    /// Whether the node had a running workflow when the request came.
+    pub workflow_running: bool,
 }
 
 impl FromRequestParts<AppState> for Agent {
@@ -69,10 +71,11 @@ impl FromRequestParts<AppState> for Agent {
         )
         .await?
         {
-            Some((node_id, cert_serial, purpose)) => Ok(Agent {
-                node_id,
-                cert_serial,
-                purpose,
+            Some(s) => Ok(Agent {
+                node_id: s.node_id,
+                cert_serial: s.cert_serial,
+                purpose: s.purpose,
+                workflow_running: s.workflow_running,
             }),
             None => Err(bad()),
         }
@@ -238,13 +241,12 @@ pub async fn heartbeat(
     agent: Agent,
     Body(hb): Body<Heartbeat>,
 ) -> Result<Json<HeartbeatAck>, ApiError> {
-    // The session's touch (in the extractor) is what keeps it alive. A node
-    // with no running workflow has no step waiting on a join and nothing to
-    // record: an idle fleet's heartbeats cost one write each, not a
-    // transaction of four. A workflow that starts just after this look sees
-    // the agent's next heartbeat.
-    let running =
-        bcm_db::workflows::workflow_running_for_node(&app.inner.agent_db, &agent.node_id).await?;
+    // The session's touch (in the extractor) is what keeps it alive, and
+    // says whether the node runs a workflow. A node with none has no step
+    // waiting on a join and nothing to record: an idle fleet's heartbeats
+    // cost one statement each. A workflow that starts just after the touch
+    // sees the agent's next heartbeat.
+    let running = agent.workflow_running;
     let ack = HeartbeatAck {
         next_heartbeat_secs: heartbeat_cadence(
             &app.inner.agents,
@@ -266,7 +268,9 @@ pub async fn heartbeat(
         &serde_json::json!({ "role": hb.role, "event": PresenceEvent::Heartbeat }),
     )
     .await?;
-    bcm_db::workflows::steps_wake_for_node_in_txn(&mut tx, &agent.node_id).await?;
+    // Never behind an engine's batch: a workflow an engine holds is being
+    // looked at already.
+    bcm_db::workflows::steps_nudge_for_node_in_txn(&mut tx, &agent.node_id).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     Ok(Json(ack))
 }
@@ -472,10 +476,14 @@ mod tests {
         let mut cfg = AgentProtocolConfig::default();
         assert!(cfg.check().is_ok());
         cfg.idle_heartbeat_secs = 0;
-        assert!(cfg.check().is_err_and(|e| e.contains("idle_heartbeat_secs")));
+        assert!(cfg
+            .check()
+            .is_err_and(|e| e.contains("idle_heartbeat_secs")));
         cfg.idle_heartbeat_secs = 60;
         cfg.busy_heartbeat_secs = 7200;
-        assert!(cfg.check().is_err_and(|e| e.contains("busy_heartbeat_secs")));
+        assert!(cfg
+            .check()
+            .is_err_and(|e| e.contains("busy_heartbeat_secs")));
     }
 
     #[test]

@@ -105,6 +105,17 @@ pub struct QuorumConfig {
     /// The approver id the edges' anchors name the policy key by.
     #[serde(default = "default_policy_approver_id")]
     pub policy_approver_id: String,
+    /// The sites' trust anchor (what `bcm quorum-keys` wrote, the file the
+    /// BMC service, boot service and agents verify against). Its quorum is
+    /// the floor of every batch's `quorumRequired`: a pool that asks fewer
+    /// approvers gets batches needing the anchor's count, never batches
+    /// this API calls approved and every edge refuses. Absent: the pool's
+    /// count stands alone (and a warning says so).
+    #[serde(default)]
+    pub anchor_file: Option<std::path::PathBuf>,
+    /// An anchor handed over in process (tests, the bench).
+    #[serde(skip)]
+    pub anchor: Option<bcm_quorum::Anchor>,
     /// How long a verb's one-node batch authorizes its chain's commands.
     #[serde(default = "default_node_batch_ttl_secs")]
     pub node_batch_ttl_secs: u64,
@@ -119,6 +130,8 @@ impl Default for QuorumConfig {
             policy_key_file: None,
             policy_key: None,
             policy_approver_id: default_policy_approver_id(),
+            anchor_file: None,
+            anchor: None,
             node_batch_ttl_secs: default_node_batch_ttl_secs(),
             bulk_max_ttl_secs: default_bulk_max_ttl_secs(),
         }
@@ -156,6 +169,20 @@ impl QuorumConfig {
             id: self.policy_approver_id.clone(),
             key,
         }))
+    }
+
+    /// How many approvers the edges' anchor asks (none when no anchor is
+    /// configured), from the anchor given in process or its file.
+    pub fn edge_quorum(&self) -> Result<Option<u32>, String> {
+        let anchor = match (&self.anchor, &self.anchor_file) {
+            (Some(a), _) => Some(a.clone()),
+            (None, Some(path)) => Some(
+                bcm_quorum::anchor_from_file(path)
+                    .map_err(|e| format!("quorum.anchor_file: {e}"))?,
+            ),
+            (None, None) => None,
+        };
+        Ok(anchor.map(|a| u32::try_from(a.quorum).unwrap_or(u32::MAX)))
     }
 }
 
@@ -382,6 +409,9 @@ pub struct Inner {
     /// The policy key that approves one-node batches where pools allow it.
     pub policy_signer: Option<bcm_metal::batches::PolicySigner>,
     pub quorum: QuorumConfig,
+    /// The floor of every batch's approver count: the edges' anchor's
+    /// quorum (1 without an anchor).
+    pub edge_quorum: u32,
 }
 
 /// The router of the service, for tests and the all-in-one binary.
@@ -477,12 +507,20 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
     }
     cfg.agents.check().map_err(StartError::Config)?;
     let policy_signer = cfg.quorum.signer().map_err(StartError::Config)?;
+    let edge_quorum = cfg.quorum.edge_quorum().map_err(StartError::Config)?;
+    if edge_quorum.is_none() {
+        tracing::warn!("no quorum trust anchor is configured (api.quorum.anchor_file): a pool asking fewer approvers than the sites' anchor gets batches the edges refuse");
+    }
     if policy_signer.is_none() {
         tracing::warn!("no quorum policy key is configured (api.quorum.policy_key_file): every batch, even a single verb's, waits for the pool's approvers");
     }
     let db = Db::connect(&cfg.database_url, cfg.database_max_connections).await?;
     db.migrate().await?;
-    let agent_db = Db::connect(&cfg.database_url, cfg.database_agent_connections.max(1))
+    // Every write of the agent endpoints is a hint or redone (a session's
+    // touch, a heartbeat, a command's lease): their commits do not wait for
+    // the WAL flush. Results and joins are recorded by the attestation
+    // service, on its own pool.
+    let agent_db = Db::connect_for_hints(&cfg.database_url, cfg.database_agent_connections.max(1))
         .await?
         .named("agent");
     seed(&db, &cfg.seed).await?;
@@ -503,6 +541,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             limits: limits::Limits::new(cfg.rate_limit.clone()),
             policy_signer,
             quorum: cfg.quorum.clone(),
+            edge_quorum: edge_quorum.unwrap_or(1),
         }),
     })
 }

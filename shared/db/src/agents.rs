@@ -346,22 +346,33 @@ pub async fn session_insert_in_txn(
     Ok(())
 }
 
+/// An agent session a request was made under, as its touch found it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct LiveSession {
+    pub node_id: String,
+    pub cert_serial: String,
+    pub purpose: String,
+    /// Whether the node had a running workflow at the touch (what a
+    /// heartbeat needs to know, read in the same statement).
+    pub workflow_running: bool,
+}
+
 /// A live session whose certificate is in force (unrevoked, of the
 /// node's current epoch), marked alive for at least `alive_for_ms` from now (a
-/// request is a sign of life; a long poll keeps it for as long as it waits):
-/// `(node id, cert serial, purpose)`.
+/// request is a sign of life; a long poll keeps it for as long as it waits).
 pub async fn session_touch_live(
     db: &Db,
     hash: &[u8],
     alive_for_ms: u64,
-) -> Result<Option<(String, String, String)>, DbError> {
+) -> Result<Option<LiveSession>, DbError> {
     Ok(sqlx::query_as(
         "UPDATE agent_sessions s SET alive_until = greatest(s.alive_until, now() + make_interval(secs => $2)) \
          FROM node_certs c \
          WHERE s.token_hash = $1 AND s.expires_at > now() \
            AND c.serial = s.cert_serial AND c.revoked_at IS NULL \
            AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0) \
-         RETURNING s.node_id, s.cert_serial, s.purpose",
+         RETURNING s.node_id, s.cert_serial, s.purpose, \
+           EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = s.node_id AND w.status = 'running') AS workflow_running",
     )
     .bind(hash)
     .bind(alive_for_ms as f64 / 1000.0)

@@ -126,7 +126,29 @@ impl Db {
         max_connections: u32,
         wait: Duration,
     ) -> Result<Self, DbError> {
-        let opts = PgConnectOptions::from_str(url)?.application_name("bcm");
+        Self::connect_opts(PgConnectOptions::from_str(url)?, max_connections, wait).await
+    }
+
+    /// A pool whose commits do not wait for the WAL to reach the disk
+    /// (`synchronous_commit = off`): for writes a crash may lose without
+    /// harm because they are hints or are redone — an agent session's
+    /// touch (the agent's next request touches it again), a heartbeat's
+    /// fact (the next heartbeat records it), a command's lease (lost, the
+    /// command is offered again and the agent answers from its record).
+    /// Never for a record of what happened: a state, a result, an event.
+    /// Such a commit costs no disk flush, so a fleet's requests do not
+    /// queue behind the WAL.
+    pub async fn connect_for_hints(url: &str, max_connections: u32) -> Result<Self, DbError> {
+        let opts = PgConnectOptions::from_str(url)?.options([("synchronous_commit", "off")]);
+        Self::connect_opts(opts, max_connections, CONNECT_WAIT).await
+    }
+
+    async fn connect_opts(
+        opts: PgConnectOptions,
+        max_connections: u32,
+        wait: Duration,
+    ) -> Result<Self, DbError> {
+        let opts = opts.application_name("bcm");
         let give_up = std::time::Instant::now() + wait;
         let mut pause = Duration::from_millis(250);
         loop {

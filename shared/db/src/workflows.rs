@@ -426,9 +426,8 @@ pub async fn step_waiting_on_command_in_txn(
     .await?)
 }
 
-/// Whether the node has a running workflow: a heartbeat of a node with
-/// none has no step to wake and no join to record (one index read, no
-/// transaction, so an idle fleet's heartbeats stay cheap).
+/// Whether the node has a running workflow (the agent endpoints read the
+/// same with a session's touch: `LiveSession::workflow_running`).
 pub async fn workflow_running_for_node(db: &Db, node_id: &str) -> Result<bool, DbError> {
     Ok(sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM workflows WHERE node_id = $1 AND status = 'running')",
@@ -454,6 +453,26 @@ pub async fn steps_wake_for_node_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Resul
         "WITH woken AS (UPDATE workflow_steps s SET due_at = now() FROM workflows w \
          WHERE s.workflow_id = w.id AND w.node_id = $1 AND w.status = 'running' AND s.status = 'running' \
          AND s.definition->>'kind' IN ('waitRamdiskJoin', 'waitOsJoin') RETURNING 1) \
+         SELECT pg_notify($2, '') WHERE EXISTS (SELECT 1 FROM woken)",
+    )
+    .bind(node_id)
+    .bind(NOTIFY_CHANNEL)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// [`steps_wake_for_node_in_txn`] for a sign of life that is not a join (a
+/// heartbeat): never waits for an engine transaction. A workflow an
+/// engine holds is left alone (that engine is advancing it; the agent's
+/// next heartbeat, or the join poll, looks again), so a heartbeat never
+/// holds a connection of the agents' pool behind an engine's batch.
+pub async fn steps_nudge_for_node_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<(), DbError> {
+    sqlx::query(
+        "WITH free AS (SELECT id FROM workflows WHERE node_id = $1 AND status = 'running' FOR UPDATE SKIP LOCKED), \
+         woken AS (UPDATE workflow_steps s SET due_at = now() FROM free \
+         WHERE s.workflow_id = free.id AND s.status = 'running' \
+         AND s.definition->>'kind' IN ('waitRamdiskJoin', 'waitOsJoin', 'waitOsBack') RETURNING 1) \
          SELECT pg_notify($2, '') WHERE EXISTS (SELECT 1 FROM woken)",
     )
     .bind(node_id)

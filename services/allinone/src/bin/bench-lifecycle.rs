@@ -75,6 +75,51 @@ struct Args {
     admit_only: bool,
 }
 
+/// The agent requests (count and mean seconds per endpoint and status)
+/// and the pools' waits (count and mean), from the process's metrics text.
+fn load_line(metrics: &str) -> String {
+    let mut sums: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
+    for line in metrics.lines() {
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        for (metric, short) in [
+            ("bcm_api_agent_request_seconds", "agent"),
+            ("bcm_db_pool_wait_seconds", "pool-wait"),
+        ] {
+            let (is_count, labels) = if let Some(l) = name.strip_prefix(&format!("{metric}_count"))
+            {
+                (true, l)
+            } else if let Some(l) = name.strip_prefix(&format!("{metric}_sum")) {
+                (false, l)
+            } else {
+                continue;
+            };
+            let key = format!("{short}{labels}");
+            let e = sums.entry(key).or_default();
+            if is_count {
+                e.0 += value;
+            } else {
+                e.1 += value;
+            }
+        }
+    }
+    sums.iter()
+        .map(|(k, (count, sum))| {
+            let mean_ms = if *count > 0.0 {
+                sum / count * 1000.0
+            } else {
+                0.0
+            };
+            format!("{k}={count:.0}/{mean_ms:.0}ms")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -497,6 +542,26 @@ async fn main() -> anyhow::Result<()> {
         });
     }
 
+    // Once a minute on stderr: what the agents asked of the API and how it
+    // answered, and how long work waited for each pool.
+    {
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+                }
+                eprintln!(
+                    "[{:>5}s] {}",
+                    started.elapsed().as_secs(),
+                    load_line(&bcm_telemetry::render_metrics())
+                );
+            }
+        });
+    }
+
     let http = if args.plain_http {
         reqwest::Client::new()
     } else {
@@ -627,4 +692,31 @@ async fn main() -> anyhow::Result<()> {
         bcm_db::admin::database_drop(&database, &db_name).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::load_line;
+
+    #[test]
+    fn the_load_line_sums_counts_and_means_per_label_set() {
+        let text = "\
+# TYPE bcm_api_agent_request_seconds histogram
+bcm_api_agent_request_seconds_bucket{endpoint=\"heartbeat\",status=\"200\",le=\"0.1\"} 3
+bcm_api_agent_request_seconds_sum{endpoint=\"heartbeat\",status=\"200\"} 2
+bcm_api_agent_request_seconds_count{endpoint=\"heartbeat\",status=\"200\"} 4
+bcm_db_pool_wait_seconds_sum{pool=\"agent\"} 0.3
+bcm_db_pool_wait_seconds_count{pool=\"agent\"} 3
+bcm_db_pool_wait_seconds_count{pool=\"main\"} 0
+bcm_db_pool_wait_seconds_sum{pool=\"main\"} 0
+garbage line
+bcm_api_agent_request_seconds_count{endpoint=\"join\",status=\"503\"} NaN-ish
+";
+        assert_eq!(
+            load_line(text),
+            "agent{endpoint=\"heartbeat\",status=\"200\"}=4/500ms \
+             pool-wait{pool=\"agent\"}=3/100ms pool-wait{pool=\"main\"}=0/0ms"
+        );
+        assert_eq!(load_line(""), "");
+    }
 }
