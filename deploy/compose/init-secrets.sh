@@ -51,6 +51,7 @@ nkey_file = "$d/nats/api.nk"
 file = "$d/nats/join.key"
 [quorum]
 policy_key_file = "$d/quorum/policy.key"
+anchor_file = "$d/quorum/anchor.json"
 [[sealing_keys]]
 id = "compose-1"
 key = "$key"
@@ -69,6 +70,7 @@ nkey_file = "$d/nats/control.nk"
 file = "$d/nats/join.key"
 [api.quorum]
 policy_key_file = "$d/quorum/policy.key"
+anchor_file = "$d/quorum/anchor.json"
 [[api.sealing_keys]]
 id = "compose-1"
 key = "$key"

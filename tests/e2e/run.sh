@@ -180,6 +180,7 @@ nkey_file = "$dir/nats/control.nk"
 file = "$dir/nats/join.key"
 [api.quorum]
 policy_key_file = "$dir/quorum/policy.key"
+anchor_file = "$dir/quorum/anchor.json"
 [api.tls]
 cert_file = "$dir/tls/api.crt"
 key_file = "$dir/tls/api.key"

@@ -244,12 +244,20 @@ fn with_quorum(cfg: &mut Config) {
                     auto_approver: Some(bcm_quorum::AnchorKey {
                         id: signer.id.clone(),
                         public_key: bcm_quorum::public_key_b64(&signer.key),
+                        tenants: vec![],
                     }),
                 })
             }
             Ok(None) => {}
             Err(e) => tracing::error!(error = %e, "the API's policy key cannot be read"),
         }
+    }
+    // The API's floor of approvers is the simulated site's anchor, where
+    // it was given none of its own.
+    let q = &mut cfg.api.quorum;
+    if q.anchor.is_none() && q.anchor_file.is_none() {
+        q.anchor_file = cfg.sim.quorum_anchor_file.clone();
+        q.anchor = cfg.sim.quorum_anchor.clone();
     }
 }
 

@@ -275,7 +275,9 @@ pub async fn create(
         ));
     }
     let mut tx = a.db.begin().await?;
-    let policy = bcm_db::batches::pool_policy_in_txn(&mut tx, pool.id.as_str()).await?;
+    let policy = bcm_db::batches::pool_policy_in_txn(&mut tx, pool.id.as_str())
+        .await?
+        .at_least(a.edge_quorum);
     let expires = chrono::Utc::now() + chrono::Duration::seconds(ttl as i64);
     let built = bcm_metal::batches::bulk_batch(
         pool.tenant_id.as_str(),

@@ -352,6 +352,7 @@ pub async fn enroll(
         &format!("enroll of node {} by {}", node.id, who.name),
         chrono::Duration::seconds(a.quorum.node_batch_ttl_secs as i64),
         a.policy_signer.as_ref(),
+        a.edge_quorum,
         None,
     )
     .await?;
@@ -445,7 +446,17 @@ async fn run_verb(
             |bmc| Command::BmcPower(PowerParams { bmc, action }),
         )
         .await?;
-        rows.extend(leaf_batch(a, &mut tx, &node, Operation::Power, &who.name, row).await?);
+        rows.extend(
+            leaf_batch(
+                a,
+                &mut tx,
+                &node,
+                Operation::for_power(action),
+                &who.name,
+                row,
+            )
+            .await?,
+        );
         rows.push(outbox::event(
             s,
             &node,
@@ -512,6 +523,7 @@ async fn run_verb(
                 &format!("{op} of node {} by {}", next.id, who.name),
                 chrono::Duration::seconds(a.quorum.node_batch_ttl_secs as i64),
                 a.policy_signer.as_ref(),
+                a.edge_quorum,
                 None,
             )
             .await?;
@@ -675,6 +687,7 @@ async fn leaf_batch(
         &format!("{op} of node {} by {requested_by}", node.id),
         bcm_metal::bmc::LEAF_COMMAND_TTL,
         a.policy_signer.as_ref(),
+        a.edge_quorum,
         Some(&row),
     )
     .await?;

@@ -120,6 +120,7 @@ fn a_wipe_without_a_valid_batch_authority_touches_nothing() {
             .map(|(i, k)| bcm_quorum::AnchorKey {
                 id: format!("approver-{i}"),
                 public_key: bcm_quorum::public_key_b64(k),
+                tenants: vec![],
             })
             .collect(),
         quorum: 2,

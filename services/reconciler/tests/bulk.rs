@@ -241,8 +241,9 @@ async fn approvals_are_refused_for_every_bad_signature_and_bad_requests_change_n
         .put(
             "/api/compute/admin/pools/a-pool",
             Some(&env.admin_token),
+            // Fewer than the sites' anchor asks (2): the anchor is the floor.
             &json!({"tenantId": "a", "siteId": "s1", "hardwareProfile": "gpu-redfish",
-                    "quorum": {"required": 2}}),
+                    "quorum": {"required": 1}}),
         )
         .await
         .expect("pool");
@@ -328,6 +329,10 @@ async fn approvals_are_refused_for_every_bad_signature_and_bad_requests_change_n
         .expect("bulk");
     assert_eq!(s, 200, "{bulk}");
     let b = bulk["batch"].clone();
+    assert_eq!(
+        b["quorumRequired"], 2,
+        "a pool asking fewer approvers than the edges' anchor gets the anchor's count: {b}"
+    );
     let id = b["header"]["batchId"].as_str().expect("id").to_owned();
     let path = format!("/api/compute/metal/batches/{id}/approve");
     let post = |token: &str, body: Value| {
@@ -502,7 +507,7 @@ async fn a_pool_without_auto_approval_holds_single_verbs_and_power_until_approve
         .as_array()
         .expect("batches")
         .iter()
-        .find(|b| b["header"]["operation"] == "power")
+        .find(|b| b["header"]["operation"] == "power-off")
         .cloned()
         .expect("a power batch");
     assert_eq!(power["state"], "awaiting-approval");
@@ -554,7 +559,7 @@ async fn a_pool_without_auto_approval_holds_single_verbs_and_power_until_approve
         .as_array()
         .expect("batches")
         .iter()
-        .find(|b| b["header"]["operation"] == "power" && b["state"] == "awaiting-approval")
+        .find(|b| b["header"]["operation"] == "power-on" && b["state"] == "awaiting-approval")
         .cloned()
         .expect("the second power batch");
     let held = bcm_db::commands::commands_of_node(&env.db, &id.to_string())

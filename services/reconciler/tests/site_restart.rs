@@ -100,7 +100,7 @@ async fn a_redelivered_destructive_command_runs_once_across_a_site_restart() {
         }),
         issued_at: chrono::Utc::now(),
         deadline: None,
-        authority: Some(env.power_authority(&id)),
+        authority: Some(env.power_authority(&id, PowerAction::Cycle)),
     };
     let tenant = bcm_testkit::tenant_a();
     let msg = bcm_bus::outgoing::command(

@@ -6,11 +6,11 @@
 //!
 //! Every edge (the BMC service, the site, `bcd`) asks [`allows`] before it
 //! runs a destructive command under a batch: an approved `inspect` batch
-//! cannot carry a `deploy.image`, and a `power` leaf carries nothing but
-//! `bmc.power`.
+//! cannot carry a `deploy.image`, and a `power-off` leaf carries nothing
+//! but a `bmc.power` that powers off.
 
 use crate::workflow::{self, Profile};
-use crate::{ProvisionState, WipeMode};
+use crate::{PowerAction, ProvisionState, WipeMode};
 
 crate::wire_enum! {
     /// What a batch's approvers allow: a verb's whole chain (for one node,
@@ -27,7 +27,17 @@ crate::wire_enum! {
         Unrescue = "unrescue",
         Recover = "recover",
         Retire = "retire",
-        /// `metal.power`: one `bmc.power` command.
+        /// `metal.power` with `on`: one `bmc.power` command that powers on.
+        PowerOn = "power-on",
+        /// `metal.power` with `off`.
+        PowerOff = "power-off",
+        /// `metal.power` with `cycle`.
+        PowerCycle = "power-cycle",
+        /// `metal.power` with `reset`.
+        PowerReset = "power-reset",
+        /// A one-leaf `metal.power` batch made before the action was
+        /// bound into the operation: read, never authorizing (it covers
+        /// no command), so an approval of one action can never run another.
         Power = "power",
         /// `metal.rotateCredentials`: one `bmc.rotateCredentials` command.
         RotateCredentials = "rotateCredentials",
@@ -130,13 +140,38 @@ impl Operation {
             Self::Unrescue => Verb::Unrescue,
             Self::Recover => Verb::Recover,
             Self::Retire => Verb::Retire,
-            Self::Power => Verb::Power,
+            Self::Power | Self::PowerOn | Self::PowerOff | Self::PowerCycle | Self::PowerReset => {
+                Verb::Power
+            }
             Self::RotateCredentials => Verb::RotateCredentials,
         })
     }
 
+    /// The operation of a `metal.power` with `action`.
+    pub const fn for_power(action: PowerAction) -> Self {
+        match action {
+            PowerAction::On => Self::PowerOn,
+            PowerAction::Off => Self::PowerOff,
+            PowerAction::Cycle => Self::PowerCycle,
+            PowerAction::Reset => Self::PowerReset,
+        }
+    }
+
+    /// The power action a one-leaf power batch allows (none for every
+    /// other operation, and for the unbound legacy `power`).
+    pub const fn power_action(self) -> Option<PowerAction> {
+        match self {
+            Self::PowerOn => Some(PowerAction::On),
+            Self::PowerOff => Some(PowerAction::Off),
+            Self::PowerCycle => Some(PowerAction::Cycle),
+            Self::PowerReset => Some(PowerAction::Reset),
+            _ => None,
+        }
+    }
+
     /// The operation a verb's batch names; `None` for `abort`, which
-    /// creates no batch (its cleanup runs under the batch it stops).
+    /// creates no batch (its cleanup runs under the batch it stops), and
+    /// for `power`, whose batch names its action ([`Operation::for_power`]).
     pub const fn for_verb(verb: crate::Verb) -> Option<Self> {
         use crate::Verb;
         Some(match verb {
@@ -149,9 +184,8 @@ impl Operation {
             Verb::Unrescue => Self::Unrescue,
             Verb::Recover => Self::Recover,
             Verb::Retire => Self::Retire,
-            Verb::Power => Self::Power,
             Verb::RotateCredentials => Self::RotateCredentials,
-            Verb::Abort => return None,
+            Verb::Power | Verb::Abort => return None,
         })
     }
 
@@ -167,7 +201,12 @@ impl Operation {
             Self::Rescue | Self::Unrescue => &[Rescue],
             Self::Recover => &[Enrolling, Inspecting, Commissioning, Releasing, Retiring],
             Self::Retire => &[Retiring],
-            Self::Power | Self::RotateCredentials => &[],
+            Self::Power
+            | Self::PowerOn
+            | Self::PowerOff
+            | Self::PowerCycle
+            | Self::PowerReset
+            | Self::RotateCredentials => &[],
         }
     }
 
@@ -183,7 +222,12 @@ impl Operation {
             Self::Rescue => &[Rescue],
             Self::Recover => &[Ready, Deployed, Retired],
             Self::Retire => &[Retired],
-            Self::Power | Self::RotateCredentials => &[],
+            Self::Power
+            | Self::PowerOn
+            | Self::PowerOff
+            | Self::PowerCycle
+            | Self::PowerReset
+            | Self::RotateCredentials => &[],
         }
     }
 
@@ -215,7 +259,13 @@ fn profiles_of(state: ProvisionState) -> Vec<Profile> {
 /// send: its states' profiles' destructive steps, main and cleanup.
 pub fn destructive_kinds(op: Operation) -> Vec<&'static str> {
     let mut kinds: Vec<&'static str> = match op {
-        Operation::Power => vec!["bmc.power"],
+        Operation::PowerOn
+        | Operation::PowerOff
+        | Operation::PowerCycle
+        | Operation::PowerReset => {
+            vec!["bmc.power"]
+        }
+        Operation::Power => vec![],
         Operation::RotateCredentials => vec!["bmc.rotateCredentials"],
         _ => op
             .chain()
@@ -232,16 +282,27 @@ pub fn destructive_kinds(op: Operation) -> Vec<&'static str> {
 }
 
 /// Whether a batch of `op` (with the leaf's `wipe`) allows a destructive
-/// command of `kind` whose wipe mode, for `disk.wipe`, is `command_wipe`.
-/// A leaf that names a wipe mode allows a wipe of that mode only.
+/// command of `kind` whose wipe mode, for `disk.wipe`, is `command_wipe`
+/// and whose action, for `bmc.power`, is `command_power`. A leaf that
+/// names a wipe mode allows a wipe of that mode only; a power batch allows
+/// its own action only.
 pub fn allows(
     op: Operation,
     leaf_wipe: Option<WipeMode>,
     kind: &str,
     command_wipe: Option<WipeMode>,
+    command_power: Option<PowerAction>,
 ) -> Result<(), String> {
     if !destructive_kinds(op).contains(&kind) {
         return Err(format!("a {op} batch does not cover {kind}"));
+    }
+    if let Some(approved) = op.power_action() {
+        if command_power != Some(approved) {
+            return Err(format!(
+                "the batch approved power {approved}, the command asks for {}",
+                command_power.map_or("no action", |a| a.as_str())
+            ));
+        }
     }
     match (leaf_wipe, command_wipe) {
         (Some(l), Some(c)) if op.chain().contains(&ProvisionState::Releasing) && l != c => Err(
@@ -267,10 +328,10 @@ mod tests {
         let undeploy = destructive_kinds(Operation::Undeploy);
         assert!(undeploy.contains(&"disk.wipe"));
         assert!(!undeploy.contains(&"deploy.image"));
-        assert_eq!(destructive_kinds(Operation::Power), vec!["bmc.power"]);
-        assert!(allows(Operation::Power, None, "disk.wipe", None).is_err());
-        assert!(allows(Operation::Inspect, None, "deploy.image", None).is_err());
-        assert!(allows(Operation::Deploy, None, "deploy.image", None).is_ok());
+        assert_eq!(destructive_kinds(Operation::PowerOff), vec!["bmc.power"]);
+        assert!(allows(Operation::PowerOff, None, "disk.wipe", None, None).is_err());
+        assert!(allows(Operation::Inspect, None, "deploy.image", None, None).is_err());
+        assert!(allows(Operation::Deploy, None, "deploy.image", None, None).is_ok());
         // Unrescue boots the disk; rescue the ramdisk.
         assert!(destructive_kinds(Operation::Unrescue).contains(&"bmc.bootDevice"));
         // Every operation that runs a chain covers the power-off of its
@@ -285,15 +346,50 @@ mod tests {
     #[test]
     fn an_undeploy_leaf_binds_the_wipe_mode() {
         let q = Some(WipeMode::Quick);
-        assert!(allows(Operation::Undeploy, q, "disk.wipe", q).is_ok());
+        assert!(allows(Operation::Undeploy, q, "disk.wipe", q, None).is_ok());
         let e = allows(
             Operation::Undeploy,
             q,
             "disk.wipe",
             Some(WipeMode::SecureErase),
+            None,
         )
         .expect_err("another mode");
         assert!(e.contains("quick"), "{e}");
+    }
+
+    #[test]
+    fn a_power_leaf_binds_the_action() {
+        for approved in PowerAction::ALL {
+            let op = Operation::for_power(approved);
+            assert_eq!(op.power_action(), Some(approved));
+            assert_eq!(op.verb(), Some(crate::Verb::Power));
+            for asked in PowerAction::ALL {
+                let r = allows(op, None, "bmc.power", None, Some(asked));
+                assert_eq!(r.is_ok(), asked == approved, "{op} running {asked}: {r:?}");
+            }
+            let e = allows(op, None, "bmc.power", None, None).expect_err("no action");
+            assert!(e.contains(approved.as_str()), "{e}");
+        }
+        // The unbound batch of an older control plane allows nothing.
+        assert!(destructive_kinds(Operation::Power).is_empty());
+        assert!(allows(
+            Operation::Power,
+            None,
+            "bmc.power",
+            None,
+            Some(PowerAction::On)
+        )
+        .is_err());
+        // A chain's own power commands are not bound to one action.
+        assert!(allows(
+            Operation::Deploy,
+            None,
+            "bmc.power",
+            None,
+            Some(PowerAction::Off)
+        )
+        .is_ok());
     }
 
     #[test]
@@ -301,7 +397,7 @@ mod tests {
         for v in crate::Verb::ALL {
             match Operation::for_verb(v) {
                 Some(op) => assert_eq!(op.verb(), Some(v)),
-                None => assert_eq!(v, crate::Verb::Abort),
+                None => assert!(matches!(v, crate::Verb::Abort | crate::Verb::Power), "{v}"),
             }
         }
         for v in BulkVerb::ALL {

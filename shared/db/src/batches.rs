@@ -83,6 +83,17 @@ pub struct QuorumPolicy {
     pub bulk_concurrency: i32,
 }
 
+impl QuorumPolicy {
+    /// The policy with at least `floor` approvers (the edges' anchor's
+    /// quorum: fewer would be approved here and refused at every edge).
+    pub fn at_least(self, floor: u32) -> Self {
+        Self {
+            required: self.required.max(i32::try_from(floor).unwrap_or(i32::MAX)),
+            ..self
+        }
+    }
+}
+
 /// A pool's quorum policy, in the caller's transaction.
 pub async fn pool_policy_in_txn(tx: &mut Tx<'_>, pool: &str) -> Result<QuorumPolicy, DbError> {
     let (required, requester_may_approve, auto_approve_single, bulk_concurrency): (

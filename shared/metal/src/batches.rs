@@ -48,7 +48,8 @@ pub struct NodeBatch {
 /// Makes the one-node batch `node`'s verb runs under, in the caller's
 /// transaction: approved at once (signed with `signer`) when the pool
 /// approves one-node batches by policy and this control plane holds the
-/// policy key; otherwise awaiting the pool's approvers. `held` is a
+/// policy key; otherwise awaiting the pool's approvers, at least
+/// `min_required` of them (the edges' anchor's quorum). `held` is a
 /// one-leaf command's outbox row to publish once approved.
 #[allow(clippy::too_many_arguments)]
 pub async fn node_batch_in_txn(
@@ -60,9 +61,12 @@ pub async fn node_batch_in_txn(
     reason: &str,
     ttl: chrono::Duration,
     signer: Option<&PolicySigner>,
+    min_required: u32,
     held: Option<&NewOutboxMessage>,
 ) -> Result<NodeBatch, DbError> {
-    let policy = bcm_db::batches::pool_policy_in_txn(tx, node.pool_id.as_str()).await?;
+    let policy = bcm_db::batches::pool_policy_in_txn(tx, node.pool_id.as_str())
+        .await?
+        .at_least(min_required);
     let id = new_batch_id();
     let node_id = node.id.to_string();
     let wipe = wipe.filter(|_| op.takes_wipe());

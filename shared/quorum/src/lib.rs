@@ -196,6 +196,19 @@ pub struct AnchorKey {
     pub id: String,
     /// ed25519, base64.
     pub public_key: String,
+    /// The tenants whose batches this approver's signature counts for
+    /// (empty: every tenant's). An approver registered with one tenant in
+    /// the control plane is named with that tenant here, so the edge, not
+    /// only the API, refuses its signature on another tenant's batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<String>,
+}
+
+impl AnchorKey {
+    /// Whether this key's signature counts for a batch of `tenant`.
+    pub fn serves(&self, tenant: &str) -> bool {
+        self.tenants.is_empty() || self.tenants.iter().any(|t| t == tenant)
+    }
 }
 
 /// An edge's trust anchor (a JSON file the site's operator places, never
@@ -227,12 +240,14 @@ impl Anchor {
                 .map(|(i, k)| AnchorKey {
                     id: format!("approver-{}", i + 1),
                     public_key: public_key_b64(k),
+                    tenants: vec![],
                 })
                 .collect(),
             quorum,
             auto_approver: policy.map(|k| AnchorKey {
                 id: POLICY_APPROVER_ID.into(),
                 public_key: public_key_b64(k),
+                tenants: vec![],
             }),
         }
     }
@@ -262,22 +277,24 @@ impl Anchor {
         Ok(a)
     }
 
-    fn key(&self, id: &str) -> Option<VerifyingKey> {
+    /// The key of approver `id`, where it counts for `tenant`'s batches.
+    fn key(&self, id: &str, tenant: &str) -> Option<VerifyingKey> {
         self.approvers
             .iter()
-            .find(|k| k.id == id)
+            .find(|k| k.id == id && k.serves(tenant))
             .and_then(|k| public_key(&k.public_key).ok())
     }
 
     /// Whether a destructive command of `kind` (with `command_wipe` for a
-    /// `disk.wipe`) for `node` may run at `now` (unix seconds) under
-    /// `authority`.
+    /// `disk.wipe`, `command_power` for a `bmc.power`) for `node` may run
+    /// at `now` (unix seconds) under `authority`.
     pub fn check(
         &self,
         authority: Option<&BatchAuthority>,
         node: Option<&str>,
         kind: &str,
         command_wipe: Option<WipeMode>,
+        command_power: Option<bcm_core::PowerAction>,
         now: i64,
     ) -> Result<(), QuorumError> {
         let a = authority.ok_or(QuorumError::Missing)?;
@@ -289,7 +306,7 @@ impl Anchor {
                 expires_at: h.expires_at,
             });
         }
-        bcm_core::batch::allows(h.operation, h.wipe, kind, command_wipe)
+        bcm_core::batch::allows(h.operation, h.wipe, kind, command_wipe, command_power)
             .map_err(QuorumError::NotCovered)?;
         let hex32 = |s: &str| -> Result<Hash, QuorumError> {
             hex::decode(s)
@@ -324,7 +341,7 @@ impl Anchor {
                     continue;
                 }
             }
-            if let Some(k) = self.key(&s.approver_id) {
+            if let Some(k) = self.key(&s.approver_id, &h.tenant_id) {
                 if signature_valid(&k, h, &s.signature) {
                     valid.insert(s.approver_id.as_str());
                 }
@@ -387,11 +404,12 @@ pub fn check_command(
         return Ok(());
     }
     let anchor = anchor.ok_or(QuorumError::NoAnchor)?;
-    let wipe = match command {
-        Some(bcm_contracts::Command::DiskWipe(p)) => Some(p.mode),
-        _ => None,
+    let (wipe, power) = match command {
+        Some(bcm_contracts::Command::DiskWipe(p)) => (Some(p.mode), None),
+        Some(bcm_contracts::Command::BmcPower(p)) => (None, Some(p.action)),
+        _ => (None, None),
     };
-    anchor.check(authority, node, kind.as_str(), wipe, now)
+    anchor.check(authority, node, kind.as_str(), wipe, power, now)
 }
 
 /// Reads an anchor file.

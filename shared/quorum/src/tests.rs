@@ -19,12 +19,14 @@ fn setup(quorum: usize) -> Setup {
             .map(|(i, k)| AnchorKey {
                 id: format!("approver-{i}"),
                 public_key: public_key_b64(k),
+                tenants: vec![],
             })
             .collect(),
         quorum,
         auto_approver: Some(AnchorKey {
             id: "policy".into(),
             public_key: public_key_b64(&auto),
+            tenants: vec![],
         }),
     };
     Setup { keys, auto, anchor }
@@ -89,11 +91,12 @@ fn a_quorum_of_known_approvers_allows_a_covered_command_on_an_included_node() {
             Some("node_c"),
             "disk.wipe",
             Some(WipeMode::Quick),
+            None,
             NOW,
         )
         .expect("allowed");
     s.anchor
-        .check(Some(&a), Some("node_c"), "bmc.power", None, NOW)
+        .check(Some(&a), Some("node_c"), "bmc.power", None, None, NOW)
         .expect("the chain powers the node");
 }
 
@@ -107,6 +110,7 @@ fn too_few_duplicate_unknown_or_forged_signatures_are_refused() {
             Some("node_a"),
             "disk.wipe",
             Some(WipeMode::Quick),
+            None,
             NOW,
         )
     };
@@ -177,6 +181,7 @@ fn too_few_duplicate_unknown_or_forged_signatures_are_refused() {
             Some("node_a"),
             "disk.wipe",
             Some(WipeMode::Quick),
+            None,
             NOW
         )
         .is_err());
@@ -189,8 +194,14 @@ fn a_tampered_node_set_header_or_proof_is_refused() {
     let (h, b) = batch(&NODES, Operation::Undeploy, Some(WipeMode::Quick));
     let good = authority(&h, &b, 1, &signers);
     let check = |a: &BatchAuthority, node: &str| {
-        s.anchor
-            .check(Some(a), Some(node), "disk.wipe", Some(WipeMode::Quick), NOW)
+        s.anchor.check(
+            Some(a),
+            Some(node),
+            "disk.wipe",
+            Some(WipeMode::Quick),
+            None,
+            NOW,
+        )
     };
     assert_eq!(check(&good, "node_b"), Ok(()));
     // Another node under node_b's proof.
@@ -232,11 +243,13 @@ fn a_tampered_node_set_header_or_proof_is_refused() {
     ));
     // No authority at all, no node.
     assert_eq!(
-        s.anchor.check(None, Some("node_b"), "disk.wipe", None, NOW),
+        s.anchor
+            .check(None, Some("node_b"), "disk.wipe", None, None, NOW),
         Err(QuorumError::Missing)
     );
     assert_eq!(
-        s.anchor.check(Some(&good), None, "disk.wipe", None, NOW),
+        s.anchor
+            .check(Some(&good), None, "disk.wipe", None, None, NOW),
         Err(QuorumError::NoNode)
     );
 }
@@ -247,13 +260,19 @@ fn an_expired_batch_or_an_uncovered_kind_is_refused() {
     let (h, b) = batch(&NODES, Operation::Inspect, None);
     let a = authority(&h, &b, 0, &[("approver-0", &s.keys[0])]);
     assert!(matches!(
-        s.anchor
-            .check(Some(&a), Some("node_a"), "bmc.power", None, h.expires_at),
+        s.anchor.check(
+            Some(&a),
+            Some("node_a"),
+            "bmc.power",
+            None,
+            None,
+            h.expires_at
+        ),
         Err(QuorumError::Expired { .. })
     ));
     assert!(matches!(
         s.anchor
-            .check(Some(&a), Some("node_a"), "deploy.image", None, NOW),
+            .check(Some(&a), Some("node_a"), "deploy.image", None, None, NOW),
         Err(QuorumError::NotCovered(_))
     ));
     let (h, b) = batch(&NODES, Operation::Undeploy, Some(WipeMode::Quick));
@@ -264,6 +283,7 @@ fn an_expired_batch_or_an_uncovered_kind_is_refused() {
             Some("node_a"),
             "disk.wipe",
             Some(WipeMode::None),
+            None,
             NOW
         ),
         Err(QuorumError::NotCovered(_))
@@ -330,4 +350,93 @@ fn anchors_and_keys_read_from_text_refuse_garbage() {
         Ok(public_key_b64(&s.keys[0]))
     );
     assert!(signing_key("nope").is_err());
+}
+
+#[test]
+fn an_approved_power_action_runs_that_action_only() {
+    use bcm_contracts::commands::{BmcTarget, PowerParams};
+    use bcm_contracts::{Command, CommandKind};
+    use bcm_core::PowerAction;
+    let s = setup(2);
+    let (h, b) = batch(&["node_a"], Operation::for_power(PowerAction::On), None);
+    let a = authority(
+        &h,
+        &b,
+        0,
+        &[("approver-0", &s.keys[0]), ("approver-1", &s.keys[1])],
+    );
+    let power = |action| {
+        Command::BmcPower(PowerParams {
+            bmc: BmcTarget {
+                driver: bcm_core::BmcDriver::Redfish,
+                address: "https://10.0.0.1".into(),
+                tls: None,
+                sealed_credentials: None,
+            },
+            action,
+        })
+    };
+    let check = |action| {
+        check_command(
+            Some(&s.anchor),
+            CommandKind::BmcPower,
+            Some(&power(action)),
+            Some("node_a"),
+            Some(&a),
+            NOW,
+        )
+    };
+    assert_eq!(check(PowerAction::On), Ok(()));
+    for other in [PowerAction::Off, PowerAction::Cycle, PowerAction::Reset] {
+        assert!(
+            matches!(check(other), Err(QuorumError::NotCovered(ref why)) if why.contains("power on")),
+            "an approved power-on ran {other}"
+        );
+    }
+    // The leaf itself names the action: the same signatures over a
+    // power-on batch do not prove a power-off leaf.
+    let mut forged = a.clone();
+    forged.header.operation = Operation::for_power(PowerAction::Off);
+    assert!(check_command(
+        Some(&s.anchor),
+        CommandKind::BmcPower,
+        Some(&power(PowerAction::Off)),
+        Some("node_a"),
+        Some(&forged),
+        NOW,
+    )
+    .is_err());
+}
+
+#[test]
+fn an_approver_of_another_tenant_does_not_count() {
+    let mut s = setup(2);
+    let (h, b) = batch(&NODES, Operation::Retire, None);
+    let a = authority(
+        &h,
+        &b,
+        0,
+        &[("approver-0", &s.keys[0]), ("approver-1", &s.keys[1])],
+    );
+    let check =
+        |anchor: &Anchor| anchor.check(Some(&a), Some("node_a"), "disk.wipe", None, None, NOW);
+    assert_eq!(check(&s.anchor), Ok(()));
+    // approver-1 approves for tenant `globex` only; the batch is acme's.
+    s.anchor.approvers[1].tenants = vec!["globex".into()];
+    assert_eq!(
+        check(&s.anchor),
+        Err(QuorumError::TooFew {
+            valid: 1,
+            needed: 2
+        })
+    );
+    s.anchor.approvers[1].tenants.push("acme".into());
+    assert_eq!(check(&s.anchor), Ok(()));
+    // The anchor's file says so, and one without tenants still reads.
+    let text = serde_json::to_string(&s.anchor).expect("json");
+    assert!(text.contains(r#""tenants":["globex","acme"]"#), "{text}");
+    assert_eq!(Anchor::from_json(&text).expect("reads"), s.anchor);
+    s.anchor.approvers[1].tenants.clear();
+    let text = serde_json::to_string(&s.anchor).expect("json");
+    assert!(!text.contains("tenants"), "{text}");
 }

@@ -97,6 +97,7 @@ nkey_file = "{ids}/control.nk"
 file = "{ids}/join.key"
 [api.quorum]
 policy_key_file = "{pki}/quorum/policy.key"
+anchor_file = "{pki}/quorum/anchor.json"
 [api.tls]
 cert_file = "{pki}/tls/api.crt"
 key_file = "{pki}/tls/api.key"

@@ -33,7 +33,7 @@ async fn send(
         }),
         issued_at: chrono::Utc::now() - chrono::Duration::minutes(30),
         deadline: Some(deadline),
-        authority: Some(env.power_authority(&node)),
+        authority: Some(env.power_authority(&node, PowerAction::Cycle)),
     };
     let tenant = bcm_testkit::tenant_a();
     let msg = bcm_bus::outgoing::command(

@@ -223,6 +223,7 @@ impl TestEnv {
             },
             quorum: bcm_api::QuorumConfig {
                 policy_key: Some(quorum.policy.clone()),
+                anchor: Some(quorum.anchor.clone()),
                 ..Default::default()
             },
             seed,
@@ -536,11 +537,16 @@ impl TestEnv {
         Ok(body["token"].as_str().context("token")?.to_owned())
     }
 
-    /// A genuine authority for a one-leaf `power` batch of `node`, signed
-    /// by approvers 1 and 2 (what the site's anchor needs), as a test that
-    /// publishes a destructive command itself must carry.
-    pub fn power_authority(&self, node: &NodeId) -> bcm_contracts::batch::BatchAuthority {
-        let op = bcm_core::batch::Operation::Power;
+    /// A genuine authority for a one-leaf `power` batch of `node` and
+    /// `action`, signed by approvers 1 and 2 (what the site's anchor
+    /// needs), as a test that publishes a destructive command itself must
+    /// carry.
+    pub fn power_authority(
+        &self,
+        node: &NodeId,
+        action: bcm_core::PowerAction,
+    ) -> bcm_contracts::batch::BatchAuthority {
+        let op = bcm_core::batch::Operation::for_power(action);
         let ids = vec![node.to_string()];
         let built = bcm_quorum::build(&ids, op, None).unwrap_or_else(|| panic!("one leaf"));
         let header = bcm_contracts::batch::BatchHeader {
