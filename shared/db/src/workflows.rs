@@ -444,22 +444,13 @@ pub async fn steps_wake_for_node_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Resul
     // First wait for any engine transaction advancing the node's workflows
     // (it holds the workflow lock), then wake in a statement of its own, so
     // its snapshot sees the step that transaction just started: a join that
-    // lands while the previous step finishes is never lost.
+    // lands while the previous step finishes is never lost. (The nudge's
+    // SKIP LOCKED skips no row this transaction holds.)
     sqlx::query("SELECT id FROM workflows WHERE node_id = $1 AND status = 'running' FOR UPDATE")
         .bind(node_id)
         .execute(&mut **tx)
         .await?;
-    sqlx::query(
-        "WITH woken AS (UPDATE workflow_steps s SET due_at = now() FROM workflows w \
-         WHERE s.workflow_id = w.id AND w.node_id = $1 AND w.status = 'running' AND s.status = 'running' \
-         AND s.definition->>'kind' IN ('waitRamdiskJoin', 'waitOsJoin') RETURNING 1) \
-         SELECT pg_notify($2, '') WHERE EXISTS (SELECT 1 FROM woken)",
-    )
-    .bind(node_id)
-    .bind(NOTIFY_CHANNEL)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+    steps_nudge_for_node_in_txn(tx, node_id).await
 }
 
 /// [`steps_wake_for_node_in_txn`] for a sign of life that is not a join (a
