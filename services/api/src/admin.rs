@@ -63,6 +63,185 @@ pub struct PoolRequest {
     /// The destructive-batch quorum and bulk waves (unchanged when absent).
     #[serde(default)]
     pub quorum: Option<PoolQuorum>,
+    /// The deploy profile ids the pool accepts; absent: every profile of
+    /// its tenant. Deploying another is `INVALID_CONFIG`.
+    #[serde(default)]
+    #[schema(schema_with = deploy_profile_ids_schema)]
+    pub deploy_profiles: Option<Vec<String>>,
+    /// A release's wipe when the request names none (default `quick`;
+    /// `none` is refused).
+    #[serde(default)]
+    #[schema(schema_with = crate::openapi::release_wipe_schema)]
+    pub release_wipe: Option<bcm_core::WipeMode>,
+}
+
+/// A pool's accepted deploy profile ids as the OpenAPI document states
+/// them: null, or up to [`MAX_POOL_PROFILES`] distinct profile ids.
+fn deploy_profile_ids_schema() -> utoipa::openapi::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
+    ArrayBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[a-z0-9._-]{1,64}$"))
+                .min_length(Some(1))
+                .max_length(Some(64)),
+        )
+        .max_items(Some(MAX_POOL_PROFILES))
+        .unique_items(true)
+        .description(Some(
+            "The deploy profile ids the pool accepts; absent or null: every profile of its tenant. Deploying another is INVALID_CONFIG.",
+        ))
+        .build()
+}
+
+/// The most deploy profile ids a pool's policy names.
+const MAX_POOL_PROFILES: usize = 256;
+
+/// Checks a pool's policy before it is stored (the API's and the seed's).
+pub fn check_pool_policy(p: &bcm_db::tenancy::Pool) -> Result<(), ApiError> {
+    crate::verbs::check_text("hardwareProfile", &p.hardware_profile, 128)?;
+    crate::verbs::check_text("name", &p.name, 128)?;
+    if AgentMode::parse(&p.agent_mode).is_none() {
+        return Err(ApiError::invalid(format!(
+            "agentMode {:?} must be bcd or none",
+            p.agent_mode
+        )));
+    }
+    if let Some(ids) = &p.deploy_profiles {
+        if ids.len() > MAX_POOL_PROFILES {
+            return Err(ApiError::invalid(format!(
+                "deployProfiles names at most {MAX_POOL_PROFILES} profiles"
+            )));
+        }
+        for (i, id) in ids.iter().enumerate() {
+            if !bcm_core::text::is_profile_id(id) {
+                return Err(ApiError::invalid(format!(
+                    "deployProfiles[{i}] must be 1-64 characters of a-z, 0-9, '.', '-' or '_'"
+                )));
+            }
+            if ids[..i].contains(id) {
+                return Err(ApiError::invalid(format!(
+                    "deployProfiles names {id} twice"
+                )));
+            }
+        }
+    }
+    match bcm_core::WipeMode::parse(&p.release_wipe) {
+        Some(w) if w.can_reach_ready() => Ok(()),
+        Some(_) => Err(ApiError::invalid(format!(
+            "releaseWipe: {}",
+            bcm_core::node::WIPE_NONE_REFUSED
+        ))),
+        None => Err(ApiError::invalid(format!(
+            "releaseWipe {:?} is not a wipe mode",
+            p.release_wipe
+        ))),
+    }
+}
+
+/// A pool as an administrator reads it: where it is and its whole policy.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolView {
+    pub id: PoolId,
+    pub tenant_id: TenantId,
+    pub site_id: SiteId,
+    pub name: String,
+    pub hardware_profile: String,
+    pub agent_mode: AgentMode,
+    pub accept_unsupported_diag: bool,
+    /// Absent: every profile of the tenant.
+    pub deploy_profiles: Option<Vec<String>>,
+    pub release_wipe: bcm_core::WipeMode,
+    pub quorum: PoolQuorum,
+}
+
+impl PoolView {
+    fn from_parts(
+        p: bcm_db::tenancy::Pool,
+        q: bcm_db::batches::QuorumPolicy,
+    ) -> Result<Self, ApiError> {
+        let corrupt = |w: &str| ApiError::internal(format!("pool {} has a bad {w}", p.id));
+        Ok(Self {
+            agent_mode: AgentMode::parse(&p.agent_mode).ok_or_else(|| corrupt("agent mode"))?,
+            release_wipe: bcm_core::WipeMode::parse(&p.release_wipe)
+                .ok_or_else(|| corrupt("release wipe"))?,
+            quorum: PoolQuorum {
+                required: q.required.max(1) as u32,
+                requester_may_approve: q.requester_may_approve,
+                auto_approve_single: q.auto_approve_single,
+                bulk_concurrency: q.bulk_concurrency.max(1) as u32,
+            },
+            id: p.id,
+            tenant_id: p.tenant_id,
+            site_id: p.site_id,
+            name: p.name,
+            hardware_profile: p.hardware_profile,
+            accept_unsupported_diag: p.accept_unsupported_diag,
+            deploy_profiles: p.deploy_profiles,
+        })
+    }
+}
+
+async fn pool_view(app: &AppState, p: bcm_db::tenancy::Pool) -> Result<PoolView, ApiError> {
+    let mut tx = app.inner.db.begin().await?;
+    let q = bcm_db::batches::pool_policy_in_txn(&mut tx, p.id.as_str()).await?;
+    tx.rollback().await.map_err(bcm_db::DbError::from)?;
+    PoolView::from_parts(p, q)
+}
+
+/// `GET /api/compute/admin/pools/{id}`.
+#[utoipa::path(get, path = "/api/compute/admin/pools/{id}", operation_id = "getPool", tag = "admin",
+    params(("id" = PoolId, Path)), responses((status = 200, body = PoolView), crate::error::ErrorResponses), security(("bearer" = [])))]
+pub async fn get_pool(
+    State(app): State<AppState>,
+    who: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<PoolView>, ApiError> {
+    who.require_admin()?;
+    let id = parse::<PoolId>(&id)?;
+    let pool = match bcm_db::tenancy::pool_fetch(&app.inner.db, &id).await {
+        Ok(p) => p,
+        Err(bcm_db::DbError::NotFound) => {
+            return Err(ApiError::new(
+                bcm_core::ErrorCode::NotFound,
+                format!("pool {id} not found"),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(Json(pool_view(&app, pool).await?))
+}
+
+/// Which pools to list.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PoolsQuery {
+    /// Only this tenant's pools.
+    #[serde(default)]
+    pub tenant_id: Option<TenantId>,
+}
+
+/// `GET /api/compute/admin/pools`.
+#[utoipa::path(get, path = "/api/compute/admin/pools", operation_id = "listPools", tag = "admin", params(PoolsQuery),
+    responses((status = 200, body = [PoolView]), crate::error::ErrorResponses), security(("bearer" = [])))]
+pub async fn list_pools(
+    State(app): State<AppState>,
+    who: Principal,
+    crate::extract::Query(q): crate::extract::Query<PoolsQuery>,
+) -> Result<Json<Vec<PoolView>>, ApiError> {
+    who.require_admin()?;
+    let pools =
+        bcm_db::tenancy::pools_list(&app.inner.db, q.tenant_id.as_ref().map(TenantId::as_str))
+            .await?;
+    let mut out = Vec::with_capacity(pools.len());
+    for p in pools {
+        out.push(pool_view(&app, p).await?);
+    }
+    Ok(Json(out))
 }
 
 /// A pool's quorum policy.
@@ -186,10 +365,6 @@ pub async fn put_pool(
     who.require_admin()?;
     let id = parse::<PoolId>(&id)?;
     let agent_mode = req.agent_mode.unwrap_or(AgentMode::Bcd).as_str().to_owned();
-    crate::verbs::check_text("hardwareProfile", &req.hardware_profile, 128)?;
-    if let Some(name) = &req.name {
-        crate::verbs::check_text("name", name, 128)?;
-    }
     if let Some(q) = &req.quorum {
         if !(1..=16).contains(&q.required) {
             return Err(ApiError::invalid("quorum.required must be 1 to 16"));
@@ -208,7 +383,10 @@ pub async fn put_pool(
         hardware_profile: req.hardware_profile,
         agent_mode,
         accept_unsupported_diag: req.accept_unsupported_diag,
+        deploy_profiles: req.deploy_profiles,
+        release_wipe: req.release_wipe.unwrap_or_default().as_str().to_owned(),
     };
+    check_pool_policy(&pool)?;
     bcm_db::tenancy::pool_upsert(&app.inner.db, &pool)
         .await
         .map_err(|e| match e {

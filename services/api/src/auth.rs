@@ -3,7 +3,7 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use bcm_core::authz::{decide, Action, Decision, Grant, Placement, Scope};
+use bcm_core::authz::{decide, decide_on_tenant, Action, Decision, Grant, Placement, Scope};
 use bcm_core::ErrorCode;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
@@ -30,6 +30,27 @@ impl Principal {
         what: impl FnOnce() -> String,
     ) -> Result<(), ApiError> {
         match decide(&self.grants, action, at) {
+            Decision::Allow => Ok(()),
+            Decision::Forbidden => Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!("{} lacks {} on {}", self.name, action.as_str(), what()),
+            )),
+            Decision::NotFound => Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!("{} not found", what()),
+            )),
+        }
+    }
+
+    /// Checks `action` on a resource of the whole `tenant` (its deploy
+    /// profile catalog), answering as [`Principal::require`] does.
+    pub fn require_on_tenant(
+        &self,
+        action: Action,
+        tenant: &bcm_core::TenantId,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), ApiError> {
+        match decide_on_tenant(&self.grants, action, tenant) {
             Decision::Allow => Ok(()),
             Decision::Forbidden => Err(ApiError::new(
                 ErrorCode::Forbidden,

@@ -40,8 +40,10 @@ pub struct BulkRequest {
     /// 1 to 10,000 node ids of the pool, each once.
     #[schema(min_items = 1, max_items = 10000)]
     pub node_ids: Vec<NodeId>,
-    /// `undeploy` only: the release's wipe (default `quick`).
+    /// `undeploy` only: the release's wipe (default: the pool's
+    /// `releaseWipe`; `none` is refused).
     #[serde(default)]
+    #[schema(schema_with = crate::openapi::release_wipe_schema)]
     pub wipe: Option<WipeMode>,
     /// What approvers read.
     #[schema(
@@ -172,7 +174,11 @@ pub async fn create(
         )));
     }
     let wipe = match (op, req.wipe) {
-        (Operation::Undeploy, w) => Some(w.unwrap_or_default()),
+        (Operation::Undeploy, Some(w)) if !w.can_reach_ready() => {
+            return Err(ApiError::invalid(bcm_core::node::WIPE_NONE_REFUSED))
+        }
+        // The pool's default, once the pool is read.
+        (Operation::Undeploy, w) => Some(w),
         (_, None) => None,
         (op, Some(_)) => {
             return Err(ApiError::new(
@@ -218,6 +224,13 @@ pub async fn create(
         pool: pool.id.clone(),
     };
     who.require(Action::for_verb(verb), &at, || format!("pool {}", pool.id))?;
+    let wipe = match wipe {
+        Some(Some(w)) => Some(w),
+        Some(None) => Some(WipeMode::parse(&pool.release_wipe).ok_or_else(|| {
+            ApiError::internal(format!("pool {} has a bad release wipe", pool.id))
+        })?),
+        None => None,
+    };
     // Each node on its own, as the verb it applies.
     let id_texts: Vec<String> = ids.iter().map(ToString::to_string).collect();
     let mut tx = a.db.begin().await?;

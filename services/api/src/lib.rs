@@ -9,11 +9,13 @@ pub mod admin;
 pub mod agent;
 pub mod auth;
 pub mod bulk;
+pub mod downloads;
 pub mod error;
 pub mod extract;
 pub mod join_tokens;
 pub mod limits;
 pub mod openapi;
+pub mod profiles;
 pub mod reads;
 pub mod relay;
 pub mod verbs;
@@ -86,6 +88,9 @@ pub struct ApiConfig {
     /// Tenants, sites and pools to create at start-up if missing.
     #[serde(default)]
     pub seed: Seed,
+    /// What the API serves to machines (bcd for the installed OS).
+    #[serde(default)]
+    pub downloads: downloads::DownloadsConfig,
 }
 
 /// The destructive-batch quorum as the API runs it.
@@ -303,6 +308,13 @@ pub struct SeedPool {
     /// of machines without GPUs).
     #[serde(default)]
     pub accept_unsupported_diag: bool,
+    /// The deploy profile ids the pool accepts (absent: every profile of
+    /// its tenant).
+    #[serde(default)]
+    pub deploy_profiles: Option<Vec<String>>,
+    /// A release's wipe when the request names none.
+    #[serde(default)]
+    pub release_wipe: bcm_core::WipeMode,
 }
 
 fn default_listen() -> SocketAddr {
@@ -412,6 +424,8 @@ pub struct Inner {
     /// The floor of every batch's approver count: the edges' anchor's
     /// quorum (1 without an anchor).
     pub edge_quorum: u32,
+    /// The files served to machines.
+    pub downloads: downloads::Downloads,
 }
 
 /// The router of the service, for tests and the all-in-one binary.
@@ -443,7 +457,8 @@ pub fn router(state: AppState) -> Router {
     let admin = axum::Router::<AppState>::new()
         .route("/tenants/{id}", put(admin::put_tenant))
         .route("/sites/{id}", put(admin::put_site))
-        .route("/pools/{id}", put(admin::put_pool))
+        .route("/pools", get(admin::list_pools))
+        .route("/pools/{id}", put(admin::put_pool).get(admin::get_pool))
         .route("/tokens", post(admin::create_token).get(admin::list_tokens))
         .route("/tokens/{id}", axum::routing::delete(admin::revoke_token))
         .route("/approvers", get(bulk::list_approvers))
@@ -461,6 +476,19 @@ pub fn router(state: AppState) -> Router {
         .nest("/api/compute/metal", metal)
         .nest("/api/agent", agent)
         .nest("/api/compute/admin", admin)
+        .route(
+            "/api/compute/deployProfiles",
+            post(profiles::publish).get(profiles::list),
+        )
+        .route(
+            "/api/compute/deployProfiles/{tenant_id}/{id}/{version}",
+            get(profiles::get),
+        )
+        .route("/api/compute/downloads", get(downloads::list))
+        .route(
+            "/api/compute/downloads/{name}/{version}/{platform}",
+            get(downloads::get),
+        )
         .route("/api/openapi.json", get(|| async { axum::Json(openapi::document()) }))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -524,6 +552,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
         .await?
         .named("agent");
     seed(&db, &cfg.seed).await?;
+    let downloads = downloads::publish(&db, &cfg.downloads).await?;
     let bus = Bus::connect(&cfg.bus).await?;
     let agent_wakeups = Arc::new(wakeups::AgentWakeups::default());
     tokio::spawn(forward_agent_wakeups(db.clone(), agent_wakeups.clone()));
@@ -542,6 +571,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             policy_signer,
             quorum: cfg.quorum.clone(),
             edge_quorum: edge_quorum.unwrap_or(1),
+            downloads,
         }),
     })
 }
@@ -588,7 +618,11 @@ async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {
             hardware_profile: p.hardware_profile.clone(),
             agent_mode: p.agent_mode.clone(),
             accept_unsupported_diag: p.accept_unsupported_diag,
+            deploy_profiles: p.deploy_profiles.clone(),
+            release_wipe: p.release_wipe.as_str().to_owned(),
         };
+        admin::check_pool_policy(&pool)
+            .map_err(|e| StartError::Config(format!("seed: pool {}: {}", p.id, e.message)))?;
         bcm_db::tenancy::pool_upsert(db, &pool).await?;
     }
     for d in &seed.deploy_profiles {
@@ -607,10 +641,11 @@ async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {
             &p.id,
             p.version as i32,
             &definition,
+            "seed",
         )
         .await
         {
-            Ok(()) => {}
+            Ok(_) => {}
             Err(bcm_db::DbError::Duplicate { .. }) => {
                 return Err(StartError::Config(format!(
                     "{what} is already stored with different content; a version is immutable, add a new version"

@@ -4,7 +4,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::{admin, agent, bulk, join_tokens, reads, verbs};
+use crate::{admin, agent, bulk, downloads, join_tokens, profiles, reads, verbs};
 
 struct Bearer;
 
@@ -134,16 +134,40 @@ impl Modify for OperationIdsAndLinks {
         bulk::create, bulk::list, bulk::get, bulk::nodes, bulk::approve, bulk::reject, bulk::cancel,
         bulk::put_approver, bulk::list_approvers, bulk::revoke_approver,
         reads::get_node, reads::list_nodes,
-        admin::put_tenant, admin::put_site, admin::put_pool, admin::create_token,
+        admin::put_tenant, admin::put_site, admin::put_pool, admin::get_pool, admin::list_pools, admin::create_token,
         admin::list_tokens, admin::revoke_token,
         agent::join, agent::heartbeat, agent::commands, agent::results,
+        profiles::publish, profiles::list, profiles::get,
+        downloads::list, downloads::get,
     ),
     components(schemas(crate::error::ApiErrorBody)),
     modifiers(&Bearer, &OperationIdsAndLinks),
     tags((name = "metal", description = "The metal API group"), (name = "admin", description = "Bootstrap administration"),
+        (name = "profiles", description = "The tenant deploy profile catalog"),
+        (name = "downloads", description = "What machines download (bcd for the installed OS)"),
         (name = "agent", description = "What the ramdisk and installed-OS agents speak"))
 )]
 struct ApiDoc;
+
+/// A release's wipe as the API accepts it: every wipe mode that can end in
+/// `ready` (`none` is refused, 400), or null.
+pub fn release_wipe_schema() -> utoipa::openapi::Object {
+    use utoipa::openapi::schema::{SchemaType, Type};
+    // The field is optional: null (or absent) takes the pool's default.
+    let mut modes: Vec<serde_json::Value> = bcm_core::WipeMode::ALL
+        .into_iter()
+        .filter(|w| w.can_reach_ready())
+        .map(|w| w.as_str().into())
+        .collect();
+    modes.push(serde_json::Value::Null);
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .enum_values(Some(modes))
+        .description(Some(
+            "How the release wipes: quick, secure-erase or crypto-erase; absent or null: the pool's releaseWipe. `none` is refused: a released node reaches ready only through a verified wipe.",
+        ))
+        .build()
+}
 
 /// The OpenAPI document, as served and checked in.
 pub fn document() -> serde_json::Value {

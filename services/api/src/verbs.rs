@@ -130,9 +130,12 @@ pub struct DeployRequest {
 pub struct UndeployRequest {
     pub tenant_id: TenantId,
     pub node_id: NodeId,
-    /// Default `quick`.
+    /// Default: the pool's `releaseWipe` (`quick` unless it says
+    /// otherwise). `none` is refused (`INVALID_ARGUMENT`): a released node
+    /// reaches `ready` only through a verified wipe.
     #[serde(default)]
-    pub wipe: WipeMode,
+    #[schema(schema_with = crate::openapi::release_wipe_schema)]
+    pub wipe: Option<WipeMode>,
 }
 
 /// `metal.abort`.
@@ -384,7 +387,8 @@ enum Extra {
         profile_version: u32,
     },
     Release {
-        wipe: WipeMode,
+        /// `None`: the pool's default.
+        wipe: Option<WipeMode>,
     },
     Abort {
         reason: Option<String>,
@@ -495,9 +499,53 @@ async fn run_verb(
                         node.tenant_id
                     ))
                 })?;
+                let policy =
+                    bcm_db::tenancy::pool_verb_policy_in_txn(&mut tx, node.pool_id.as_str())
+                        .await?;
+                if let Some(accepted) = policy.deploy_profiles {
+                    if !accepted.contains(&profile_id) {
+                        return Err(ApiError::new(
+                            ErrorCode::InvalidConfig,
+                            format!(
+                                "pool {} does not accept deploy profile {profile_id} (its policy accepts {accepted:?})",
+                                node.pool_id
+                            ),
+                        ));
+                    }
+                }
+                if definition.needs_bcd()
+                    && bcm_db::downloads::download_latest_in_txn(&mut tx, "bcd", "linux", "amd64")
+                        .await?
+                        .is_none()
+                {
+                    return Err(ApiError::new(
+                        ErrorCode::InvalidConfig,
+                        format!(
+                            "deploy profile {profile_id} v{profile_version} installs bcd from the control plane, and no bcd for linux-amd64 is published (api.downloads.bcd)"
+                        ),
+                    ));
+                }
                 next.deploy_profile = Some(definition);
             }
-            Extra::Release { wipe } => next.release_wipe = Some(wipe),
+            Extra::Release { wipe } => {
+                let wipe = match wipe {
+                    Some(w) => w,
+                    None => {
+                        let policy = bcm_db::tenancy::pool_verb_policy_in_txn(
+                            &mut tx,
+                            node.pool_id.as_str(),
+                        )
+                        .await?;
+                        WipeMode::parse(&policy.release_wipe).ok_or_else(|| {
+                            ApiError::internal(format!(
+                                "pool {} has a bad release wipe",
+                                node.pool_id
+                            ))
+                        })?
+                    }
+                };
+                next.release_wipe = Some(wipe);
+            }
             Extra::Abort { reason } => {
                 next.last_error = Some(match reason {
                     Some(r) => format!("aborted by {}: {r}", who.name),
@@ -736,7 +784,14 @@ impl VerbRequest for UndeployRequest {
         Ok((
             self.tenant_id,
             self.node_id,
-            Extra::Release { wipe: self.wipe },
+            Extra::Release {
+                wipe: match self.wipe {
+                    Some(w) if !w.can_reach_ready() => {
+                        return Err(ApiError::invalid(bcm_core::node::WIPE_NONE_REFUSED))
+                    }
+                    w => w,
+                },
+            },
         ))
     }
 }

@@ -51,6 +51,8 @@ async fn a_real_bcd_commissions_a_node_and_a_disk_that_lies_fails_the_release() 
             hardware_profile: "gpu-redfish".into(),
             agent_mode: "bcd".into(),
             accept_unsupported_diag: true,
+            deploy_profiles: None,
+            release_wipe: "quick".into(),
         },
     )
     .await

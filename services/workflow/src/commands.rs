@@ -157,12 +157,34 @@ async fn deploy_image(
         .deploy_profile
         .clone()
         .ok_or_else(|| ParamsError::Invalid("the node carries no deploy profile".into()))?;
+    // The installed OS downloads the latest published bcd (the API hashed
+    // it); machines are amd64 until inventory reports an architecture.
+    let bcd = if profile.needs_bcd() {
+        bcm_db::downloads::download_latest_in_txn(tx, "bcd", "linux", "amd64")
+            .await
+            .map_err(ParamsError::Db)?
+    } else {
+        None
+    };
+    let bcd_url = bcd.as_ref().map(|d| {
+        format!(
+            "{}{}",
+            cfg.control_plane_url.trim_end_matches('/'),
+            bcm_contracts::downloads::path(&d.name, &d.version, &d.os, &d.arch)
+        )
+    });
     let token = mint_join_token(tx, cfg, node, "provisioned").await?;
     let user_data = profile
         .render_user_data(&UserDataVars {
             node_id: &node.id.to_string(),
             join_token: &token,
             control_plane_url: &cfg.control_plane_url,
+            bcd: bcd.as_ref().zip(bcd_url.as_deref()).map(|(d, url)| {
+                bcm_core::deploy::BcdDownload {
+                    url,
+                    sha256: &d.sha256,
+                }
+            }),
         })
         .map_err(|e| ParamsError::Invalid(format!("deploy profile {}: {e}", profile.id)))?;
     Ok(DeployImageParams {

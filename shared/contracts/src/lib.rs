@@ -23,6 +23,7 @@ pub mod agent;
 pub mod attest;
 pub mod batch;
 pub mod commands;
+pub mod downloads;
 pub mod envelope;
 pub mod events;
 pub mod outputs;

@@ -15,6 +15,8 @@ crate::wire_enum! {
         NodesPower = "compute:nodes:power",
         NodesRead = "compute:nodes:read",
         PoolsEnroll = "compute:pools:enroll",
+        ProfilesPublish = "compute:profiles:publish",
+        ProfilesRead = "compute:profiles:read",
     }
 }
 
@@ -102,6 +104,28 @@ impl Scope {
     }
 }
 
+/// Decides `action` on a resource of a whole tenant (its deploy profile
+/// catalog): only a global or tenant grant covers it; a caller with a grant
+/// on the tenant but not the action is `Forbidden`, and one with none there
+/// (a pool grant included: it sees nodes, not the tenant) `NotFound`.
+pub fn decide_on_tenant(grants: &[Grant], action: Action, tenant: &TenantId) -> Decision {
+    let covers = |s: &Scope| match s {
+        Scope::Global => true,
+        Scope::Tenant(t) => t == tenant,
+        Scope::Pool(_) => false,
+    };
+    if grants
+        .iter()
+        .any(|g| g.action == action && covers(&g.scope))
+    {
+        Decision::Allow
+    } else if grants.iter().any(|g| covers(&g.scope)) {
+        Decision::Forbidden
+    } else {
+        Decision::NotFound
+    }
+}
+
 /// Decides `action` on a resource placed at `at` for a caller with `grants`.
 pub fn decide(grants: &[Grant], action: Action, at: &Placement) -> Decision {
     if grants
@@ -125,6 +149,42 @@ mod tests {
             tenant: t.parse().expect("tenant"),
             pool: p.parse().expect("pool"),
         }
+    }
+
+    #[test]
+    fn tenant_resources_are_decided_on_tenant_grants_only() {
+        let t = |s: &str| -> TenantId { s.parse().expect("tenant") };
+        let grants = vec![
+            Grant {
+                action: Action::ProfilesRead,
+                scope: Scope::Tenant(t("a")),
+            },
+            Grant {
+                action: Action::ProfilesPublish,
+                scope: Scope::Pool("b-gpu".parse().expect("p")),
+            },
+        ];
+        assert_eq!(
+            decide_on_tenant(&grants, Action::ProfilesRead, &t("a")),
+            Decision::Allow
+        );
+        assert_eq!(
+            decide_on_tenant(&grants, Action::ProfilesPublish, &t("a")),
+            Decision::Forbidden
+        );
+        // A pool grant does not reach the tenant's catalog.
+        assert_eq!(
+            decide_on_tenant(&grants, Action::ProfilesPublish, &t("b")),
+            Decision::NotFound
+        );
+        let admin = [Grant {
+            action: Action::ProfilesPublish,
+            scope: Scope::Global,
+        }];
+        assert_eq!(
+            decide_on_tenant(&admin, Action::ProfilesPublish, &t("z")),
+            Decision::Allow
+        );
     }
 
     #[test]

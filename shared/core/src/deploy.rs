@@ -7,7 +7,17 @@
 use serde::{Deserialize, Serialize};
 
 /// The role a finished deploy gives the node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum DeployRole {
     /// A shared host the platform schedules onto.
@@ -27,7 +37,17 @@ impl DeployRole {
 }
 
 /// On-disk format of an image.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ImageFormat {
     Raw,
@@ -36,14 +56,19 @@ pub enum ImageFormat {
 
 /// The image a profile installs, checked by the ramdisk before and after it
 /// writes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ImageRef {
     /// Where the ramdisk streams it from (through `site.httpProxy` when set).
+    #[schema(pattern = "^https?://", max_length = 2048)]
     pub url: String,
     pub format: ImageFormat,
     /// Lower-case hex SHA-256 of the image as served.
+    #[schema(pattern = "^[0-9a-f]{64}$")]
     pub sha256: String,
+    #[schema(minimum = 1)]
     pub size_bytes: u64,
     /// The publisher's ed25519 signature (base64) over the manifest (url,
     /// format, size, sha256); `bcd` refuses an unsigned or untrusted
@@ -53,7 +78,9 @@ pub struct ImageRef {
 }
 
 /// A versioned tenant deploy profile.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeployProfile {
     pub id: String,
@@ -77,7 +104,17 @@ fn default_user_data() -> String {
 }
 
 /// The placeholders a user data template may use.
-pub const PLACEHOLDERS: [&str; 3] = ["nodeId", "joinToken", "controlPlaneUrl"];
+pub const PLACEHOLDERS: [&str; 5] = [
+    "nodeId",
+    "joinToken",
+    "controlPlaneUrl",
+    "bcdUrl",
+    "bcdSha256",
+];
+
+/// The placeholders that need a published `bcd` download: a template that
+/// uses one cannot be rendered where none is published.
+pub const BCD_PLACEHOLDERS: [&str; 2] = ["bcdUrl", "bcdSha256"];
 
 /// The placeholders every template must use: without them the installed OS
 /// cannot join, and the deploy would wait for it in vain.
@@ -90,7 +127,7 @@ pub enum DeployProfileError {
     BadId(String),
     #[error("profile version must be 1 or more")]
     BadVersion,
-    #[error("image url {0:?} must be http:// or https://")]
+    #[error("image url {0:?} must be an http:// or https:// URL with a host and no credentials")]
     BadImageUrl(String),
     #[error("image sha256 must be 64 lower-case hex digits")]
     BadSha256,
@@ -102,6 +139,8 @@ pub enum DeployProfileError {
     UnclosedPlaceholder,
     #[error("user data must use {{{{ {0} }}}} so the installed OS can join")]
     MissingPlaceholder(&'static str),
+    #[error("user data uses {{{{ {0} }}}} but no bcd download is published for the node")]
+    Unrenderable(&'static str),
 }
 
 /// The per-node values a template is rendered with.
@@ -110,6 +149,15 @@ pub struct UserDataVars<'a> {
     pub node_id: &'a str,
     pub join_token: &'a str,
     pub control_plane_url: &'a str,
+    /// The published `bcd` the installed OS downloads, where one is.
+    pub bcd: Option<BcdDownload<'a>>,
+}
+
+/// Where the installed OS downloads `bcd` from, and its SHA-256.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BcdDownload<'a> {
+    pub url: &'a str,
+    pub sha256: &'a str,
 }
 
 impl UserDataVars<'_> {
@@ -118,6 +166,8 @@ impl UserDataVars<'_> {
             "nodeId" => Some(self.node_id),
             "joinToken" => Some(self.join_token),
             "controlPlaneUrl" => Some(self.control_plane_url),
+            "bcdUrl" => self.bcd.map(|b| b.url),
+            "bcdSha256" => self.bcd.map(|b| b.sha256),
             _ => None,
         }
     }
@@ -164,7 +214,18 @@ impl DeployProfile {
             return Err(DeployProfileError::BadVersion);
         }
         let url = &self.image.url;
-        if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() > 2048 {
+        // An absolute http(s) URL with a host and no credentials in it (a
+        // profile is read by every reader of the tenant's catalog).
+        let parsed_ok = url::Url::parse(url).is_ok_and(|u| {
+            matches!(u.scheme(), "http" | "https")
+                && u.host().is_some()
+                && u.username().is_empty()
+                && u.password().is_none()
+        });
+        if !parsed_ok
+            || !(url.starts_with("http://") || url.starts_with("https://"))
+            || url.len() > 2048
+        {
             return Err(DeployProfileError::BadImageUrl(url.clone()));
         }
         let sha = &self.image.sha256;
@@ -189,32 +250,66 @@ impl DeployProfile {
         Ok(())
     }
 
-    /// Renders the user data for one node. Fails only on a template that
-    /// [`DeployProfile::validate`] refuses.
+    /// Whether the template needs a published `bcd` download
+    /// ([`BCD_PLACEHOLDERS`]).
+    pub fn needs_bcd(&self) -> bool {
+        pieces(&self.user_data)
+            .map(|ps| {
+                ps.iter()
+                    .any(|p| matches!(p, Piece::Var(v) if BCD_PLACEHOLDERS.contains(v)))
+            })
+            .unwrap_or(false)
+    }
+
+    /// Renders the user data for one node. Fails on a template that
+    /// [`DeployProfile::validate`] refuses, and on a placeholder whose value
+    /// `vars` lacks (a `bcd` download where none is published).
     pub fn render_user_data(&self, vars: &UserDataVars<'_>) -> Result<String, DeployProfileError> {
         let mut out = String::with_capacity(self.user_data.len() + 128);
         for p in pieces(&self.user_data)? {
             match p {
                 Piece::Text(t) => out.push_str(t),
-                Piece::Var(v) => out.push_str(vars.get(v).unwrap_or_default()),
+                Piece::Var(v) => out.push_str(vars.get(v).ok_or_else(|| {
+                    DeployProfileError::Unrenderable(
+                        PLACEHOLDERS.into_iter().find(|n| *n == v).unwrap_or("?"),
+                    )
+                })?),
             }
         }
         Ok(out)
     }
 }
 
-/// The user data of the profiles this project ships: a cloud-config that
-/// gives the installed OS's `bcd` its join parameters.
-pub const DEFAULT_USER_DATA: &str = "#cloud-config\n\
-write_files:\n\
-  - path: /etc/bcd/join.env\n\
-    permissions: '0600'\n\
-    content: |\n\
-      BCD_NODE={{ nodeId }}\n\
-      BCD_API={{ controlPlaneUrl }}\n\
-      BCD_JOIN_TOKEN={{ joinToken }}\n\
-runcmd:\n\
-  - [systemctl, enable, --now, bcd-provisioned.service]\n";
+/// The user data templates this project ships, by name: what a publisher
+/// names instead of writing a template.
+pub const TEMPLATES: [(&str, &str); 3] = [
+    ("bcd-preinstalled", DEFAULT_USER_DATA),
+    ("nocloud", NOCLOUD_USER_DATA),
+    ("autoinstall", AUTOINSTALL_USER_DATA),
+];
+
+/// The shipped template named `name`.
+pub fn template(name: &str) -> Option<&'static str> {
+    TEMPLATES
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, t)| t)
+}
+
+/// cloud-init NoCloud: downloads `bcd` from the control plane, refuses it
+/// unless its SHA-256 matches, installs it with its systemd unit and starts
+/// it with the node's join parameters (the token file is root's only).
+pub const NOCLOUD_USER_DATA: &str = include_str!("../templates/nocloud.yaml");
+
+/// Ubuntu autoinstall (subiquity): the same installation of `bcd`, done by
+/// the installer's late commands into the installed system (`/target`).
+pub const AUTOINSTALL_USER_DATA: &str = include_str!("../templates/autoinstall.yaml");
+
+/// The user data a profile gets when it names none: a cloud-config that
+/// gives a `bcd` already in the image its join parameters. (Until this was
+/// read from a file, the Rust string's line continuations stripped the YAML's
+/// indentation and the shipped template did not parse.)
+pub const DEFAULT_USER_DATA: &str = include_str!("../templates/bcd-preinstalled.yaml");
 
 #[cfg(test)]
 mod tests {
@@ -245,6 +340,7 @@ mod tests {
                 node_id: "node_1",
                 join_token: "bcmj_x",
                 control_plane_url: "http://cp:8080",
+                bcd: None,
             })
             .expect("renders");
         assert!(text.contains("BCD_JOIN_TOKEN=bcmj_x\n"), "{text}");
@@ -265,6 +361,14 @@ mod tests {
             (
                 |p| p.image.url = "file:///etc/passwd".into(),
                 DeployProfileError::BadImageUrl("file:///etc/passwd".into()),
+            ),
+            (
+                |p| p.image.url = "http://[".into(),
+                DeployProfileError::BadImageUrl("http://[".into()),
+            ),
+            (
+                |p| p.image.url = "https://user:pw@images.local/x.raw".into(),
+                DeployProfileError::BadImageUrl("https://user:pw@images.local/x.raw".into()),
             ),
             (
                 |p| p.image.sha256 = "ABC".into(),

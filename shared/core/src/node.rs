@@ -10,6 +10,20 @@ pub enum WipeMode "wipe mode" {
     CryptoErase = "crypto-erase",
 }}
 
+impl WipeMode {
+    /// Whether a release with this mode can end in `ready`: a node reaches
+    /// `ready` only through commissioning or a verified wipe, so `none`
+    /// never can. The API refuses a release with `none` before anything
+    /// changes (`INVALID_ARGUMENT`, [`WIPE_NONE_REFUSED`]) instead of
+    /// running a release that must end in `failed`.
+    pub const fn can_reach_ready(self) -> bool {
+        !matches!(self, WipeMode::None)
+    }
+}
+
+/// Why a release with `wipe: none` is refused.
+pub const WIPE_NONE_REFUSED: &str = "wipe none is refused: a released node reaches ready only through a verified wipe, and a release without one could only end in failed with UNVERIFIED_WIPE; choose quick, secure-erase or crypto-erase";
+
 // The enum comes from a macro, so `#[default]` cannot mark the variant.
 #[allow(clippy::derivable_impls)]
 impl Default for WipeMode {

@@ -11,6 +11,7 @@ pub mod agents;
 pub mod batches;
 pub mod commands;
 pub mod deploy_profiles;
+pub mod downloads;
 pub mod error;
 pub mod leases;
 pub mod nodes;

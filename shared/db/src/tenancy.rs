@@ -16,6 +16,18 @@ pub struct Pool {
     pub agent_mode: String,
     /// Commissioning accepts `diag.dcgm` answering `unsupported` (no GPU).
     pub accept_unsupported_diag: bool,
+    /// The deploy profile ids the pool accepts; `None`: every profile of
+    /// its tenant.
+    pub deploy_profiles: Option<Vec<String>>,
+    /// A release's wipe when the request names none.
+    pub release_wipe: String,
+}
+
+/// What a verb reads of its node's pool.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct PoolVerbPolicy {
+    pub deploy_profiles: Option<Vec<String>>,
+    pub release_wipe: String,
 }
 
 /// Creates or renames a tenant.
@@ -45,8 +57,10 @@ pub async fn site_upsert(db: &Db, id: &SiteId, name: &str) -> Result<(), DbError
 /// Creates a pool or updates its policy. A pool never changes tenant.
 pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
     let n = sqlx::query(
-        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag) VALUES ($1, $2, $3, $4, $5, $6, $7) \
-         ON CONFLICT (id) DO UPDATE SET site_id = $3, name = $4, hardware_profile = $5, agent_mode = $6, accept_unsupported_diag = $7 \
+        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+         ON CONFLICT (id) DO UPDATE SET site_id = $3, name = $4, hardware_profile = $5, agent_mode = $6, accept_unsupported_diag = $7, \
+         deploy_profiles = $8, release_wipe = $9 \
          WHERE pools.tenant_id = $2",
     )
     .bind(p.id.as_str())
@@ -56,6 +70,8 @@ pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
     .bind(&p.hardware_profile)
     .bind(&p.agent_mode)
     .bind(p.accept_unsupported_diag)
+    .bind(&p.deploy_profiles)
+    .bind(&p.release_wipe)
     .execute(db.pool())
     .await?
     .rows_affected();
@@ -76,26 +92,62 @@ struct PoolRow {
     hardware_profile: String,
     agent_mode: String,
     accept_unsupported_diag: bool,
+    deploy_profiles: Option<Vec<String>>,
+    release_wipe: String,
+}
+
+const POOL_COLUMNS: &str = "id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe";
+
+impl TryFrom<PoolRow> for Pool {
+    type Error = DbError;
+
+    fn try_from(r: PoolRow) -> Result<Self, DbError> {
+        let bad = |w: &str| DbError::Corrupt(format!("pool {} {w}", r.id));
+        Ok(Pool {
+            id: r.id.parse().map_err(|_| bad("id"))?,
+            tenant_id: r.tenant_id.parse().map_err(|_| bad("tenant"))?,
+            site_id: r.site_id.parse().map_err(|_| bad("site"))?,
+            name: r.name,
+            hardware_profile: r.hardware_profile,
+            agent_mode: r.agent_mode,
+            accept_unsupported_diag: r.accept_unsupported_diag,
+            deploy_profiles: r.deploy_profiles,
+            release_wipe: r.release_wipe,
+        })
+    }
 }
 
 /// Reads a pool.
 pub async fn pool_fetch(db: &Db, id: &PoolId) -> Result<Pool, DbError> {
-    let r: PoolRow = sqlx::query_as(
-        "SELECT id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag FROM pools WHERE id = $1",
-    )
-    .bind(id.as_str())
-    .fetch_one(db.pool())
+    let r: PoolRow = sqlx::query_as(&format!("SELECT {POOL_COLUMNS} FROM pools WHERE id = $1"))
+        .bind(id.as_str())
+        .fetch_one(db.pool())
+        .await?;
+    r.try_into()
+}
+
+/// Every pool, or a tenant's, by id.
+pub async fn pools_list(db: &Db, tenant: Option<&str>) -> Result<Vec<Pool>, DbError> {
+    let rows: Vec<PoolRow> = sqlx::query_as(&format!(
+        "SELECT {POOL_COLUMNS} FROM pools WHERE $1::text IS NULL OR tenant_id = $1 ORDER BY id"
+    ))
+    .bind(tenant)
+    .fetch_all(db.pool())
     .await?;
-    let bad = |w: &str| DbError::Corrupt(format!("pool {w}"));
-    Ok(Pool {
-        id: r.id.parse().map_err(|_| bad("id"))?,
-        tenant_id: r.tenant_id.parse().map_err(|_| bad("tenant"))?,
-        site_id: r.site_id.parse().map_err(|_| bad("site"))?,
-        name: r.name,
-        hardware_profile: r.hardware_profile,
-        agent_mode: r.agent_mode,
-        accept_unsupported_diag: r.accept_unsupported_diag,
-    })
+    rows.into_iter().map(Pool::try_from).collect()
+}
+
+/// The policy a verb on a node of pool `id` reads, in its transaction.
+pub async fn pool_verb_policy_in_txn(
+    tx: &mut crate::Tx<'_>,
+    id: &str,
+) -> Result<PoolVerbPolicy, DbError> {
+    Ok(
+        sqlx::query_as("SELECT deploy_profiles, release_wipe FROM pools WHERE id = $1")
+            .bind(id)
+            .fetch_one(&mut **tx)
+            .await?,
+    )
 }
 
 /// Whether a pool accepts `diag.dcgm` answering `unsupported`.

@@ -205,10 +205,10 @@ async fn unique_and_foreign_keys_come_back_as_typed_errors() {
     // A profile version is immutable: the same content again is a no-op,
     // other content is refused.
     let v1 = serde_json::json!({"id": "x", "version": 1});
-    bcm_db::deploy_profiles::deploy_profile_insert(&db, "t", "x", 1, &v1)
+    bcm_db::deploy_profiles::deploy_profile_insert(&db, "t", "x", 1, &v1, "test")
         .await
         .expect("stored");
-    bcm_db::deploy_profiles::deploy_profile_insert(&db, "t", "x", 1, &v1)
+    bcm_db::deploy_profiles::deploy_profile_insert(&db, "t", "x", 1, &v1, "test")
         .await
         .expect("no-op");
     assert!(matches!(
@@ -217,7 +217,8 @@ async fn unique_and_foreign_keys_come_back_as_typed_errors() {
             "t",
             "x",
             1,
-            &serde_json::json!({"id": "x", "version": 1, "role": "dedicated"})
+            &serde_json::json!({"id": "x", "version": 1, "role": "dedicated"}),
+            "test"
         )
         .await,
         Err(DbError::Duplicate { .. })
@@ -395,6 +396,7 @@ async fn a_deploy_profile_seeded_by_many_writers_at_once_is_stored_once() {
                         &id,
                         1,
                         &definition,
+                        "test",
                     )
                     .await
                 })
@@ -406,8 +408,15 @@ async fn a_deploy_profile_seeded_by_many_writers_at_once_is_stored_once() {
     }
     let other = serde_json::json!({"id": "os", "version": 1, "image": "y"});
     assert!(matches!(
-        bcm_db::deploy_profiles::deploy_profile_insert(&db, &tenant.to_string(), "os-0", 1, &other)
-            .await,
+        bcm_db::deploy_profiles::deploy_profile_insert(
+            &db,
+            &tenant.to_string(),
+            "os-0",
+            1,
+            &other,
+            "test"
+        )
+        .await,
         Err(DbError::Duplicate { .. })
     ));
 }

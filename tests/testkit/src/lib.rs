@@ -45,6 +45,8 @@ pub struct Options {
     pub rate_limit: bcm_api::limits::RateLimitConfig,
     /// The size of the API's pool for agent endpoints.
     pub agent_db_connections: u32,
+    /// What the API publishes for machines to download.
+    pub downloads: bcm_api::downloads::DownloadsConfig,
 }
 
 impl Default for Options {
@@ -60,6 +62,7 @@ impl Default for Options {
             agent_silence_ms: 60_000,
             rate_limit: Default::default(),
             agent_db_connections: 4,
+            downloads: Default::default(),
         }
     }
 }
@@ -227,6 +230,7 @@ impl TestEnv {
                 ..Default::default()
             },
             seed,
+            downloads: opts.downloads.clone(),
         };
         let state = bcm_api::prepare(&cfg).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

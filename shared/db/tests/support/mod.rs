@@ -61,6 +61,8 @@ pub async fn tenancy(db: &Db) -> (TenantId, SiteId, PoolId) {
             hardware_profile: "default".into(),
             agent_mode: "bcd".into(),
             accept_unsupported_diag: false,
+            deploy_profiles: None,
+            release_wipe: "quick".into(),
         },
     )
     .await
