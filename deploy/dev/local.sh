@@ -87,10 +87,10 @@ name = "Local site (simulated)"
 id = "default"
 tenant = "root"
 site = "local"
-hardware_profile = "gpu-redfish"
+hardware_profile = "sim"
 
 [reconciler]
-poll_ms = 2000
+metal_poll_ms = 2000
 
 [sim]
 site = "local"

@@ -65,14 +65,14 @@ name = "Local site (simulated)"
 id = "default"
 tenant = "root"
 site = "local"
-hardware_profile = "gpu-redfish"
+hardware_profile = "sim"
 
 [[api.seed.deploy_profiles]]
 tenant = "root"
 profile = { id = "ubuntu-24.04", version = 1, role = "host", image = { url = "http://127.0.0.1:9/ubuntu-24.04.raw", format = "raw", sha256 = "5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d", sizeBytes = 2361393152 } }
 
 [reconciler]
-poll_ms = 2000
+metal_poll_ms = 2000
 
 [api.tls]
 cert_file = "$out/tls/api.crt"

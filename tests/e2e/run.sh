@@ -189,6 +189,9 @@ id = "e2e"
 key = "$seal"
 [api.telemetry]
 log_filter = "info"
+[api.hardware_profiles.qemu-virtio]
+description = "QEMU behind sushy-tools' Redfish, iPXE boot, image streaming from the ramdisk"
+drivers = { power = "redfish", management = "redfish", boot = "ipxe", deploy = "image-stream", inspect = "agent" }
 [[api.seed.tenants]]
 id = "root"
 name = "Root"
@@ -210,7 +213,7 @@ profile = { id = "e2e-os-qcow2", version = 1, role = "host", image = $(toml_ref 
 [engine]
 control_plane_url = "$API"
 [reconciler]
-poll_ms = 5000
+metal_poll_ms = 5000
 [attestation]
 generate_ca = true
 image_keys = ["$PUBLIC_KEY"]

@@ -57,6 +57,9 @@ fn example_configs_parse() {
                 load(&path, None)
             };
             assert_eq!(cfg.sim.site, "local");
+            // Beyond parsing: what the API checks at start-up (hardware
+            // profiles, the pools' names of them).
+            bcm_api::hardware_profiles(&cfg.api).unwrap_or_else(|e| panic!("{name}: {e}"));
             n += 1;
         }
         if name == "api.compose.toml" {
@@ -64,6 +67,7 @@ fn example_configs_parse() {
             let api: bcm_api::ApiConfig = bcm_config::load_files(&files, "BCM_API_")
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(!api.sealing_keys.is_empty());
+            bcm_api::hardware_profiles(&api).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(api.bus.nkey_file.as_deref().is_some_and(Path::exists));
             // Postgres through TLS, checked against its generated CA.
             let url = &api.database_url;

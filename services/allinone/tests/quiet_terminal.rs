@@ -25,7 +25,7 @@ name = "Quiet"
 id = "q-pool"
 tenant = "q"
 site = "s1"
-hardware_profile = "gpu-redfish"
+hardware_profile = "sim"
 [[api.seed.deploy_profiles]]
 tenant = "q"
 profile = { id = "ubuntu-24.04", version = 1, role = "host", image = { url = "http://127.0.0.1:1/i.raw", format = "raw", sha256 = "5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d", sizeBytes = 1048576 } }

@@ -365,7 +365,7 @@ control_plane_url = "http://{api}"
 poll_ms = 100
 join_poll_ms = 50
 [reconciler]
-poll_ms = 2000
+metal_poll_ms = 2000
 stall_check_secs = 1
 "#
         ),
@@ -440,7 +440,7 @@ async fn one_verb_is_one_trace_across_every_service_and_each_serves_metrics() {
     let enrolled = verb(
         "enroll",
         json!({"tenantId": "a", "poolId": "a-pool",
-               "bmc": {"driver": "sim", "address": "sim://traced", "username": "u", "password": "p"}}),
+               "hardwareProfile": "sim", "bmc": {"driver": "sim", "address": "sim://traced", "username": "u", "password": "p"}}),
         enroll_trace,
     )
     .await;

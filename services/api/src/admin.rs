@@ -47,12 +47,9 @@ pub struct PoolRequest {
         pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"
     )]
     pub name: Option<String>,
-    /// `policy.hardwareProfile`.
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"
-    )]
+    /// `policy.hardwareProfile`: a configured hardware profile
+    /// (`GET /api/compute/hardwareProfiles`; another is `INVALID_CONFIG`).
+    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9._-]{1,64}$")]
     pub hardware_profile: String,
     /// `bcd` by default.
     #[serde(default)]
@@ -101,7 +98,11 @@ const MAX_POOL_PROFILES: usize = 256;
 
 /// Checks a pool's policy before it is stored (the API's and the seed's).
 pub fn check_pool_policy(p: &bcm_db::tenancy::Pool) -> Result<(), ApiError> {
-    crate::verbs::check_text("hardwareProfile", &p.hardware_profile, 128)?;
+    if !bcm_core::text::is_profile_id(&p.hardware_profile) {
+        return Err(ApiError::invalid(
+            "hardwareProfile must be 1-64 characters of a-z, 0-9, '.', '-' or '_'",
+        ));
+    }
     crate::verbs::check_text("name", &p.name, 128)?;
     if AgentMode::parse(&p.agent_mode).is_none() {
         return Err(ApiError::invalid(format!(
@@ -387,6 +388,10 @@ pub async fn put_pool(
         release_wipe: req.release_wipe.unwrap_or_default().as_str().to_owned(),
     };
     check_pool_policy(&pool)?;
+    app.inner
+        .hardware
+        .get(&pool.hardware_profile)
+        .map_err(|e| ApiError::new(bcm_core::ErrorCode::InvalidConfig, e.to_string()))?;
     bcm_db::tenancy::pool_upsert(&app.inner.db, &pool)
         .await
         .map_err(|e| match e {
@@ -533,4 +538,37 @@ pub async fn create_token(
     };
     bcm_db::tokens::api_token_insert(&app.inner.db, &row).await?;
     Ok(Json(TokenCreated { id, token: secret }))
+}
+
+/// A configured hardware profile.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HardwareProfileView {
+    pub name: String,
+    pub description: String,
+    pub drivers: bcm_core::hardware::Drivers,
+    /// Whether a node whose enroll and pool name no profile gets this one.
+    pub default: bool,
+}
+
+/// `GET /api/compute/hardwareProfiles`: the configured profiles (any
+/// authenticated caller: they are the site's configuration, no secret).
+#[utoipa::path(get, path = "/api/compute/hardwareProfiles", operation_id = "listHardwareProfiles", tag = "admin",
+    responses((status = 200, body = [HardwareProfileView]), crate::error::ErrorResponses), security(("bearer" = [])))]
+pub async fn list_hardware_profiles(
+    State(app): State<AppState>,
+    _who: Principal,
+) -> Json<Vec<HardwareProfileView>> {
+    let a = &app.inner;
+    Json(
+        a.hardware
+            .iter()
+            .map(|(name, p)| HardwareProfileView {
+                name: name.to_owned(),
+                description: p.description.clone(),
+                drivers: p.drivers,
+                default: name == a.default_hardware_profile,
+            })
+            .collect(),
+    )
 }

@@ -91,6 +91,37 @@ pub struct ApiConfig {
     /// What the API serves to machines (bcd for the installed OS).
     #[serde(default)]
     pub downloads: downloads::DownloadsConfig,
+    /// Hardware profiles by name, added to (or replacing) the shipped ones
+    /// (`gpu-redfish`, `redfish`, `ipmi`, `sim`): one driver per concern.
+    #[serde(default)]
+    pub hardware_profiles: std::collections::BTreeMap<String, bcm_core::hardware::HardwareProfile>,
+    /// The profile of a node whose enroll and pool name none.
+    #[serde(default = "default_hardware_profile")]
+    pub default_hardware_profile: String,
+}
+
+fn default_hardware_profile() -> String {
+    "gpu-redfish".into()
+}
+
+/// The hardware profiles: the shipped ones with the configuration's over
+/// them; an error names the key.
+pub fn hardware_profiles(cfg: &ApiConfig) -> Result<bcm_core::hardware::Profiles, StartError> {
+    let mut profiles = bcm_core::hardware::Profiles::builtin();
+    for (name, p) in &cfg.hardware_profiles {
+        profiles
+            .insert(name, p.clone())
+            .map_err(|e| StartError::Config(format!("hardware_profiles.{name}: {e}")))?;
+    }
+    profiles
+        .get(&cfg.default_hardware_profile)
+        .map_err(|e| StartError::Config(format!("default_hardware_profile: {e}")))?;
+    for (i, p) in cfg.seed.pools.iter().enumerate() {
+        profiles
+            .get(&p.hardware_profile)
+            .map_err(|e| StartError::Config(format!("seed.pools[{i}].hardware_profile: {e}")))?;
+    }
+    Ok(profiles)
 }
 
 /// The destructive-batch quorum as the API runs it.
@@ -426,6 +457,10 @@ pub struct Inner {
     pub edge_quorum: u32,
     /// The files served to machines.
     pub downloads: downloads::Downloads,
+    /// The hardware profiles, and the one a node gets when its enroll and
+    /// pool name none.
+    pub hardware: bcm_core::hardware::Profiles,
+    pub default_hardware_profile: String,
 }
 
 /// The router of the service, for tests and the all-in-one binary.
@@ -484,6 +519,7 @@ pub fn router(state: AppState) -> Router {
             "/api/compute/deployProfiles/{tenant_id}/{id}/{version}",
             get(profiles::get),
         )
+        .route("/api/compute/hardwareProfiles", get(admin::list_hardware_profiles))
         .route("/api/compute/downloads", get(downloads::list))
         .route(
             "/api/compute/downloads/{name}/{version}/{platform}",
@@ -534,6 +570,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
         ));
     }
     cfg.agents.check().map_err(StartError::Config)?;
+    let hardware = hardware_profiles(cfg)?;
     let policy_signer = cfg.quorum.signer().map_err(StartError::Config)?;
     let edge_quorum = cfg.quorum.edge_quorum().map_err(StartError::Config)?;
     if edge_quorum.is_none() {
@@ -572,6 +609,8 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             quorum: cfg.quorum.clone(),
             edge_quorum: edge_quorum.unwrap_or(1),
             downloads,
+            hardware,
+            default_hardware_profile: cfg.default_hardware_profile.clone(),
         }),
     })
 }

@@ -134,7 +134,7 @@ impl Modify for OperationIdsAndLinks {
         bulk::create, bulk::list, bulk::get, bulk::nodes, bulk::approve, bulk::reject, bulk::cancel,
         bulk::put_approver, bulk::list_approvers, bulk::revoke_approver,
         reads::get_node, reads::list_nodes,
-        admin::put_tenant, admin::put_site, admin::put_pool, admin::get_pool, admin::list_pools, admin::create_token,
+        admin::put_tenant, admin::put_site, admin::put_pool, admin::get_pool, admin::list_pools, admin::list_hardware_profiles, admin::create_token,
         admin::list_tokens, admin::revoke_token,
         agent::join, agent::heartbeat, agent::commands, agent::results,
         profiles::publish, profiles::list, profiles::get,

@@ -51,7 +51,10 @@ impl From<EnrollDriver> for BmcDriver {
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnrollBmc {
-    pub driver: EnrollDriver,
+    /// Default: the `management` driver of the node's effective hardware
+    /// profile; one that contradicts it is `INVALID_CONFIG`.
+    #[serde(default)]
+    pub driver: Option<EnrollDriver>,
     /// e.g. `https://10.0.0.10` (Redfish) or `10.0.0.10:623` (IPMI). Stored
     /// in its one spelling (scheme and host lower-cased, the default port
     /// and a trailing `/` dropped; IPMI as `ipmi://host:port`), so a BMC is
@@ -82,13 +85,10 @@ pub struct EnrollRequest {
     pub tenant_id: TenantId,
     pub pool_id: PoolId,
     pub bmc: EnrollBmc,
-    /// Overrides the pool's `policy.hardwareProfile` for this node.
+    /// Overrides the pool's `policy.hardwareProfile` for this node: a
+    /// configured hardware profile (another is `INVALID_CONFIG`).
     #[serde(default)]
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"
-    )]
+    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9._-]{1,64}$")]
     pub hardware_profile: Option<String>,
     /// PXE MACs, when known before out-of-band inspection (at most 64).
     #[serde(default)]
@@ -272,7 +272,6 @@ pub async fn enroll(
     let a = &app.inner;
     // What the schema states first (400), then who may enroll where (404,
     // 403), then what this configuration can serve (422).
-    let driver = BmcDriver::from(req.bmc.driver);
     check_text("bmc.address", &req.bmc.address, 255)?;
     check_text("bmc.username", req.bmc.username.expose_secret(), 255)?;
     if !bcm_core::text::is_free_text(req.bmc.password.expose_secret(), 1, 1024) {
@@ -287,7 +286,11 @@ pub async fn enroll(
         .transpose()
         .map_err(ApiError::invalid)?;
     if let Some(p) = &req.hardware_profile {
-        check_text("hardwareProfile", p, 128)?;
+        if !bcm_core::text::is_profile_id(p) {
+            return Err(ApiError::invalid(
+                "hardwareProfile must be 1-64 characters of a-z, 0-9, '.', '-' or '_'",
+            ));
+        }
     }
     if req.macs.len() > 64 {
         return Err(ApiError::invalid("macs must name at most 64 MACs"));
@@ -298,16 +301,46 @@ pub async fn enroll(
         .map(|m| check_mac(m))
         .collect::<Result<Vec<_>, _>>()?;
     let pool = pool_to_enroll_into(a, &who, &req.tenant_id, &req.pool_id).await?;
+    // The node's effective hardware profile: its override, else its
+    // pool's, else the default; the BMC driver is what it binds to
+    // `management`, and the node keeps every concern's driver.
+    let (hardware_profile, profile) = a
+        .hardware
+        .effective(
+            req.hardware_profile.as_deref(),
+            Some(pool.hardware_profile.as_str()),
+            &a.default_hardware_profile,
+        )
+        .map_err(|e| ApiError::new(ErrorCode::InvalidConfig, e.to_string()))?;
+    let drivers = profile.drivers;
+    let hardware_profile = hardware_profile.to_owned();
+    let driver = drivers.management;
+    if let Some(given) = req.bmc.driver.map(BmcDriver::from) {
+        if given != driver {
+            return Err(ApiError::new(
+                ErrorCode::InvalidConfig,
+                format!("bmc.driver {given} contradicts hardware profile {hardware_profile}, whose management driver is {driver}"),
+            ));
+        }
+    }
+    if matches!(driver, BmcDriver::None) || matches!(drivers.power, BmcDriver::None) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidConfig,
+            format!("hardware profile {hardware_profile} binds no BMC driver; a machine without one joins with a token (adopt)"),
+        ));
+    }
+    if let Some(concern) = bcm_core::hardware::unserved_by_chain(&drivers, Operation::Enroll) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidConfig,
+            format!("hardware profile {hardware_profile} binds no {concern} driver, which enrollment needs"),
+        ));
+    }
     if bmc_tls.is_some() && !bcm_core::BmcTls::applies_to(driver) {
         return Err(ApiError::new(
             ErrorCode::InvalidConfig,
             format!("bmc.tls applies to the redfish driver only, not {driver}"),
         ));
     }
-    let hardware_profile = req
-        .hardware_profile
-        .clone()
-        .unwrap_or(pool.hardware_profile.clone());
     // One spelling per BMC, so the site's uniqueness holds across
     // spellings; an address the driver cannot use (its schema is any
     // text) is a configuration this driver cannot serve.
@@ -332,6 +365,7 @@ pub async fn enroll(
         bmc_secret_id: Some(secret.id.clone()),
         bmc_tls,
         macs,
+        drivers: Some(drivers),
         ..Node::first(
             id,
             pool.tenant_id.clone(),
@@ -425,6 +459,19 @@ async fn run_verb(
     let node = nodes::node_fetch_for_update_in_txn(&mut tx, node_id).await?;
     let facts = bcm_metal::moves::facts_in_txn(&mut tx, &node).await?;
     let t = apply(facts, Move::Verb(verb))?;
+    // A chain whose workflows need a concern the node's hardware profile
+    // leaves unbound cannot be served (nodes enrolled with a profile).
+    if let (Some(drivers), Some(op)) = (node.drivers, Operation::for_verb(verb)) {
+        if let Some(concern) = bcm_core::hardware::unserved_by_chain(&drivers, op) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidConfig,
+                format!(
+                    "node {}'s hardware profile {} binds no {concern} driver, which {op} needs",
+                    node.id, node.hardware_profile
+                ),
+            ));
+        }
+    }
     if node.bmc_driver == BmcDriver::None
         && matches!(extra, Extra::Power { .. } | Extra::Rotate { .. })
     {
@@ -444,6 +491,7 @@ async fn run_verb(
             &mut tx,
             s,
             &node,
+            bcm_core::hardware::Concern::Power,
             "power",
             Some(&who.name),
             None,
@@ -674,6 +722,7 @@ async fn begin_rotation(
         tx,
         s,
         &node,
+        bcm_core::hardware::Concern::Management,
         "rotate-credentials",
         actor,
         None,

@@ -51,6 +51,7 @@ fn example_configs_parse() {
                     .validate()
                     .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             }
+            bcm_api::hardware_profiles(&cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             n += 1;
         }
     }
@@ -66,4 +67,33 @@ fn unknown_fields_are_refused() {
     std::fs::write(&path, format!("{good}\n[relay_typo]\nenabled = true\n")).expect("write");
     let err = bcm_api::ApiConfig::load(Some(&path)).expect_err("a typo must not pass");
     assert!(err.to_string().contains("relay_typo"), "{err}");
+}
+
+#[test]
+fn a_configuration_the_api_cannot_serve_names_the_key() {
+    let base: bcm_api::ApiConfig = bcm_config::load_files(
+        &[deploy().join("config/api.example.toml").as_path()],
+        "BCM_API_NOTHING_",
+    )
+    .expect("example");
+    let mut unknown_pool_profile = base.clone();
+    unknown_pool_profile.seed.pools[0].hardware_profile = "gpu-redfsh".into();
+    let mut unknown_default = base.clone();
+    unknown_default.default_hardware_profile = "nope".into();
+    let mut bad_name = base;
+    bad_name.hardware_profiles.insert(
+        "Lab Profile".into(),
+        bcm_core::hardware::HardwareProfile {
+            description: String::new(),
+            drivers: bcm_core::hardware::Drivers::of_bmc(bcm_core::BmcDriver::Ipmi),
+        },
+    );
+    for (cfg, key) in [
+        (unknown_pool_profile, "seed.pools[0].hardware_profile"),
+        (unknown_default, "default_hardware_profile"),
+        (bad_name, "hardware_profiles.Lab Profile"),
+    ] {
+        let err = bcm_api::hardware_profiles(&cfg).expect_err(key).to_string();
+        assert!(err.contains(key), "{err}");
+    }
 }

@@ -112,7 +112,7 @@ async fn a_rolled_back_enroll_leaves_no_event_and_no_secret() {
     .await
     .expect("env");
     let body = json!({"tenantId": "a", "poolId": "a-pool",
-        "bmc": {"driver": "ipmi", "address": "10.1.1.1:623", "username": "u", "password": "p"}});
+        "hardwareProfile": "ipmi", "bmc": {"driver": "ipmi", "address": "10.1.1.1:623", "username": "u", "password": "p"}});
     let (s, b) = env
         .post("/api/compute/metal/enroll", Some(&env.admin_token), &body)
         .await

@@ -20,7 +20,7 @@ async fn the_callers_trace_id_reaches_the_published_events() {
         .bearer_auth(&env.admin_token)
         .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
         .json(&json!({"tenantId": "a", "poolId": "a-pool",
-            "bmc": {"driver": "sim", "address": "sim://1", "username": "u", "password": "p"}}))
+            "hardwareProfile": "sim", "bmc": {"driver": "sim", "address": "sim://1", "username": "u", "password": "p"}}))
         .send()
         .await
         .expect("post");

@@ -43,7 +43,8 @@ async fn enroll_ready(env: &TestEnv, bmc: Value) -> NodeId {
         .post(
             "/api/compute/metal/enroll",
             Some(&env.admin_token),
-            &json!({"tenantId": "a", "poolId": "a-pool", "bmc": bmc, "macs": ["52:54:00:aa:00:01"]}),
+            &json!({"tenantId": "a", "poolId": "a-pool", "hardwareProfile": bmc["driver"].clone(),
+                "bmc": bmc, "macs": ["52:54:00:aa:00:01"]}),
         )
         .await
         .expect("enroll");

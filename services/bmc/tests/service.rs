@@ -285,7 +285,7 @@ async fn ipmi_nodes_enroll_with_their_given_macs_and_a_wrong_password_fails_enro
     let _bmc = start(&env).await;
     let enroll = |password: &str, mac: &str| {
         json!({"tenantId": "a", "poolId": "a-pool", "macs": [mac],
-            "bmc": {"driver": "ipmi", "address": sim.address(), "username": sim.username, "password": password}})
+            "hardwareProfile": "ipmi", "bmc": {"driver": "ipmi", "address": sim.address(), "username": sim.username, "password": password}})
     };
     let (s, b) = env
         .post(
@@ -312,7 +312,7 @@ async fn ipmi_nodes_enroll_with_their_given_macs_and_a_wrong_password_fails_enro
     let (s, b) = env
         .post("/api/compute/metal/enroll", Some(&env.admin_token), &json!({"tenantId": "a", "poolId": "a-pool",
             "macs": ["52:54:00:aa:00:02"],
-            "bmc": {"driver": "ipmi", "address": other.address(), "username": other.username, "password": "wrong-password"}}))
+            "hardwareProfile": "ipmi", "bmc": {"driver": "ipmi", "address": other.address(), "username": other.username, "password": "wrong-password"}}))
         .await
         .expect("enroll");
     assert_eq!(s, 200, "{b}");
@@ -339,7 +339,7 @@ async fn the_power_sync_finds_drift_and_publishes_it() {
     let sushy = Sushy::start(1).await;
     let env = env_with_bmc_service(0).await;
     env.spawn_reconciler_with(bcm_testkit::ReconcilerConfig {
-        poll_ms: 2000,
+        metal_poll_ms: 2000,
         lease_ttl_ms: 3000,
         power_sync_secs: 1,
         ..Default::default()

@@ -164,8 +164,13 @@ enum Cmd {
     Enroll {
         #[arg(long)]
         pool: String,
-        #[arg(long, default_value = "redfish")]
-        driver: String,
+        /// The BMC driver; default: what the node's hardware profile binds
+        /// to management (a driver that contradicts it is refused).
+        #[arg(long)]
+        driver: Option<String>,
+        /// Override the pool's hardware profile for this node.
+        #[arg(long)]
+        hardware_profile: Option<String>,
         #[arg(long)]
         address: String,
         #[arg(long)]
@@ -681,6 +686,7 @@ fn mutation(tenant: &str, cmd: &Cmd) -> anyhow::Result<(String, Value)> {
         Cmd::Enroll {
             pool,
             driver,
+            hardware_profile,
             address,
             username,
             password,
@@ -688,17 +694,23 @@ fn mutation(tenant: &str, cmd: &Cmd) -> anyhow::Result<(String, Value)> {
             tls_pin,
             tls_insecure,
         } => {
-            let mut bmc = json!({"driver": driver, "address": address, "username": username, "password": password});
+            let mut bmc = json!({"address": address, "username": username, "password": password});
+            if let (Some(d), Some(b)) = (driver, bmc.as_object_mut()) {
+                b.insert("driver".into(), json!(d));
+            }
             if let (Some(t), Some(b)) = (
                 tls_policy(tls_ca_file.as_deref(), tls_pin.as_deref(), *tls_insecure)?,
                 bmc.as_object_mut(),
             ) {
                 b.insert("tls".into(), t);
             }
-            (
-                "/api/compute/metal/enroll".to_owned(),
-                json!({"tenantId": tenant, "poolId": pool, "bmc": bmc}),
-            )
+            ("/api/compute/metal/enroll".to_owned(), {
+                let mut body = json!({"tenantId": tenant, "poolId": pool, "bmc": bmc});
+                if let (Some(p), Some(b)) = (hardware_profile, body.as_object_mut()) {
+                    b.insert("hardwareProfile".into(), json!(p));
+                }
+                body
+            })
         }
         Cmd::RotateCredentials { node, password } => {
             verb("rotateCredentials", node, json!({"password": password}))

@@ -24,7 +24,16 @@ async fn a_verb_with_wait_returns_once_the_node_rests() {
         .expect("env");
     let out = metalctl(&env)
         .args([
-            "-o", "json", "--wait", "enroll", "--pool", "a-pool", "--driver", "sim",
+            "-o",
+            "json",
+            "--wait",
+            "enroll",
+            "--pool",
+            "a-pool",
+            "--driver",
+            "sim",
+            "--hardware-profile",
+            "sim",
         ])
         .args([
             "--address",

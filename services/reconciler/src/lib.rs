@@ -9,7 +9,7 @@
 //! its leases expire. The node row's version guard is the backstop, and the
 //! unique index on (node, state, version) of workflows means no node state
 //! entry ever gets two workflows. While workflows run, every owned node is
-//! looked at again every `poll_ms` (`metalPollMs`) in case a wake-up was
+//! looked at again every `metal_poll_ms` (`metalPollMs`) in case a wake-up was
 //! missed.
 
 pub mod bulk;
@@ -28,10 +28,11 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct ReconcilerConfig {
-    /// `metalPollMs`: how often owned nodes in workflow states are looked at
-    /// again without a wake-up.
-    #[serde(default = "default_poll_ms")]
-    pub poll_ms: u64,
+    /// The spec's `metalPollMs`: how often owned nodes in workflow states
+    /// are looked at again without a wake-up. `poll_ms`, its earlier name,
+    /// is still read.
+    #[serde(default = "default_poll_ms", alias = "poll_ms")]
+    pub metal_poll_ms: u64,
     /// Lease lifetime; leases renew every third of it.
     #[serde(default = "default_lease_ttl_ms")]
     pub lease_ttl_ms: u64,
@@ -99,7 +100,7 @@ fn default_lock_timeout_ms() -> u32 {
 impl Default for ReconcilerConfig {
     fn default() -> Self {
         Self {
-            poll_ms: default_poll_ms(),
+            metal_poll_ms: default_poll_ms(),
             lease_ttl_ms: default_lease_ttl_ms(),
             holder: None,
             lock_timeout_ms: default_lock_timeout_ms(),
@@ -146,4 +147,23 @@ pub async fn run(db: Db, bus: Bus, cfg: ReconcilerConfig, shutdown: Cancellation
     let _ = bulk.await;
     let _ = sync.await;
     let _ = stalls.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReconcilerConfig;
+
+    #[test]
+    fn the_poll_is_the_specs_metal_poll_ms_and_its_old_name_still_reads() {
+        let named: ReconcilerConfig =
+            serde_json::from_value(serde_json::json!({"metal_poll_ms": 1234})).expect("new");
+        assert_eq!(named.metal_poll_ms, 1234);
+        let old: ReconcilerConfig =
+            serde_json::from_value(serde_json::json!({"poll_ms": 4321})).expect("old");
+        assert_eq!(old.metal_poll_ms, 4321);
+        assert!(
+            serde_json::from_value::<ReconcilerConfig>(serde_json::json!({"metal_pol_ms": 1}))
+                .is_err()
+        );
+    }
 }

@@ -98,6 +98,7 @@ pub async fn round(
             &mut tx,
             bus.subjects(),
             &node,
+            bcm_core::hardware::Concern::Power,
             "power-sync",
             None,
             // A read: not destructive, so no batch.

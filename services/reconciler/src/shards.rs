@@ -51,7 +51,8 @@ pub async fn run(
         // One periodic look at a time: a slow round is not stacked upon.
         let idle = polling.as_ref().is_none_or(|p| p.is_finished());
         if idle && tokio::time::Instant::now() >= next_poll {
-            next_poll = tokio::time::Instant::now() + Duration::from_millis(cfg.poll_ms.max(10));
+            next_poll =
+                tokio::time::Instant::now() + Duration::from_millis(cfg.metal_poll_ms.max(10));
             let shard_set: Vec<u32> = owned.keys().copied().collect();
             let (db2, bus2, lock) = (db.clone(), bus.clone(), cfg.lock_timeout_ms);
             polling = Some(tokio::spawn(async move {
@@ -60,7 +61,7 @@ pub async fn run(
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep((ttl / 3).min(Duration::from_millis(cfg.poll_ms.max(10)))) => {}
+            _ = tokio::time::sleep((ttl / 3).min(Duration::from_millis(cfg.metal_poll_ms.max(10)))) => {}
         }
     }
     for (_, stop) in owned.drain() {

@@ -11,7 +11,7 @@ const T: Duration = Duration::from_secs(60);
 
 fn watching() -> ReconcilerConfig {
     ReconcilerConfig {
-        poll_ms: 1000,
+        metal_poll_ms: 1000,
         lease_ttl_ms: 3000,
         stall_check_secs: 1,
         stall_grace_secs: 2,

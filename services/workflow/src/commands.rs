@@ -13,6 +13,7 @@ use bcm_contracts::commands::{
 use bcm_contracts::outputs::{DcgmStatus, WipeOutcome};
 use bcm_contracts::{CommandKind, Output};
 use bcm_core::deploy::UserDataVars;
+use bcm_core::hardware::Concern;
 use bcm_core::workflow::{CommandStatus, StepKind, StepOutcome};
 use bcm_core::PowerAction;
 use bcm_db::nodes::Node;
@@ -75,8 +76,10 @@ pub enum ParamsError {
     Invalid(String),
 }
 
-async fn bmc(tx: &mut Tx<'_>, node: &Node) -> Result<BmcTarget, DbError> {
-    bcm_metal::bmc::target_in_txn(tx, node).await
+/// The node's BMC as the step's concern binds it.
+async fn bmc(tx: &mut Tx<'_>, node: &Node, kind: &StepKind) -> Result<BmcTarget, DbError> {
+    let concern = kind.concern().unwrap_or(Concern::Management);
+    bcm_metal::bmc::target_in_txn(tx, node, concern).await
 }
 
 fn boot_device(bmc: BmcTarget, device: BootDevice, persistent: bool) -> Command {
@@ -97,24 +100,24 @@ pub async fn command_for(
 ) -> Result<Option<Command>, ParamsError> {
     Ok(Some(match kind {
         StepKind::BmcVerify => Command::BmcVerify(BmcParams {
-            bmc: bmc(tx, node).await?,
+            bmc: bmc(tx, node, kind).await?,
         }),
         StepKind::BmcInspect => Command::BmcInspect(BmcParams {
-            bmc: bmc(tx, node).await?,
+            bmc: bmc(tx, node, kind).await?,
         }),
         StepKind::BmcPowerOff => Command::BmcPower(PowerParams {
-            bmc: bmc(tx, node).await?,
+            bmc: bmc(tx, node, kind).await?,
             action: PowerAction::Off,
         }),
         StepKind::BmcPower { action } => Command::BmcPower(PowerParams {
-            bmc: bmc(tx, node).await?,
+            bmc: bmc(tx, node, kind).await?,
             action: *action,
         }),
         StepKind::BmcBootPxe { persistent } => {
-            boot_device(bmc(tx, node).await?, BootDevice::Pxe, *persistent)
+            boot_device(bmc(tx, node, kind).await?, BootDevice::Pxe, *persistent)
         }
         StepKind::BmcBootDisk { persistent } => {
-            boot_device(bmc(tx, node).await?, BootDevice::Disk, *persistent)
+            boot_device(bmc(tx, node, kind).await?, BootDevice::Disk, *persistent)
         }
         StepKind::BootEntrySet => Command::BootEntrySet(BootEntrySetParams {
             boot_entry: boot_entry(tx, cfg, node).await?,

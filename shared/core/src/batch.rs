@@ -238,7 +238,7 @@ impl Operation {
 }
 
 /// The profiles a workflow-driven state may run, with every wipe mode.
-fn profiles_of(state: ProvisionState) -> Vec<Profile> {
+pub(crate) fn profiles_of(state: ProvisionState) -> Vec<Profile> {
     if state == ProvisionState::Deploying {
         return vec![workflow::tenant_deploy("any", 1)];
     }

@@ -10,6 +10,7 @@ pub mod batch;
 pub mod bmc;
 pub mod deploy;
 pub mod error;
+pub mod hardware;
 pub mod ids;
 pub mod node;
 pub mod reconcile;

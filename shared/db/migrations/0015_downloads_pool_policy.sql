@@ -23,3 +23,7 @@ ALTER TABLE pools
 -- Who published a deploy profile version (the API's principal; `seed` for
 -- the configuration's).
 ALTER TABLE deploy_profiles ADD COLUMN published_by TEXT;
+
+-- The drivers a node's effective hardware profile bound, per concern, as
+-- they were when it was enrolled (NULL: every concern is its BMC driver).
+ALTER TABLE nodes ADD COLUMN drivers JSONB;

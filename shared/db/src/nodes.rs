@@ -35,7 +35,11 @@ pub struct Node {
     /// left unresolved, which the next rotation resumes).
     pub bmc_rotation_command_id: Option<String>,
     pub macs: Vec<String>,
+    /// The effective hardware profile's name when the node was enrolled.
     pub hardware_profile: String,
+    /// Its drivers per concern, as resolved then; `None` for a node
+    /// enrolled before they were kept (see [`Node::drivers`]).
+    pub drivers: Option<bcm_core::hardware::Drivers>,
     pub workflow_id: Option<WorkflowId>,
     /// The profile version a `deploy` asked for, as it was then (versions
     /// are immutable).
@@ -52,6 +56,13 @@ pub struct Node {
 }
 
 impl Node {
+    /// The node's driver per concern: the snapshot taken at enroll, else
+    /// its BMC driver for every BMC concern.
+    pub fn drivers(&self) -> bcm_core::hardware::Drivers {
+        self.drivers
+            .unwrap_or_else(|| bcm_core::hardware::Drivers::of_bmc(self.bmc_driver))
+    }
+
     /// A node as it is first stored (version 1): where it belongs, the
     /// state it starts in and its BMC; no workflow, no credentials, power
     /// unknown. Enroll and adopt set what else they know on the result.
@@ -86,6 +97,7 @@ impl Node {
             bmc_rotation_command_id: None,
             macs: vec![],
             hardware_profile,
+            drivers: None,
             workflow_id: None,
             deploy_profile: None,
             release_wipe: None,
@@ -118,6 +130,7 @@ struct NodeRow {
     bmc_rotation_command_id: Option<String>,
     macs: Vec<String>,
     hardware_profile: String,
+    drivers: Option<serde_json::Value>,
     workflow_id: Option<String>,
     deploy_profile: Option<serde_json::Value>,
     release_wipe: Option<String>,
@@ -174,6 +187,13 @@ impl TryFrom<NodeRow> for Node {
             bmc_rotation_command_id: r.bmc_rotation_command_id,
             macs: r.macs,
             hardware_profile: r.hardware_profile,
+            drivers: r
+                .drivers
+                .map(|v| {
+                    serde_json::from_value(v.clone())
+                        .map_err(|e| corrupt("drivers", &e.to_string()))
+                })
+                .transpose()?,
             workflow_id: r
                 .workflow_id
                 .as_deref()
@@ -202,14 +222,14 @@ impl TryFrom<NodeRow> for Node {
 
 const COLUMNS: &str = "id, tenant_id, pool_id, site_id, provision_state, failed_from, last_error, \
     maintenance, power, role, bmc_driver, bmc_address, bmc_secret_id, bmc_tls, \
-    bmc_pending_secret_id, bmc_rotation_command_id, macs, hardware_profile, workflow_id, deploy_profile, release_wipe, unrescue_pending, batch_id, version, created_at, updated_at";
+    bmc_pending_secret_id, bmc_rotation_command_id, macs, hardware_profile, drivers, workflow_id, deploy_profile, release_wipe, unrescue_pending, batch_id, version, created_at, updated_at";
 
 /// Inserts a new node (version 1) and its placement.
 pub async fn node_insert_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<(), DbError> {
     sqlx::query(
         "INSERT INTO nodes (id, tenant_id, pool_id, site_id, provision_state, maintenance, power, \
-         bmc_driver, bmc_address, bmc_secret_id, macs, hardware_profile, version, bmc_tls, batch_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+         bmc_driver, bmc_address, bmc_secret_id, macs, hardware_profile, version, bmc_tls, batch_id, drivers) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
     )
     .bind(n.id.to_string())
     .bind(n.tenant_id.as_str())
@@ -226,6 +246,7 @@ pub async fn node_insert_in_txn(tx: &mut Tx<'_>, n: &Node) -> Result<(), DbError
     .bind(n.version)
     .bind(n.bmc_tls.as_ref().map(|t| serde_json::json!(t)))
     .bind(&n.batch_id)
+    .bind(n.drivers.map(|d| serde_json::json!(d)))
     .execute(&mut **tx)
     .await?;
     placement_refresh_in_txn(tx, n).await

@@ -6,17 +6,28 @@
 use base64::Engine as _;
 use bcm_contracts::commands::{BmcTarget, Command, SealedValue};
 use bcm_contracts::CommandEnvelope;
+use bcm_core::hardware::Concern;
 use bcm_db::nodes::Node;
 use bcm_db::{DbError, Tx};
 
-/// The node's BMC as a command carries it.
-pub async fn target_in_txn(tx: &mut Tx<'_>, node: &Node) -> Result<BmcTarget, DbError> {
+/// The node's BMC as a command for `concern` carries it: the driver its
+/// hardware profile binds to that concern (`power` for power actions and
+/// reads, `management` for the rest).
+pub async fn target_in_txn(
+    tx: &mut Tx<'_>,
+    node: &Node,
+    concern: Concern,
+) -> Result<BmcTarget, DbError> {
     let sealed_credentials = match &node.bmc_secret_id {
         Some(id) => Some(sealed_in_txn(tx, id).await?),
         None => None,
     };
+    let drivers = node.drivers();
     Ok(BmcTarget {
-        driver: node.bmc_driver,
+        driver: match concern {
+            Concern::Power => drivers.power,
+            _ => drivers.management,
+        },
         address: node.bmc_address.clone(),
         tls: node.bmc_tls.clone(),
         sealed_credentials,
@@ -42,12 +53,15 @@ pub const LEAF_COMMAND_TTL: chrono::Duration = chrono::Duration::minutes(15);
 /// Records a one-leaf BMC command for `node` (not part of a workflow) and
 /// returns it with its outbox message, for the caller's transaction: the
 /// row exists before the command is sent, and only if the caller commits.
-/// `command` builds the command from the node's BMC; `actor` is the
-/// principal whose verb it is (none for the control plane's own).
+/// `command` builds the command from the node's BMC as `concern` binds it;
+/// `actor` is the principal whose verb it is (none for the control
+/// plane's own).
+#[allow(clippy::too_many_arguments)]
 pub async fn leaf_command_in_txn(
     tx: &mut Tx<'_>,
     subjects: &bcm_bus::Subjects,
     node: &Node,
+    concern: Concern,
     purpose: &str,
     actor: Option<&str>,
     authority: Option<bcm_contracts::batch::BatchAuthority>,
@@ -58,7 +72,7 @@ pub async fn leaf_command_in_txn(
         command_id: bcm_core::CommandId::generate().to_string(),
         site_id: node.site_id.clone(),
         node_id: Some(node.id),
-        command: command(target_in_txn(tx, node).await?),
+        command: command(target_in_txn(tx, node, concern).await?),
         issued_at: now,
         deadline: Some(now + LEAF_COMMAND_TTL),
         authority,

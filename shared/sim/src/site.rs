@@ -642,6 +642,20 @@ async fn execute(
         }
         _ => {}
     }
+    // The simulated site hosts the simulated BMC driver only: a node whose
+    // hardware profile binds another here cannot be served.
+    if let Some(bmc) = cmd.command.bmc() {
+        if bmc.driver != bcm_core::BmcDriver::Sim {
+            return err(
+                cmd,
+                false,
+                &format!(
+                    "unsupported-driver: {} (this simulated site hosts the sim BMC driver only)",
+                    bmc.driver
+                ),
+            );
+        }
+    }
     let node = cmd.node_id.map(|n| n.to_string()).unwrap_or_default();
     let address = cmd
         .command

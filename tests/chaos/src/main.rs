@@ -114,14 +114,14 @@ name = "Local site (simulated)"
 id = "default"
 tenant = "root"
 site = "local"
-hardware_profile = "gpu-redfish"
+hardware_profile = "sim"
 [[api.seed.deploy_profiles]]
 tenant = "root"
 profile = {{ id = "ubuntu-24.04", version = 1, role = "host", image = {{ url = "http://127.0.0.1:1/images/ubuntu-24.04.raw", format = "raw", sha256 = "5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d5d", sizeBytes = 2361393152 }} }}
 [engine]
 control_plane_url = "https://{api}"
 [reconciler]
-poll_ms = 5000
+metal_poll_ms = 5000
 lease_ttl_ms = 3000
 [sim]
 site = "local"

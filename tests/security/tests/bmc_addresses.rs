@@ -10,7 +10,8 @@ async fn enroll(env: &TestEnv, driver: &str, address: &str) -> (u16, serde_json:
     env.post(
         "/api/compute/metal/enroll",
         Some(&env.admin_token),
-        &json!({"tenantId": "a", "poolId": "a-pool",
+        // The built-in profile named after the driver binds that driver.
+        &json!({"tenantId": "a", "poolId": "a-pool", "hardwareProfile": driver,
             "bmc": {"driver": driver, "address": address, "username": "admin", "password": "pw"}}),
     )
     .await

@@ -270,7 +270,7 @@ async fn a_mac_is_enrolled_once_per_site() {
                 "/api/compute/metal/enroll",
                 Some(&env.admin_token),
                 &json!({"tenantId": "a", "poolId": "a-pool", "macs": [mac],
-                    "bmc": {"driver": "sim", "address": address, "username": "admin", "password": "pw"}}),
+                    "hardwareProfile": "sim", "bmc": {"driver": "sim", "address": address, "username": "admin", "password": "pw"}}),
             )
             .await
             .expect("answered")

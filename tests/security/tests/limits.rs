@@ -45,7 +45,7 @@ async fn a_principal_past_its_rate_is_refused_and_nobody_else_is() {
             "/api/compute/metal/enroll",
             Some(&alice),
             &serde_json::json!({"tenantId": "a", "poolId": "a-pool",
-                "bmc": {"driver": "sim", "address": "sim://limited", "username": "u", "password": "p"}}),
+                "hardwareProfile": "sim", "bmc": {"driver": "sim", "address": "sim://limited", "username": "u", "password": "p"}}),
         )
         .await
         .expect("enroll");
@@ -93,7 +93,7 @@ async fn agents_holding_every_agent_connection_do_not_stop_the_verbs() {
             "/api/compute/metal/enroll",
             Some(&env.admin_token),
             &serde_json::json!({"tenantId": "a", "poolId": "a-pool",
-                "bmc": {"driver": "sim", "address": "sim://during-a-flood", "username": "u", "password": "p"}}),
+                "hardwareProfile": "sim", "bmc": {"driver": "sim", "address": "sim://during-a-flood", "username": "u", "password": "p"}}),
         )
         .await
         .expect("enroll");

@@ -25,7 +25,7 @@ async fn enroll_as(env: &TestEnv, token: &str, name: &str) -> bcm_core::NodeId {
             "/api/compute/metal/enroll",
             Some(token),
             &serde_json::json!({"tenantId": "a", "poolId": "a-pool",
-                "bmc": {"driver": "sim", "address": format!("sim://{name}"), "username": "admin", "password": "pw"}}),
+                "hardwareProfile": "sim", "bmc": {"driver": "sim", "address": format!("sim://{name}"), "username": "admin", "password": "pw"}}),
         )
         .await
         .expect("enroll");

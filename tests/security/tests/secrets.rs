@@ -149,7 +149,7 @@ async fn a_whole_lifecycle_leaves_no_token_or_password_in_the_record_or_on_the_b
             "/api/compute/metal/enroll",
             Some(&env.admin_token),
             &json!({"tenantId": "a", "poolId": "a-pool",
-                "bmc": {"driver": "sim", "address": "sim://secrets-1", "username": "admin", "password": PASSWORD}}),
+                "hardwareProfile": "sim", "bmc": {"driver": "sim", "address": "sim://secrets-1", "username": "admin", "password": PASSWORD}}),
         )
         .await
         .expect("enroll");

@@ -47,6 +47,8 @@ pub struct Options {
     pub agent_db_connections: u32,
     /// What the API publishes for machines to download.
     pub downloads: bcm_api::downloads::DownloadsConfig,
+    /// Hardware profiles besides the shipped ones.
+    pub hardware_profiles: std::collections::BTreeMap<String, bcm_core::hardware::HardwareProfile>,
 }
 
 impl Default for Options {
@@ -63,6 +65,7 @@ impl Default for Options {
             rate_limit: Default::default(),
             agent_db_connections: 4,
             downloads: Default::default(),
+            hardware_profiles: Default::default(),
         }
     }
 }
@@ -231,6 +234,8 @@ impl TestEnv {
             },
             seed,
             downloads: opts.downloads.clone(),
+            hardware_profiles: opts.hardware_profiles.clone(),
+            default_hardware_profile: "gpu-redfish".into(),
         };
         let state = bcm_api::prepare(&cfg).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -352,7 +357,7 @@ impl TestEnv {
     /// Starts a reconciler worker; returns its stop token.
     pub fn spawn_reconciler(&self) -> CancellationToken {
         self.spawn_reconciler_with(ReconcilerConfig {
-            poll_ms: 5000,
+            metal_poll_ms: 5000,
             lease_ttl_ms: 3000,
             holder: None,
             lock_timeout_ms: 2000,
@@ -643,7 +648,7 @@ impl TestEnv {
                 "/api/compute/metal/enroll",
                 Some(&self.admin_token),
                 &json!({"tenantId": "a", "poolId": "a-pool",
-                    "bmc": {"driver": "sim", "address": format!("sim://{name}"), "username": "admin", "password": "pw"}}),
+                    "hardwareProfile": "sim", "bmc": {"driver": "sim", "address": format!("sim://{name}"), "username": "admin", "password": "pw"}}),
             )
             .await
             .unwrap_or_else(|e| panic!("enroll {name}: {e}"));

@@ -269,7 +269,7 @@ async fn admit_only(run: &Run, db: &bcm_db::Db, n: usize) -> anyhow::Result<Valu
                     bcm_core::ProvisionState::Ready,
                     bcm_core::BmcDriver::Sim,
                     address,
-                    "gpu-redfish".into(),
+                    "sim".into(),
                 )
             };
             bcm_db::nodes::node_insert_in_txn(&mut tx, &node).await?;
@@ -313,7 +313,7 @@ async fn bulk_release(
     run.call(
         Method::PUT,
         "/api/compute/admin/pools/default",
-        Some(json!({"tenantId": "root", "siteId": "local", "hardwareProfile": "gpu-redfish",
+        Some(json!({"tenantId": "root", "siteId": "local", "hardwareProfile": "sim",
             "quorum": {"required": 2, "requesterMayApprove": true, "bulkConcurrency": concurrency}})),
     )
     .await?;
@@ -447,11 +447,11 @@ async fn main() -> anyhow::Result<()> {
             "sealing_keys": [{"id": "bench", "key": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="}],
             "telemetry": {"log_filter": "warn"},
             "seed": {"tenants": [{"id": "root", "name": "Root"}], "sites": [{"id": "local", "name": "bench"}],
-                     "pools": [{"id": "default", "tenant": "root", "site": "local", "hardware_profile": "gpu-redfish"}],
+                     "pools": [{"id": "default", "tenant": "root", "site": "local", "hardware_profile": "sim"}],
                      "deploy_profiles": [{"tenant": "root", "profile": {"id": "ubuntu-24.04", "version": 1, "image": {
                          "url": "http://images.invalid/ubuntu.raw", "format": "raw", "sha256": "5d".repeat(32), "sizeBytes": 1u64 << 30}}}]}
         },
-        "reconciler": {"poll_ms": 30000},
+        "reconciler": {"metal_poll_ms": 30000},
         "sim": {"site": "local", "concurrency": 256, "api_ca_file": api_ca_file}
     }))?;
     bcm_telemetry::init("bench", &cfg.api.telemetry)?;

@@ -78,7 +78,7 @@ control_plane_url = "{api}"
 poll_ms = 100
 join_poll_ms = 50
 [reconciler]
-poll_ms = 2000
+metal_poll_ms = 2000
 lease_ttl_ms = 2000
 "#,
             api = env.base
