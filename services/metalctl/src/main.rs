@@ -11,6 +11,7 @@ use futures::StreamExt as _;
 use serde_json::{json, Value};
 
 mod bulk;
+mod catalog;
 mod image;
 
 #[derive(Parser)]
@@ -152,6 +153,20 @@ enum BatchCmd {
     Keygen { key_file: std::path::PathBuf },
 }
 
+#[derive(Subcommand)]
+enum ProfilesCmd {
+    /// Publish a version (a published version never changes: the same
+    /// content again is a no-op, other content is refused).
+    Publish { file: std::path::PathBuf },
+    /// Every version, or those of one profile id.
+    List {
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// One version, with its user data template.
+    Show { id: String, version: u32 },
+}
+
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
 enum Output {
     Table,
@@ -237,9 +252,10 @@ enum Cmd {
     },
     Undeploy {
         node: String,
-        /// none, quick, secure-erase or crypto-erase.
-        #[arg(long, default_value = "quick")]
-        wipe: String,
+        /// quick, secure-erase or crypto-erase; default: the pool's
+        /// `releaseWipe`.
+        #[arg(long)]
+        wipe: Option<String>,
     },
     Rescue {
         node: String,
@@ -305,6 +321,17 @@ enum Cmd {
         #[command(subcommand)]
         cmd: BatchCmd,
     },
+    /// The tenant's deploy profiles: publish a version from a JSON file
+    /// (`id`, `version`, `role`, `image`, `userData` or `userDataTemplate`:
+    /// nocloud, autoinstall, bcd-preinstalled), list, show.
+    Profiles {
+        #[command(subcommand)]
+        cmd: ProfilesCmd,
+    },
+    /// The site's hardware profiles: a driver per concern.
+    HardwareProfiles,
+    /// The tenant's pools and their policy (administrators).
+    Pools,
     /// Print a shell completion script, e.g.
     /// `metalctl completions bash > /etc/bash_completion.d/metalctl`.
     Completions {
@@ -557,6 +584,17 @@ async fn run() -> anyhow::Result<()> {
                 .await
             }
         },
+        Cmd::Profiles { cmd } => match cmd {
+            ProfilesCmd::Publish { file } => catalog::publish(&api, cli.output, tenant, file).await,
+            ProfilesCmd::List { id } => {
+                catalog::list(&api, cli.output, tenant, id.as_deref()).await
+            }
+            ProfilesCmd::Show { id, version } => {
+                catalog::show(&api, cli.output, tenant, id, *version).await
+            }
+        },
+        Cmd::HardwareProfiles => catalog::hardware_profiles(&api, cli.output).await,
+        Cmd::Pools => catalog::pools(&api, cli.output, tenant).await,
         Cmd::Batch { cmd } => match cmd {
             BatchCmd::Show { batch } => bulk::show(&api, cli.output, batch).await,
             BatchCmd::List { node } => bulk::list(&api, cli.output, tenant, node.as_deref()).await,
@@ -742,6 +780,9 @@ fn mutation(tenant: &str, cmd: &Cmd) -> anyhow::Result<(String, Value)> {
         | Cmd::Bulk { .. }
         | Cmd::Batch { .. }
         | Cmd::Events { .. }
+        | Cmd::Profiles { .. }
+        | Cmd::HardwareProfiles
+        | Cmd::Pools
         | Cmd::Completions { .. } => {
             anyhow::bail!("not a command that changes anything")
         }
