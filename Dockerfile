@@ -4,7 +4,7 @@ WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --bins \
  && mkdir -p /out \
- && find target/release -maxdepth 1 -type f -executable \( -name 'bcm' -o -name 'bcm-*' -o -name 'metalctl' -o -name 'bcd' \) -exec cp {} /out/ \;
+ && find target/release -maxdepth 1 -type f -executable \( -name 'bcm' -o -name 'bcm-*' -o -name 'bcx-*' -o -name 'metalctl' -o -name 'bcd' \) -exec cp {} /out/ \;
 
 FROM debian:bookworm-slim
 RUN apt-get update \

@@ -25,6 +25,9 @@ fn generated() -> Vec<(PathBuf, String)> {
     for (name, schema) in bcm_contracts::schemas::json_schemas() {
         files.push((proto().join("schemas").join(name), pretty(&schema)));
     }
+    for (name, schema) in bcm_contracts::schemas::plugin_schemas() {
+        files.push((proto().join("plugin").join(name), pretty(&schema)));
+    }
     files
 }
 

@@ -1,12 +1,13 @@
 //! The operations every BMC driver offers, and the drivers this service
-//! hosts (native Redfish; IPMI through `ipmitool`). A driver it does not
-//! host answers `unsupported-driver`.
+//! hosts: Redfish natively, others as plugins (`plugins.<driver>` in the
+//! configuration; IPMI is `bcx-ipmi`). A driver it does not host answers
+//! `unsupported-driver`.
 
 use bcm_core::{BmcDriver, BmcTls, PowerAction, PowerState};
 use secrecy::SecretString;
 
 use crate::error::BmcError;
-use crate::ipmi::{Ipmi, IpmiSettings};
+use crate::plugin::{PluginDriver, PluginSettings};
 use crate::redfish::{Redfish, RedfishSettings};
 
 pub use bcm_contracts::commands::{BootDevice, BootMode};
@@ -16,14 +17,15 @@ pub use bcm_contracts::outputs::{BootOverride, OobInventory as Inventory, Verifi
 #[derive(Debug, Clone, Default)]
 pub struct DriverSettings {
     pub redfish: RedfishSettings,
-    pub ipmi: IpmiSettings,
+    /// The drivers hosted as plugins, by driver.
+    pub plugins: std::collections::BTreeMap<BmcDriver, PluginSettings>,
 }
 
 /// A connected driver for one BMC.
 #[derive(Debug)]
 pub enum Driver {
     Redfish(Box<Redfish>),
-    Ipmi(Ipmi),
+    Plugin(PluginDriver),
 }
 
 impl Driver {
@@ -44,12 +46,18 @@ impl Driver {
                 settings.redfish.clone(),
                 tls,
             )?))),
-            BmcDriver::Ipmi => Ok(Driver::Ipmi(Ipmi::new(
-                address,
-                username,
-                password,
-                settings.ipmi.clone(),
-            )?)),
+            BmcDriver::Ipmi => match settings.plugins.get(&driver) {
+                Some(plugin) => Ok(Driver::Plugin(PluginDriver::new(
+                    driver,
+                    address,
+                    username,
+                    password,
+                    plugin.clone(),
+                ))),
+                None => Err(BmcError::Unsupported(format!(
+                    "unsupported-driver: {driver} (this site's bmc service hosts no {driver} plugin: plugins.{driver})"
+                ))),
+            },
             BmcDriver::Sim => Err(BmcError::Unsupported(
                 "unsupported-driver: sim (the simulated site serves it)".into(),
             )),
@@ -62,28 +70,28 @@ impl Driver {
     pub async fn verify(&self) -> Result<Verified, BmcError> {
         match self {
             Driver::Redfish(r) => r.verify().await,
-            Driver::Ipmi(i) => i.verify().await,
+            Driver::Plugin(i) => i.verify().await,
         }
     }
 
     pub async fn inspect(&self) -> Result<Inventory, BmcError> {
         match self {
             Driver::Redfish(r) => r.inspect().await,
-            Driver::Ipmi(i) => i.inspect().await,
+            Driver::Plugin(i) => i.inspect().await,
         }
     }
 
     pub async fn power_state(&self) -> Result<PowerState, BmcError> {
         match self {
             Driver::Redfish(r) => r.power_state().await,
-            Driver::Ipmi(i) => i.power_state().await,
+            Driver::Plugin(i) => i.power_state().await,
         }
     }
 
     pub async fn power(&self, action: PowerAction) -> Result<PowerState, BmcError> {
         match self {
             Driver::Redfish(r) => r.power(action).await,
-            Driver::Ipmi(i) => i.power(action).await,
+            Driver::Plugin(i) => i.power(action).await,
         }
     }
 
@@ -95,7 +103,7 @@ impl Driver {
     ) -> Result<BootOverride, BmcError> {
         match self {
             Driver::Redfish(r) => r.boot(device, persistent, mode).await,
-            Driver::Ipmi(i) => i.boot(device, persistent, mode).await,
+            Driver::Plugin(i) => i.boot(device, persistent, mode).await,
         }
     }
 
@@ -103,7 +111,7 @@ impl Driver {
     pub async fn set_password(&self, new: &SecretString) -> Result<(), BmcError> {
         match self {
             Driver::Redfish(r) => r.set_password(new).await,
-            Driver::Ipmi(i) => i.set_password(new).await,
+            Driver::Plugin(i) => i.set_password(new).await,
         }
     }
 

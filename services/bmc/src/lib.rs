@@ -1,5 +1,6 @@
 //! The `bmc` service for one site: executes `bmc.*` commands against real
-//! BMCs (native Redfish, IPMI through `ipmitool`) and replies with results.
+//! BMCs (Redfish natively; IPMI through the `bcx-ipmi` plugin, which runs
+//! `ipmitool`) and replies with results.
 //! It is the only place where BMC credentials are opened: they arrive
 //! sealed in each command, are opened for that command only, and never
 //! appear in a result, a log line or an error.
@@ -7,6 +8,7 @@
 pub mod driver;
 pub mod error;
 pub mod ipmi;
+pub mod plugin;
 pub mod redfish;
 pub mod rotation;
 pub mod service;
@@ -42,9 +44,15 @@ pub struct BmcConfig {
     /// Redfish TLS: accept any certificate. Only for labs; off by default.
     #[serde(default)]
     pub tls_insecure: bool,
-    /// The ipmitool binary.
+    /// The ipmitool binary the IPMI plugin runs.
     #[serde(default = "default_ipmitool")]
     pub ipmitool: String,
+    /// Drivers hosted as plugins: driver name to executable (the plugin
+    /// protocol of `bcm_contracts::plugin`). Without an `ipmi` entry, the
+    /// `bcx-ipmi` beside this service's executable hosts IPMI when it is
+    /// there; a driver with no plugin answers `unsupported-driver`.
+    #[serde(default)]
+    pub plugins: std::collections::BTreeMap<String, std::path::PathBuf>,
     /// The site's quorum trust anchor (JSON: the approvers' keys, the
     /// quorum, the control plane's policy key where one-node batches may be
     /// approved by policy). Without one, every destructive command is
@@ -91,12 +99,62 @@ impl BmcConfig {
                 ca_pem,
                 ..Default::default()
             },
-            ipmi: ipmi::IpmiSettings {
-                ipmitool: self.ipmitool.clone(),
-                power_timeout: Duration::from_secs(self.power_timeout_secs),
-                ..Default::default()
-            },
+            plugins: self.plugins()?,
         })
+    }
+}
+
+impl BmcConfig {
+    /// The plugins this service hosts, each checked to exist.
+    fn plugins(
+        &self,
+    ) -> Result<std::collections::BTreeMap<bcm_core::BmcDriver, plugin::PluginSettings>, StartError>
+    {
+        let mut named = self.plugins.clone();
+        if !named.contains_key("ipmi") {
+            if let Some(beside) = std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(|d| d.join("bcx-ipmi")))
+                .filter(|p| p.is_file())
+            {
+                named.insert("ipmi".into(), beside);
+            }
+        }
+        let mut out = std::collections::BTreeMap::new();
+        for (name, exe) in named {
+            let driver = bcm_core::BmcDriver::parse(&name)
+                .filter(|d| matches!(d, bcm_core::BmcDriver::Ipmi))
+                .ok_or_else(|| {
+                    StartError::Config(format!(
+                        "plugins.{name}: only the ipmi driver is hosted as a plugin"
+                    ))
+                })?;
+            if !exe.is_file() {
+                return Err(StartError::Config(format!(
+                    "plugins.{name}: {} is not a file",
+                    exe.display()
+                )));
+            }
+            out.insert(
+                driver,
+                plugin::PluginSettings {
+                    executable: exe,
+                    // The plugin's own power wait, and time to answer.
+                    timeout: Duration::from_secs(self.power_timeout_secs + 60),
+                    env: vec![
+                        ("BCX_IPMITOOL".into(), self.ipmitool.clone()),
+                        (
+                            "BCX_POWER_TIMEOUT_SECS".into(),
+                            self.power_timeout_secs.to_string(),
+                        ),
+                    ],
+                },
+            );
+        }
+        if !out.contains_key(&bcm_core::BmcDriver::Ipmi) {
+            tracing::warn!("no ipmi plugin (plugins.ipmi, or bcx-ipmi beside this executable): IPMI nodes will be answered unsupported-driver");
+        }
+        Ok(out)
     }
 }
 

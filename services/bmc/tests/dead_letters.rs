@@ -42,6 +42,13 @@ async fn commands_that_are_not_this_services_are_dead_lettered_and_never_run() {
         tls_ca_file: None,
         tls_insecure: false,
         ipmitool: "ipmitool".into(),
+        // IPMI through the plugin this package builds.
+        plugins: [(
+            "ipmi".to_owned(),
+            std::path::PathBuf::from(env!("CARGO_BIN_EXE_bcx-ipmi")),
+        )]
+        .into_iter()
+        .collect(),
         telemetry: Default::default(),
         quorum_anchor_file: None,
     };

@@ -17,8 +17,20 @@ fn fast() -> DriverSettings {
     s.redfish.power_timeout = Duration::from_secs(30);
     s.redfish.graceful_timeout = Duration::from_secs(15);
     s.redfish.backoff = Duration::from_millis(100);
-    s.ipmi.power_timeout = Duration::from_secs(10);
+    s.plugins.insert(BmcDriver::Ipmi, ipmi_plugin(3));
     s
+}
+
+/// IPMI as the site hosts it: the `bcx-ipmi` plugin this package builds.
+fn ipmi_plugin(retries: u8) -> bcm_bmc::plugin::PluginSettings {
+    bcm_bmc::plugin::PluginSettings {
+        executable: env!("CARGO_BIN_EXE_bcx-ipmi").into(),
+        timeout: Duration::from_secs(60),
+        env: vec![
+            ("BCX_POWER_TIMEOUT_SECS".into(), "10".into()),
+            ("BCX_IPMI_RETRIES".into(), retries.to_string()),
+        ],
+    }
 }
 
 fn redfish(sushy: &Sushy, system: usize, password: &str) -> Driver {
@@ -179,7 +191,7 @@ async fn ipmi_power_and_boot_round_trips_against_ipmi_sim() {
 async fn ipmi_wrong_password_is_a_clear_error_without_the_password() {
     let sim = IpmiSim::start().await;
     let mut settings = fast();
-    settings.ipmi.retries = 1;
+    settings.plugins.insert(BmcDriver::Ipmi, ipmi_plugin(1));
     let d = Driver::open(
         BmcDriver::Ipmi,
         &sim.address(),

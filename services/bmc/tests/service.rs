@@ -40,6 +40,13 @@ async fn start(env: &TestEnv) -> std::sync::Arc<bcm_bmc::service::Ctx> {
         tls_ca_file: None,
         tls_insecure: false,
         ipmitool: "ipmitool".into(),
+        // IPMI through the plugin this package builds.
+        plugins: [(
+            "ipmi".to_owned(),
+            std::path::PathBuf::from(env!("CARGO_BIN_EXE_bcx-ipmi")),
+        )]
+        .into_iter()
+        .collect(),
         telemetry: Default::default(),
         quorum_anchor_file: Some(env.anchor_file()),
     };
@@ -403,4 +410,73 @@ async fn the_power_sync_finds_drift_and_publishes_it() {
         .filter(|c| c.kind == "bmc.powerStatus")
         .count();
     assert!(reads >= 1, "the sync read the BMC");
+}
+
+/// The run: a pool whose profile says Redfish, one node that
+/// overrides it with IPMI. Each is enrolled and powered through the driver
+/// its effective profile binds: the neighbour through sushy-tools' Redfish,
+/// the IPMI node through the `bcx-ipmi` plugin against ipmi_sim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redfish_pool_with_an_ipmi_override_powers_each_node_through_its_driver() {
+    let sushy = Sushy::start(1).await;
+    let sim = IpmiSim::start().await;
+    let env = env_with_bmc_service(1).await;
+    let _bmc = start(&env).await;
+    let enroll = |body: serde_json::Value| {
+        let env = &env;
+        async move {
+            let (s, b) = env
+                .post("/api/compute/metal/enroll", Some(&env.admin_token), &body)
+                .await
+                .expect("enroll");
+            assert_eq!(s, 200, "{b}");
+            b
+        }
+    };
+    // No driver named: each gets what its effective profile binds.
+    let redfish = enroll(json!({"tenantId": "a", "poolId": "a-pool",
+        "bmc": {"address": sushy.system_address(1), "username": sushy.username, "password": sushy.password}}))
+    .await;
+    let ipmi = enroll(
+        json!({"tenantId": "a", "poolId": "a-pool", "hardwareProfile": "ipmi",
+        "macs": ["52:54:00:aa:00:07"],
+        "bmc": {"address": sim.address(), "username": sim.username, "password": sim.password}}),
+    )
+    .await;
+    assert_eq!(redfish["bmc"]["driver"], "redfish");
+    assert_eq!(ipmi["bmc"]["driver"], "ipmi");
+    let ids: Vec<NodeId> = [&redfish, &ipmi]
+        .iter()
+        .map(|b| b["nodeId"].as_str().expect("id").parse().expect("id"))
+        .collect();
+    for id in &ids {
+        env.wait_state(id, ProvisionState::Inspecting, T)
+            .await
+            .expect("enrolled through its driver");
+        env.force_state(id, ProvisionState::Ready, None)
+            .await
+            .expect("ready");
+    }
+    let resets_before = sushy.resets(1);
+    let events_before = sim.events().len();
+    for id in &ids {
+        env.verb_ok("power", id, json!({"action": "cycle"})).await;
+    }
+    eventually(T, || async {
+        Ok((sushy.resets(1) > resets_before && sim.events().len() > events_before).then_some(()))
+    })
+    .await
+    .expect("each BMC saw its power cycle");
+    // And each command went out with its own driver.
+    for (id, driver) in ids.iter().zip(["redfish", "ipmi"]) {
+        let commands = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+            .await
+            .expect("commands");
+        let power = commands
+            .iter()
+            .rev()
+            .find(|c| c.kind == "bmc.power")
+            .expect("a power command");
+        assert_eq!(power.params["bmc"]["driver"], driver);
+    }
 }

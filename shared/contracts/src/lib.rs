@@ -27,6 +27,7 @@ pub mod downloads;
 pub mod envelope;
 pub mod events;
 pub mod outputs;
+pub mod plugin;
 pub mod results;
 pub mod schemas;
 pub mod work;

@@ -94,3 +94,19 @@ pub fn json_schemas() -> Vec<(&'static str, Value)> {
         ),
     ]
 }
+
+/// `(file name, schema)` of the BMC driver plugin protocol's messages
+/// (`proto/plugin/`): what a driver plugin reads on standard input and
+/// writes on standard output; not bus messages.
+pub fn plugin_schemas() -> Vec<(&'static str, Value)> {
+    fn s(v: schemars::schema::RootSchema) -> Value {
+        serde_json::to_value(v).unwrap_or(Value::Null)
+    }
+    vec![
+        ("request.json", s(schema_for!(crate::plugin::PluginRequest))),
+        (
+            "response.json",
+            s(schema_for!(crate::plugin::PluginResponse)),
+        ),
+    ]
+}

@@ -741,3 +741,72 @@ fn what_the_types_refuse_the_schemas_refuse() {
         );
     }
 }
+
+#[test]
+fn plugin_requests_and_answers_validate_against_proto_plugin_and_round_trip() {
+    use bcm_contracts::plugin::*;
+    let validator = |file: &str| {
+        let (_, s) = schemas::plugin_schemas()
+            .into_iter()
+            .find(|(n, _)| *n == file)
+            .unwrap_or_else(|| panic!("no {file}"));
+        jsonschema::validator_for(&s).unwrap_or_else(|e| panic!("{file}: {e}"))
+    };
+    let (request, response) = (validator("request.json"), validator("response.json"));
+    let bmc = PluginBmc {
+        address: "ipmi://10.0.0.1:623".into(),
+        username: "admin".into(),
+        password: "pw".into(),
+    };
+    for operation in [
+        PluginOperation::Verify,
+        PluginOperation::Inspect,
+        PluginOperation::PowerState,
+        PluginOperation::Power {
+            action: PowerAction::Off,
+        },
+        PluginOperation::Boot {
+            device: BootDevice::Pxe,
+            persistent: false,
+            mode: Some(BootMode::Uefi),
+        },
+        PluginOperation::SetPassword {
+            new_password: "next".into(),
+        },
+    ] {
+        let req = PluginRequest {
+            protocol: PROTOCOL_VERSION,
+            bmc: bmc.clone(),
+            operation,
+        };
+        let v = serde_json::to_value(&req).expect("json");
+        assert!(request.validate(&v).is_ok(), "{v}");
+        assert_eq!(
+            serde_json::from_value::<PluginRequest>(v).expect("back"),
+            req
+        );
+    }
+    for answer in [
+        PluginResponse::Ok(PluginOutput::PowerState(PowerState::Off)),
+        PluginResponse::Ok(PluginOutput::SetPassword),
+        PluginResponse::Ok(PluginOutput::Inspect(OobInventory::default())),
+        PluginResponse::Error(PluginError {
+            kind: PluginErrorKind::Refused,
+            message: "0xcc".into(),
+            status: Some(204),
+        }),
+    ] {
+        let v = serde_json::to_value(&answer).expect("json");
+        assert!(response.validate(&v).is_ok(), "{v}");
+        assert_eq!(
+            serde_json::from_value::<PluginResponse>(v).expect("back"),
+            answer
+        );
+    }
+    for bad in [
+        json!({"ok": {"op": "power", "output": "sideways"}}),
+        json!({"error": {"kind": "panic", "message": ""}}),
+    ] {
+        assert!(!response.is_valid(&bad), "{bad}");
+    }
+}

@@ -208,6 +208,7 @@ async fn the_bmc_service_refuses_forged_destructive_commands() {
         tls_ca_file: None,
         tls_insecure: false,
         ipmitool: "ipmitool".into(),
+        plugins: Default::default(),
         telemetry: Default::default(),
         quorum_anchor_file: Some(env.anchor_file()),
     };
@@ -242,6 +243,7 @@ async fn a_bmc_service_without_an_anchor_runs_no_destructive_command() {
         tls_ca_file: None,
         tls_insecure: false,
         ipmitool: "ipmitool".into(),
+        plugins: Default::default(),
         telemetry: Default::default(),
         quorum_anchor_file: None,
     };

@@ -399,8 +399,9 @@ impl BmcProcess {
             })
             .collect();
         let config = format!(
-            "site = \"s1\"\npower_timeout_secs = 40\nquorum_anchor_file = \"{}\"\n[bus]\nurl = \"{}\"\nnamespace = \"{}\"\n[telemetry]\nlog_format = \"json\"\nlog_filter = \"debug\"\n{keys}",
+            "site = \"s1\"\npower_timeout_secs = 40\nquorum_anchor_file = \"{}\"\n[plugins]\nipmi = \"{}\"\n[bus]\nurl = \"{}\"\nnamespace = \"{}\"\n[telemetry]\nlog_format = \"json\"\nlog_filter = \"debug\"\n{keys}",
             env.anchor_file().display(),
+            env!("CARGO_BIN_EXE_bcx-ipmi"),
             env.bus_config.url,
             env.bus_config.namespace.clone().expect("namespace"),
         );

@@ -1,0 +1,136 @@
+//! The driver plugin protocol at its edges: a driver the site hosts no
+//! plugin for answers `unsupported-driver`; a plugin that exits non-zero,
+//! answers garbage or outlives its time-out is a failed operation that
+//! names the plugin (never a hang, never a crash); `bcx-ipmi` answers a
+//! request it cannot read with `invalid` and exits 0.
+
+use bcm_bmc::driver::{Driver, DriverSettings};
+use bcm_bmc::error::BmcError;
+use bcm_bmc::plugin::PluginSettings;
+use bcm_contracts::plugin::{PluginErrorKind, PluginResponse};
+use bcm_core::BmcDriver;
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn script(dir: &std::path::Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\ncat >/dev/null\n{body}\n")).expect("write");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    p
+}
+
+fn open(settings: &DriverSettings) -> Result<Driver, BmcError> {
+    Driver::open(
+        BmcDriver::Ipmi,
+        "ipmi://127.0.0.1:1",
+        "admin".to_owned().into(),
+        "pw-never-shown".to_owned().into(),
+        settings,
+        None,
+    )
+}
+
+fn with_plugin(exe: PathBuf, timeout: Duration) -> DriverSettings {
+    let mut s = DriverSettings::default();
+    s.plugins.insert(
+        BmcDriver::Ipmi,
+        PluginSettings {
+            executable: exe,
+            timeout,
+            env: vec![],
+        },
+    );
+    s
+}
+
+#[tokio::test]
+async fn a_driver_without_a_plugin_is_unsupported_driver() {
+    let e = open(&DriverSettings::default()).expect_err("no plugin");
+    assert!(e.to_string().contains("unsupported-driver: ipmi"), "{e}");
+}
+
+#[tokio::test]
+async fn a_misbehaving_plugin_fails_the_operation_and_names_itself() {
+    let dir = std::env::temp_dir().join(format!("bcm-plugins-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cases = [
+        (
+            script(&dir, "exits", "echo 'boom' >&2; exit 3"),
+            "exited with",
+        ),
+        (
+            script(&dir, "garbage", "echo 'not json'"),
+            "answered what the protocol does not allow",
+        ),
+        (
+            script(
+                &dir,
+                "wrong-op",
+                r#"echo '{"ok":{"op":"verify","output":{"systemId":"x","power":"on"}}}'"#,
+            ),
+            "answered an operation it was not asked",
+        ),
+        (
+            script(&dir, "silent", ""),
+            "answered what the protocol does not allow",
+        ),
+    ];
+    for (exe, says) in cases {
+        let d = open(&with_plugin(exe.clone(), Duration::from_secs(10))).expect("driver");
+        let e = d.power_state().await.expect_err("fails");
+        let text = e.to_string();
+        assert!(
+            text.contains(says) && text.contains(&exe.display().to_string()),
+            "{text}"
+        );
+        assert!(!text.contains("pw-never-shown"), "{text}");
+    }
+    let slow = script(&dir, "slow", "sleep 30");
+    let d = open(&with_plugin(slow, Duration::from_millis(500))).expect("driver");
+    let started = std::time::Instant::now();
+    let e = d.power_state().await.expect_err("times out");
+    assert!(matches!(e, BmcError::Timeout { .. }), "{e:?}");
+    assert!(e.retryable());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "stopped, not waited out"
+    );
+    // A plugin's typed error keeps its kind.
+    let refused = script(
+        &dir,
+        "refused",
+        r#"echo '{"error":{"kind":"unauthorized","message":"RAKP 2 HMAC is invalid"}}'"#,
+    );
+    let d = open(&with_plugin(refused, Duration::from_secs(10))).expect("driver");
+    let e = d.verify().await.expect_err("unauthorized");
+    assert!(matches!(e, BmcError::Unauthorized { .. }), "{e:?}");
+    assert!(!e.retryable());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bcx_ipmi_answers_garbage_with_invalid() {
+    for input in [&b"not json"[..], b"{}", br#"{"protocol":99,"bmc":{"address":"x","username":"u","password":"p"},"operation":{"op":"verify"}}"#, &[0xff, 0xfe, 0x00]] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_bcx-ipmi"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input)
+            .expect("write");
+        let out = child.wait_with_output().expect("wait");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let answer: PluginResponse = serde_json::from_slice(&out.stdout).expect("an answer");
+        match answer {
+            PluginResponse::Error(e) => assert_eq!(e.kind, PluginErrorKind::Invalid, "{e:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
