@@ -7,7 +7,9 @@
 #     tftp-hpa's tftp, curl, tftpd-hpa, dnsmasq, the ipxe builds;
 #   - bcd's disk tests: gdisk (sgdisk), e2fsprogs, util-linux (losetup,
 #     wipefs, blkid), qemu-utils (qemu-img), libfuse2 and fusepy (PyPI,
-#     pinned) for a FUSE disk that drops writes.
+#     pinned) for a FUSE disk that drops writes;
+#   - tinyproxy (Debian package): the site's upstream HTTP proxy that the
+#     boot service's image cache fetches through.
 # Idempotent; nothing here needs more than PyPI and Debian's mirrors.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -43,6 +45,13 @@ if ! command -v sgdisk >/dev/null || ! command -v mkfs.ext4 >/dev/null || ! comm
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     gdisk e2fsprogs util-linux libfuse2 fuse qemu-utils >&2
 fi
+if ! command -v tinyproxy >/dev/null; then
+  log "installing tinyproxy (the site's upstream HTTP proxy in the image cache's test)"
+  apt-get update -qq >&2
+  # Its maintainer script starts a daemon where it can; stop it.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tinyproxy >&2
+  pkill -x tinyproxy 2>/dev/null || true
+fi
 if ! "$venv/bin/python" -c "import fuse" >/dev/null 2>&1; then
   log "installing fusepy==3.0.1 into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "fusepy==3.0.1" >&2
@@ -50,3 +59,4 @@ fi
 echo "export BCM_SUSHY_EMULATOR=$venv/bin/sushy-emulator"
 echo "export BCM_SUSHY_PYTHON=$venv/bin/python"
 echo "export BCM_IPMI_SIM=$(command -v ipmi_sim)"
+echo "export BCM_TINYPROXY=$(command -v tinyproxy)"

@@ -228,6 +228,7 @@ async fn main() -> anyhow::Result<()> {
         image_cache: dir.join("cache"),
         images: vec![],
         http_proxy: None,
+        upstream_proxy: None,
         telemetry: Default::default(),
         quorum_anchor_file: None,
     };

@@ -38,8 +38,17 @@ fn file_sha256(path: &Path) -> Option<String> {
     Some(hex::encode(Sha256::digest(&bytes)))
 }
 
-/// Fetches every image not yet in `dir` with the right sha256.
-pub async fn prewarm(dir: &Path, images: &[CatalogImage]) -> Result<(), BootError> {
+/// Fetches every image not yet in `dir` with the right sha256, through
+/// `proxy` (the site's upstream HTTP proxy, `http://host:port`) when the
+/// site sets one. Each download streams to a `.partial` file while it is
+/// hashed (an OS image never sits in memory) and is renamed into place only
+/// when its sha256 is the catalog's.
+pub async fn prewarm(
+    dir: &Path,
+    images: &[CatalogImage],
+    proxy: Option<&str>,
+) -> Result<(), BootError> {
+    let client = client(proxy)?;
     for image in images {
         let name = safe_name(&image.name)?;
         let want = image.sha256.to_ascii_lowercase();
@@ -51,35 +60,83 @@ pub async fn prewarm(dir: &Path, images: &[CatalogImage]) -> Result<(), BootErro
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        let bytes = fetch(&image.url).await?;
-        let got = hex::encode(Sha256::digest(&bytes));
+        let partial = target.with_extension("partial");
+        let (got, bytes) = match fetch_to(&client, &image.url, &partial).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_file(&partial);
+                return Err(e);
+            }
+        };
         if got != want {
+            let _ = std::fs::remove_file(&partial);
             return Err(BootError::Image(format!(
                 "image {}: sha256 {got} is not the catalog's {want}; not cached",
                 image.name
             )));
         }
-        let partial = target.with_extension("partial");
-        std::fs::write(&partial, &bytes)?;
         std::fs::rename(&partial, &target)?;
-        tracing::info!(image = %image.name, bytes = bytes.len(), "image cache: fetched and verified");
+        tracing::info!(image = %image.name, bytes, via = proxy.unwrap_or("direct"), "image cache: fetched and verified");
     }
     Ok(())
 }
 
-async fn fetch(url: &str) -> Result<Vec<u8>, BootError> {
-    if let Some(path) = url.strip_prefix("file://") {
-        return Ok(tokio::fs::read(path).await?);
+/// The HTTP client of the cache: through `proxy` when set.
+fn client(proxy: Option<&str>) -> Result<reqwest::Client, BootError> {
+    let mut b = reqwest::Client::builder();
+    if let Some(p) = proxy {
+        if !p.starts_with("http://") {
+            return Err(BootError::Image(format!(
+                "upstream_proxy {p:?} must be an http:// proxy URL"
+            )));
+        }
+        b = b.proxy(
+            reqwest::Proxy::all(p)
+                .map_err(|e| BootError::Image(format!("upstream_proxy {p:?}: {e}")))?,
+        );
+    } else {
+        b = b.no_proxy();
     }
-    if !(url.starts_with("http://") || url.starts_with("https://")) {
+    b.build()
+        .map_err(|e| BootError::Image(format!("image cache client: {e}")))
+}
+
+/// Streams `url` into `to` while hashing it; its sha256 and size.
+async fn fetch_to(
+    client: &reqwest::Client,
+    url: &str,
+    to: &Path,
+) -> Result<(String, u64), BootError> {
+    use futures::StreamExt as _;
+    use tokio::io::AsyncWriteExt as _;
+    let mut hasher = Sha256::new();
+    let mut file = tokio::fs::File::create(to).await?;
+    let mut n = 0u64;
+    if let Some(path) = url.strip_prefix("file://") {
+        let bytes = tokio::fs::read(path).await?;
+        hasher.update(&bytes);
+        file.write_all(&bytes).await?;
+        n = bytes.len() as u64;
+    } else if url.starts_with("http://") || url.starts_with("https://") {
+        let fetch_err = |e: reqwest::Error| BootError::Image(format!("fetching {url}: {e}"));
+        let res = client
+            .get(url)
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .map_err(fetch_err)?;
+        let mut body = res.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(fetch_err)?;
+            hasher.update(&chunk);
+            file.write_all(&chunk).await?;
+            n += chunk.len() as u64;
+        }
+    } else {
         return Err(BootError::Image(format!(
             "image url {url:?} must be http(s):// or file://"
         )));
     }
-    let fetch_err = |e: reqwest::Error| BootError::Image(format!("fetching {url}: {e}"));
-    let res = reqwest::get(url)
-        .await
-        .and_then(|r| r.error_for_status())
-        .map_err(fetch_err)?;
-    Ok(res.bytes().await.map_err(fetch_err)?.to_vec())
+    file.sync_all().await?;
+    Ok((hex::encode(hasher.finalize()), n))
 }

@@ -148,6 +148,11 @@ pub struct BootConfig {
     pub image_cache: PathBuf,
     #[serde(default)]
     pub images: Vec<images::CatalogImage>,
+    /// The site's upstream HTTP proxy (`http://host:port`): the image
+    /// cache fetches the catalog through it when set (a boot network with
+    /// no other way out).
+    #[serde(default)]
+    pub upstream_proxy: Option<String>,
     /// `site.httpProxy`: a forward proxy for the ramdisk's image
     /// downloads, to allowlisted destinations only. Off unless configured.
     #[serde(default)]
@@ -248,7 +253,7 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
     let ttl = Duration::from_secs(cfg.lease_ttl_secs.max(2));
     let (entries_kv, lease_kv) = commands::buckets(&bus, &site, ttl).await?;
 
-    images::prewarm(&cfg.image_cache, &cfg.images).await?;
+    images::prewarm(&cfg.image_cache, &cfg.images, cfg.upstream_proxy.as_deref()).await?;
     let join_key = cfg
         .join_key
         .resolve()

@@ -66,6 +66,7 @@ async fn boot_service(
         image_cache: dir.join("cache"),
         images: vec![],
         http_proxy: None,
+        upstream_proxy: None,
         telemetry: Default::default(),
         quorum_anchor_file: None,
     };

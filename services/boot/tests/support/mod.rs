@@ -93,6 +93,7 @@ pub fn config(
         image_cache: dir.join("cache"),
         images: vec![],
         http_proxy: None,
+        upstream_proxy: None,
         telemetry: Default::default(),
         quorum_anchor_file: Some(env.anchor_file()),
     }
