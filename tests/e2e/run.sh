@@ -207,9 +207,6 @@ accept_unsupported_diag = true
 [[api.seed.deploy_profiles]]
 tenant = "root"
 profile = { id = "e2e-os-raw", version = 1, role = "host", image = $(toml_ref raw) }
-[[api.seed.deploy_profiles]]
-tenant = "root"
-profile = { id = "e2e-os-qcow2", version = 1, role = "host", image = $(toml_ref qcow2) }
 [engine]
 control_plane_url = "$API"
 [reconciler]
@@ -306,11 +303,16 @@ define_vms() {
 # disk_raw NAME OUT: the VM's disk as the host reads it.
 disk_raw() { qemu-img convert -U -f qcow2 -O raw "$dir/img/$1.qcow2" "$2"; }
 
+# No driver named: the pool's hardware profile (qemu-virtio, from the
+# configuration) binds Redfish.
 enroll() {
-  local name=$1 uuid; uuid=$(virsh -q -c qemu:///system domuuid "$name")
-  ctl -o json enroll --pool e2e --driver redfish \
+  local name=$1 uuid view; uuid=$(virsh -q -c qemu:///system domuuid "$name")
+  view=$(ctl -o json enroll --pool e2e \
     --address "http://127.0.0.1:8000/redfish/v1/Systems/$uuid" \
-    --username admin --password e2e-password | jq -r .nodeId > "$dir/run/node-$name"
+    --username admin --password e2e-password)
+  jq -e '.bmc.driver == "redfish"' <<<"$view" >/dev/null \
+    || { echo "$name: the profile did not bind redfish: $view" >&2; return 1; }
+  jq -r .nodeId <<<"$view" > "$dir/run/node-$name"
   say "  $name: node $(cat "$dir/run/node-$name")"
 }
 
@@ -435,7 +437,8 @@ scenario() {
   ctl deploy "$node" --profile "e2e-os-$format" --profile-version 1 >/dev/null
   wait_state "$name" "$node" deployed 900
   check_deployed_disk "$name"
-  ctl undeploy "$node" --wipe quick >/dev/null
+  # No --wipe: the pool's releaseWipe (quick).
+  ctl undeploy "$node" >/dev/null
   wait_state "$name" "$node" ready 900
   check_wiped_disk "$name"
   check_events "$name" $SEQ_POSITIVE
@@ -486,6 +489,17 @@ phase "postgres + nats in the control namespace" stack_up
 phase "OS image, signed" images
 phase configure configure
 phase "control plane up (api, relay, workflow, reconciler, attestation, bmc, boot)" control_plane_up
+# The qcow2 profile is published through the API (the raw one is seeded):
+# a published version is immutable, so publishing it again is a no-op.
+publish_profiles() {
+  jq '{id: "e2e-os-qcow2", version: 1, role: "host", userDataTemplate: "bcd-preinstalled",
+       image: {url, format, sha256, sizeBytes, signature}}' \
+    "$dir/img/os.qcow2.ref.json" > "$dir/run/profile-qcow2.json"
+  ctl profiles publish "$dir/run/profile-qcow2.json" | sed 's/^/  /'
+  ctl -o json profiles publish "$dir/run/profile-qcow2.json" | jq -e '.profile.id == "e2e-os-qcow2"' >/dev/null
+  ctl hardware-profiles | sed 's/^/  /'
+}
+phase "deploy profile published through the API; hardware profiles" publish_profiles
 phase "define VMs" define_vms
 phase "scenario: enroll → ready → deploy → release → ready ($FIRMWARE)" scenarios
 if [ "${E2E_NEGATIVE:-1}" = 1 ]; then
