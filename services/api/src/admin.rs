@@ -98,11 +98,7 @@ const MAX_POOL_PROFILES: usize = 256;
 
 /// Checks a pool's policy before it is stored (the API's and the seed's).
 pub fn check_pool_policy(p: &bcm_db::tenancy::Pool) -> Result<(), ApiError> {
-    if !bcm_core::text::is_profile_id(&p.hardware_profile) {
-        return Err(ApiError::invalid(
-            "hardwareProfile must be 1-64 characters of a-z, 0-9, '.', '-' or '_'",
-        ));
-    }
+    crate::verbs::check_profile_id("hardwareProfile", &p.hardware_profile)?;
     crate::verbs::check_text("name", &p.name, 128)?;
     if AgentMode::parse(&p.agent_mode).is_none() {
         return Err(ApiError::invalid(format!(
@@ -117,11 +113,7 @@ pub fn check_pool_policy(p: &bcm_db::tenancy::Pool) -> Result<(), ApiError> {
             )));
         }
         for (i, id) in ids.iter().enumerate() {
-            if !bcm_core::text::is_profile_id(id) {
-                return Err(ApiError::invalid(format!(
-                    "deployProfiles[{i}] must be 1-64 characters of a-z, 0-9, '.', '-' or '_'"
-                )));
-            }
+            crate::verbs::check_profile_id(&format!("deployProfiles[{i}]"), id)?;
             if ids[..i].contains(id) {
                 return Err(ApiError::invalid(format!(
                     "deployProfiles names {id} twice"

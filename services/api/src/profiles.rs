@@ -198,11 +198,7 @@ pub async fn list(
         format!("tenant {}", q.tenant_id)
     })?;
     if let Some(id) = &q.id {
-        if !bcm_core::text::is_profile_id(id) {
-            return Err(ApiError::invalid(
-                "id must be 1-64 characters of a-z, 0-9, '.', '-' or '_'",
-            ));
-        }
+        crate::verbs::check_profile_id("id", id)?;
     }
     let rows = bcm_db::deploy_profiles::deploy_profiles_list(
         &app.inner.db,
@@ -237,11 +233,7 @@ pub async fn get(
         .ok()
         .filter(|v| *v >= 1)
         .ok_or_else(|| ApiError::invalid("version must be 1 to 2147483647"))?;
-    if !bcm_core::text::is_profile_id(&id) {
-        return Err(ApiError::invalid(
-            "id must be 1-64 characters of a-z, 0-9, '.', '-' or '_'",
-        ));
-    }
+    crate::verbs::check_profile_id("id", &id)?;
     let row =
         bcm_db::deploy_profiles::deploy_profile_fetch(&app.inner.db, tenant.as_str(), &id, version)
             .await?

@@ -249,6 +249,17 @@ pub(crate) async fn pool_to_enroll_into(
     Ok(pool)
 }
 
+/// A profile id or name (`bcm_core::text::is_profile_id`: the schema's
+/// `^[a-z0-9._-]{1,64}$`).
+pub(crate) fn check_profile_id(field: &str, v: &str) -> Result<(), ApiError> {
+    if !bcm_core::text::is_profile_id(v) {
+        return Err(ApiError::invalid(format!(
+            "{field} must be 1-64 characters of a-z, 0-9, '.', '-' or '_'"
+        )));
+    }
+    Ok(())
+}
+
 /// A printable text of 1 to `max` characters (`bcm_core::text`, the rule
 /// the schema's pattern states).
 pub(crate) fn check_text(field: &str, v: &str, max: usize) -> Result<(), ApiError> {
@@ -286,11 +297,7 @@ pub async fn enroll(
         .transpose()
         .map_err(ApiError::invalid)?;
     if let Some(p) = &req.hardware_profile {
-        if !bcm_core::text::is_profile_id(p) {
-            return Err(ApiError::invalid(
-                "hardwareProfile must be 1-64 characters of a-z, 0-9, '.', '-' or '_'",
-            ));
-        }
+        check_profile_id("hardwareProfile", p)?;
     }
     if req.macs.len() > 64 {
         return Err(ApiError::invalid("macs must name at most 64 MACs"));
@@ -561,15 +568,16 @@ async fn run_verb(
                         ));
                     }
                 }
+                let (bcd, os, arch) = bcm_contracts::downloads::INSTALLED_OS_BCD;
                 if definition.needs_bcd()
-                    && bcm_db::downloads::download_latest_in_txn(&mut tx, "bcd", "linux", "amd64")
+                    && bcm_db::downloads::download_latest_in_txn(&mut tx, bcd, os, arch)
                         .await?
                         .is_none()
                 {
                     return Err(ApiError::new(
                         ErrorCode::InvalidConfig,
                         format!(
-                            "deploy profile {profile_id} v{profile_version} installs bcd from the control plane, and no bcd for linux-amd64 is published (api.downloads.bcd)"
+                            "deploy profile {profile_id} v{profile_version} installs bcd from the control plane, and no {bcd} for {os}-{arch} is published (api.downloads.bcd)"
                         ),
                     ));
                 }
@@ -812,11 +820,7 @@ impl VerbRequest for NodeRequest {
 
 impl VerbRequest for DeployRequest {
     fn into_parts(self) -> Result<(TenantId, NodeId, Extra), ApiError> {
-        if !bcm_core::text::is_profile_id(&self.profile_id) {
-            return Err(ApiError::invalid(
-                "profileId must be 1-64 characters of a-z, 0-9, '.', '-' or '_'",
-            ));
-        }
+        check_profile_id("profileId", &self.profile_id)?;
         if self.profile_version == 0 || i32::try_from(self.profile_version).is_err() {
             return Err(ApiError::invalid("profileVersion must be 1 to 2147483647"));
         }

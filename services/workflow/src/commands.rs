@@ -163,7 +163,8 @@ async fn deploy_image(
     // The installed OS downloads the latest published bcd (the API hashed
     // it); machines are amd64 until inventory reports an architecture.
     let bcd = if profile.needs_bcd() {
-        bcm_db::downloads::download_latest_in_txn(tx, "bcd", "linux", "amd64")
+        let (name, os, arch) = bcm_contracts::downloads::INSTALLED_OS_BCD;
+        bcm_db::downloads::download_latest_in_txn(tx, name, os, arch)
             .await
             .map_err(ParamsError::Db)?
     } else {
