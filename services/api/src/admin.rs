@@ -70,6 +70,11 @@ pub struct PoolRequest {
     #[serde(default)]
     #[schema(schema_with = crate::openapi::release_wipe_schema)]
     pub release_wipe: Option<bcm_core::WipeMode>,
+    /// Commissioning's wipe (default `quick`; `none` is refused: a node
+    /// reaches `ready` only through a verified wipe).
+    #[serde(default)]
+    #[schema(schema_with = crate::openapi::commission_wipe_schema)]
+    pub commission_wipe: Option<bcm_core::WipeMode>,
 }
 
 /// A pool's accepted deploy profile ids as the OpenAPI document states
@@ -121,17 +126,26 @@ pub fn check_pool_policy(p: &bcm_db::tenancy::Pool) -> Result<(), ApiError> {
             }
         }
     }
-    match bcm_core::WipeMode::parse(&p.release_wipe) {
-        Some(w) if w.can_reach_ready() => Ok(()),
-        Some(_) => Err(ApiError::invalid(format!(
-            "releaseWipe: {}",
-            bcm_core::node::WIPE_NONE_REFUSED
-        ))),
-        None => Err(ApiError::invalid(format!(
-            "releaseWipe {:?} is not a wipe mode",
-            p.release_wipe
-        ))),
+    for (field, value) in [
+        ("releaseWipe", &p.release_wipe),
+        ("commissionWipe", &p.commission_wipe),
+    ] {
+        match bcm_core::WipeMode::parse(value) {
+            Some(w) if w.can_reach_ready() => {}
+            Some(_) => {
+                return Err(ApiError::invalid(format!(
+                    "{field}: {}",
+                    bcm_core::node::WIPE_NONE_REFUSED
+                )))
+            }
+            None => {
+                return Err(ApiError::invalid(format!(
+                    "{field} {value:?} is not a wipe mode"
+                )))
+            }
+        }
     }
+    Ok(())
 }
 
 /// A pool as an administrator reads it: where it is and its whole policy.
@@ -148,6 +162,7 @@ pub struct PoolView {
     /// Absent: every profile of the tenant.
     pub deploy_profiles: Option<Vec<String>>,
     pub release_wipe: bcm_core::WipeMode,
+    pub commission_wipe: bcm_core::WipeMode,
     pub quorum: PoolQuorum,
 }
 
@@ -161,6 +176,8 @@ impl PoolView {
             agent_mode: AgentMode::parse(&p.agent_mode).ok_or_else(|| corrupt("agent mode"))?,
             release_wipe: bcm_core::WipeMode::parse(&p.release_wipe)
                 .ok_or_else(|| corrupt("release wipe"))?,
+            commission_wipe: bcm_core::WipeMode::parse(&p.commission_wipe)
+                .ok_or_else(|| corrupt("commission wipe"))?,
             quorum: PoolQuorum {
                 required: q.required.max(1) as u32,
                 requester_may_approve: q.requester_may_approve,
@@ -346,6 +363,93 @@ pub async fn put_site(
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 
+/// A site and its settings.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteView {
+    pub id: SiteId,
+    pub name: String,
+    /// The upstream HTTP proxy `site.httpProxy` fetches catalog images
+    /// through; absent: direct.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_proxy: Option<String>,
+    /// Who set (or cleared) it last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_proxy_set_by: Option<String>,
+}
+
+async fn site_view(app: &AppState, id: &SiteId) -> Result<SiteView, ApiError> {
+    let site = bcm_db::tenancy::site_fetch(&app.inner.db, id)
+        .await?
+        .ok_or_else(|| {
+            ApiError::new(
+                bcm_core::ErrorCode::NotFound,
+                format!("site {id} not found"),
+            )
+        })?;
+    Ok(SiteView {
+        id: id.clone(),
+        name: site.name,
+        http_proxy: site.http_proxy,
+        http_proxy_set_by: site.http_proxy_set_by,
+    })
+}
+
+/// `GET /api/compute/admin/sites/{id}`.
+#[utoipa::path(get, path = "/api/compute/admin/sites/{id}", operation_id = "getSite", tag = "admin",
+    params(("id" = SiteId, Path)), responses((status = 200, body = SiteView), crate::error::ErrorResponses), security(("bearer" = [])))]
+pub async fn get_site(
+    State(app): State<AppState>,
+    who: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<SiteView>, ApiError> {
+    who.require_admin()?;
+    let id = parse::<SiteId>(&id)?;
+    Ok(Json(site_view(&app, &id).await?))
+}
+
+/// A site's upstream HTTP proxy.
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpProxyRequest {
+    /// `http://host:port` (no credentials, no path); `null` clears it.
+    #[schema(max_length = 512, pattern = "^http://")]
+    pub http_proxy: Option<String>,
+}
+
+/// `PUT /api/compute/admin/sites/{id}/httpProxy`: sets or clears the proxy
+/// the site's cache fetches catalog images through (the next
+/// `site.httpProxy` command carries it).
+#[utoipa::path(put, path = "/api/compute/admin/sites/{id}/httpProxy", operation_id = "setSiteHttpProxy", tag = "admin", request_body = HttpProxyRequest,
+    params(("id" = SiteId, Path)), responses((status = 200, body = SiteView), crate::error::ErrorResponses), security(("bearer" = [])))]
+pub async fn put_site_http_proxy(
+    State(app): State<AppState>,
+    who: Principal,
+    Path(id): Path<String>,
+    Body(req): Body<HttpProxyRequest>,
+) -> Result<Json<SiteView>, ApiError> {
+    who.require_admin()?;
+    let id = parse::<SiteId>(&id)?;
+    if let Some(url) = &req.http_proxy {
+        bcm_core::deploy::check_http_proxy(url).map_err(ApiError::invalid)?;
+    }
+    if !bcm_db::tenancy::site_set_http_proxy(
+        &app.inner.db,
+        &id,
+        req.http_proxy.as_deref(),
+        &who.name,
+    )
+    .await?
+    {
+        return Err(ApiError::new(
+            bcm_core::ErrorCode::NotFound,
+            format!("site {id} not found"),
+        ));
+    }
+    tracing::info!(site = %id, proxy = req.http_proxy.as_deref().unwrap_or("none"), by = %who.name, "site HTTP proxy set");
+    Ok(Json(site_view(&app, &id).await?))
+}
+
 /// `PUT /api/compute/admin/pools/{id}`.
 #[utoipa::path(put, path = "/api/compute/admin/pools/{id}", tag = "admin", request_body = PoolRequest,
     params(("id" = PoolId, Path)), responses((status = 204), crate::error::ErrorResponses), security(("bearer" = [])))]
@@ -378,6 +482,7 @@ pub async fn put_pool(
         accept_unsupported_diag: req.accept_unsupported_diag,
         deploy_profiles: req.deploy_profiles,
         release_wipe: req.release_wipe.unwrap_or_default().as_str().to_owned(),
+        commission_wipe: req.commission_wipe.unwrap_or_default().as_str().to_owned(),
     };
     check_pool_policy(&pool)?;
     app.inner

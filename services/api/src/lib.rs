@@ -12,6 +12,7 @@ pub mod bulk;
 pub mod downloads;
 pub mod error;
 pub mod extract;
+pub mod images;
 pub mod join_tokens;
 pub mod limits;
 pub mod openapi;
@@ -346,6 +347,9 @@ pub struct SeedPool {
     /// A release's wipe when the request names none.
     #[serde(default)]
     pub release_wipe: bcm_core::WipeMode,
+    /// Commissioning's wipe.
+    #[serde(default)]
+    pub commission_wipe: bcm_core::WipeMode,
 }
 
 fn default_listen() -> SocketAddr {
@@ -491,7 +495,8 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes/{node_id}", get(reads::get_node));
     let admin = axum::Router::<AppState>::new()
         .route("/tenants/{id}", put(admin::put_tenant))
-        .route("/sites/{id}", put(admin::put_site))
+        .route("/sites/{id}", put(admin::put_site).get(admin::get_site))
+        .route("/sites/{id}/httpProxy", put(admin::put_site_http_proxy))
         .route("/pools", get(admin::list_pools))
         .route("/pools/{id}", put(admin::put_pool).get(admin::get_pool))
         .route("/tokens", post(admin::create_token).get(admin::list_tokens))
@@ -518,6 +523,12 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/api/compute/deployProfiles/{tenant_id}/{id}/{version}",
             get(profiles::get),
+        )
+        .route("/api/compute/images", post(images::register).get(images::list))
+        .route("/api/compute/images/{tenant_id}/{name}", get(images::get))
+        .route(
+            "/api/compute/images/{tenant_id}/{name}/prewarm",
+            post(images::prewarm),
         )
         .route("/api/compute/hardwareProfiles", get(admin::list_hardware_profiles))
         .route("/api/compute/downloads", get(downloads::list))
@@ -659,6 +670,7 @@ async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {
             accept_unsupported_diag: p.accept_unsupported_diag,
             deploy_profiles: p.deploy_profiles.clone(),
             release_wipe: p.release_wipe.as_str().to_owned(),
+            commission_wipe: p.commission_wipe.as_str().to_owned(),
         };
         admin::check_pool_policy(&pool)
             .map_err(|e| StartError::Config(format!("seed: pool {}: {}", p.id, e.message)))?;

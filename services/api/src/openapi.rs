@@ -4,7 +4,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::{admin, agent, bulk, downloads, join_tokens, profiles, reads, verbs};
+use crate::{admin, agent, bulk, downloads, images, join_tokens, profiles, reads, verbs};
 
 struct Bearer;
 
@@ -134,10 +134,11 @@ impl Modify for OperationIdsAndLinks {
         bulk::create, bulk::list, bulk::get, bulk::nodes, bulk::approve, bulk::reject, bulk::cancel,
         bulk::put_approver, bulk::list_approvers, bulk::revoke_approver,
         reads::get_node, reads::list_nodes,
-        admin::put_tenant, admin::put_site, admin::put_pool, admin::get_pool, admin::list_pools, admin::list_hardware_profiles, admin::create_token,
+        admin::put_tenant, admin::put_site, admin::get_site, admin::put_site_http_proxy, admin::put_pool, admin::get_pool, admin::list_pools, admin::list_hardware_profiles, admin::create_token,
         admin::list_tokens, admin::revoke_token,
         agent::join, agent::heartbeat, agent::commands, agent::results,
         profiles::publish, profiles::list, profiles::get,
+        images::register, images::list, images::get, images::prewarm,
         downloads::list, downloads::get,
     ),
     components(schemas(crate::error::ApiErrorBody)),
@@ -152,6 +153,15 @@ struct ApiDoc;
 /// A release's wipe as the API accepts it: every wipe mode that can end in
 /// `ready` (`none` is refused, 400), or null.
 pub fn release_wipe_schema() -> utoipa::openapi::Object {
+    wipe_schema("How the release wipes: quick, secure-erase or crypto-erase; absent or null: the pool's releaseWipe. `none` is refused: a released node reaches ready only through a verified wipe.")
+}
+
+/// A pool's commissioning wipe as the document states it.
+pub fn commission_wipe_schema() -> utoipa::openapi::Object {
+    wipe_schema("How commissioning wipes: quick, secure-erase or crypto-erase; absent or null: quick. `none` is refused: a node reaches ready only through a verified wipe.")
+}
+
+fn wipe_schema(description: &str) -> utoipa::openapi::Object {
     use utoipa::openapi::schema::{SchemaType, Type};
     // The field is optional: null (or absent) takes the pool's default.
     let mut modes: Vec<serde_json::Value> = bcm_core::WipeMode::ALL
@@ -163,9 +173,7 @@ pub fn release_wipe_schema() -> utoipa::openapi::Object {
     utoipa::openapi::ObjectBuilder::new()
         .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
         .enum_values(Some(modes))
-        .description(Some(
-            "How the release wipes: quick, secure-erase or crypto-erase; absent or null: the pool's releaseWipe. `none` is refused: a released node reaches ready only through a verified wipe.",
-        ))
+        .description(Some(description))
         .build()
 }
 

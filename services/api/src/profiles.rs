@@ -33,8 +33,15 @@ pub struct PublishRequest {
     /// `host` unless the profile leases the whole machine.
     #[serde(default)]
     pub role: Option<DeployRole>,
-    /// A catalog image: URL, format, SHA-256, size and signature.
-    pub image: ImageRef,
+    /// The image given inline (URL, format, SHA-256, size, signature): one
+    /// outside the catalog, never pre-warmed. Give this or `catalogImage`.
+    #[serde(default)]
+    pub image: Option<ImageRef>,
+    /// A registered image of the tenant's catalog (`POST
+    /// /api/compute/images`) by name; the profile keeps what it is now.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9._-]{1,64}$")]
+    pub catalog_image: Option<String>,
     /// A user data template (`userData` must use `{{ joinToken }}` and
     /// `{{ controlPlaneUrl }}` and no unknown placeholder: 400 otherwise) with `{{ nodeId }}`, `{{ joinToken }}`,
     /// `{{ controlPlaneUrl }}`, `{{ bcdUrl }}`, `{{ bcdSha256 }}`. Give this
@@ -115,11 +122,31 @@ pub async fn publish(
             .to_owned(),
         (None, None) => bcm_core::deploy::DEFAULT_USER_DATA.to_owned(),
     };
+    let (image, catalog_image) = match (req.image, req.catalog_image) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid("give image or catalogImage, not both"))
+        }
+        (None, None) => return Err(ApiError::invalid("give image or catalogImage")),
+        (Some(image), None) => (image, None),
+        (None, Some(name)) => {
+            crate::verbs::check_profile_id("catalogImage", &name)?;
+            let stored = bcm_db::images::image_fetch(&app.inner.db, req.tenant_id.as_str(), &name)
+                .await?
+                .ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::NotFound,
+                        format!("image {name} is not in tenant {}'s catalog", req.tenant_id),
+                    )
+                })?;
+            (stored.image, Some(name))
+        }
+    };
     let profile = DeployProfile {
         id: req.id,
         version: req.version,
         role: req.role.unwrap_or(DeployRole::Host),
-        image: req.image,
+        image,
+        catalog_image,
         user_data,
     };
     if i32::try_from(profile.version).is_err() {

@@ -268,6 +268,7 @@ async fn a_pools_policy_reads_back_and_refuses_garbage() {
             Some(&admin),
             &json!({"tenantId": "a", "siteId": "s1", "hardwareProfile": "gpu-redfish",
             "deployProfiles": ["p", "ubuntu-24.04"], "releaseWipe": "secure-erase",
+            "commissionWipe": "crypto-erase",
             "quorum": {"required": 2, "bulkConcurrency": 50}}),
         )
         .await
@@ -277,6 +278,7 @@ async fn a_pools_policy_reads_back_and_refuses_garbage() {
     assert_eq!(s, 200, "{p}");
     assert_eq!(p["deployProfiles"], json!(["p", "ubuntu-24.04"]));
     assert_eq!(p["releaseWipe"], "secure-erase");
+    assert_eq!(p["commissionWipe"], "crypto-erase");
     assert_eq!(p["agentMode"], "bcd");
     assert_eq!(p["quorum"]["required"], 2);
     assert_eq!(p["quorum"]["bulkConcurrency"], 50);
@@ -300,6 +302,8 @@ async fn a_pools_policy_reads_back_and_refuses_garbage() {
     for garbage in [
         with(json!({"releaseWipe": "none"})),
         with(json!({"releaseWipe": "shred"})),
+        with(json!({"commissionWipe": "none"})),
+        with(json!({"commissionWipe": 1})),
         with(json!({"deployProfiles": ["Bad Id"]})),
         with(json!({"deployProfiles": ["p", "p"]})),
         with(json!({"deployProfiles": "p"})),

@@ -53,6 +53,7 @@ async fn a_real_bcd_commissions_a_node_and_a_disk_that_lies_fails_the_release() 
             accept_unsupported_diag: true,
             deploy_profiles: None,
             release_wipe: "quick".into(),
+            commission_wipe: "quick".into(),
         },
     )
     .await

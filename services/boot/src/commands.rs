@@ -1,6 +1,7 @@
 //! `site.*` commands and the shared entry store. The consumer (`boot-<site>`,
 //! shared by every boot process of the site) applies `site.bootEntry.set`
-//! and `.clear` to the site's entries bucket and answers on
+//! and `.clear` to the site's entries bucket, runs `site.httpProxy` (a
+//! catalog image fetched into the image cache, through the site's proxy) and answers on
 //! `result.<site>.<commandId>`, acking after the result is stored. A MAC is
 //! unique within the site: a set or clear for a MAC whose live entry was
 //! made for another node is refused (`CONFLICT`) and changes nothing; every
@@ -148,10 +149,35 @@ async fn read_all(
     Ok((read, held))
 }
 
-/// Applies one command to the bucket; the result's output.
-async fn execute(kv: &Store, has_join_key: bool, cmd: &CommandEnvelope) -> Result<Output, String> {
+/// What a site command may touch besides the entries bucket: the image
+/// cache and the proxy the boot service's own configuration names.
+#[derive(Debug, Clone)]
+pub struct Cache {
+    pub dir: std::path::PathBuf,
+    /// `upstream_proxy` of the configuration: used when the command names
+    /// no proxy of the site's.
+    pub upstream_proxy: Option<String>,
+}
+
+/// Applies one command to the bucket or the cache; the result's output.
+async fn execute(
+    kv: &Store,
+    cache: &Cache,
+    has_join_key: bool,
+    cmd: &CommandEnvelope,
+) -> Result<Output, String> {
     let node = cmd.node_id.map(|n| n.to_string());
     match &cmd.command {
+        Command::SiteHttpProxy(p) => {
+            let proxy = p
+                .upstream_proxy
+                .as_deref()
+                .or(cache.upstream_proxy.as_deref());
+            crate::images::cache(&cache.dir, &p.image, proxy)
+                .await
+                .map(Output::SiteHttpProxy)
+                .map_err(|e| e.to_string())
+        }
         Command::BootEntrySet(p)
             if !has_join_key && bcm_pki::join_key::has_reference(&p.boot_entry.cmdline) =>
         {
@@ -263,6 +289,7 @@ struct SiteHandler {
     bus: Bus,
     site: SiteId,
     kv: Store,
+    cache: Cache,
     has_join_key: bool,
 }
 
@@ -272,10 +299,18 @@ impl Handler<CloudEvent<CommandEnvelope>> for SiteHandler {
         for m in batch {
             let span = bcm_bus::command_span("boot", m);
             let started = std::time::Instant::now();
-            let d = self
-                .one(m.subject(), &m.message.data)
-                .instrument(span)
-                .await;
+            // A long fetch (`site.httpProxy`) tells the server it is still
+            // at it, so the command is not redelivered meanwhile.
+            let work = self.one(m.subject(), &m.message.data).instrument(span);
+            tokio::pin!(work);
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            tick.tick().await;
+            let d = loop {
+                tokio::select! {
+                    d = &mut work => break d,
+                    _ = tick.tick() => m.in_progress().await,
+                }
+            };
             bcm_bus::command_handled("boot", m, started.elapsed(), &d);
             out.push(d);
         }
@@ -302,7 +337,7 @@ impl SiteHandler {
             tracing::warn!(command = %cmd.command_id, kind = %cmd.kind(), deadline = ?cmd.deadline, "refused a command past its deadline; not run");
             CommandResult::expired(cmd)
         } else {
-            match execute(&self.kv, self.has_join_key, cmd).await {
+            match execute(&self.kv, &self.cache, self.has_join_key, cmd).await {
                 Ok(output) => {
                     tracing::info!(command = %cmd.command_id, kind = %cmd.kind(), "site command applied");
                     CommandResult::succeeded(cmd, output)
@@ -326,6 +361,7 @@ pub async fn run(
     bus: Bus,
     site: SiteId,
     kv: Store,
+    cache: Cache,
     has_join_key: bool,
     shutdown: CancellationToken,
 ) {
@@ -338,6 +374,7 @@ pub async fn run(
         bus: bus.clone(),
         site,
         kv,
+        cache,
         has_join_key,
     });
     bcm_bus::consumer::run(bus, spec, handler, shutdown).await

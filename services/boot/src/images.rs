@@ -50,35 +50,105 @@ pub async fn prewarm(
 ) -> Result<(), BootError> {
     let client = client(proxy)?;
     for image in images {
-        let name = safe_name(&image.name)?;
-        let want = image.sha256.to_ascii_lowercase();
-        let target = dir.join(&name);
-        if file_sha256(&target).as_deref() == Some(want.as_str()) {
-            tracing::info!(image = %image.name, "image cache: present");
-            continue;
-        }
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        let partial = target.with_extension("partial");
-        let (got, bytes) = match fetch_to(&client, &image.url, &partial).await {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = std::fs::remove_file(&partial);
-                return Err(e);
-            }
-        };
-        if got != want {
-            let _ = std::fs::remove_file(&partial);
-            return Err(BootError::Image(format!(
-                "image {}: sha256 {got} is not the catalog's {want}; not cached",
-                image.name
-            )));
-        }
-        std::fs::rename(&partial, &target)?;
-        tracing::info!(image = %image.name, bytes, via = proxy.unwrap_or("direct"), "image cache: fetched and verified");
+        cache_one(
+            dir,
+            &client,
+            &image.name,
+            &image.url,
+            &image.sha256,
+            None,
+            proxy,
+        )
+        .await?;
     }
     Ok(())
+}
+
+/// `site.httpProxy`: caches one catalog image under `dir` (its path,
+/// sha256 and size checked), through `proxy` when set.
+pub async fn cache(
+    dir: &Path,
+    image: &bcm_contracts::commands::CacheImage,
+    proxy: Option<&str>,
+) -> Result<bcm_contracts::outputs::ImageCached, BootError> {
+    if !image.path.starts_with("catalog/") {
+        return Err(BootError::Image(format!(
+            "a catalog image lives under catalog/, not {:?}",
+            image.path
+        )));
+    }
+    if image.sha256.len() != 64 || !image.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(BootError::Image(format!(
+            "image {}: sha256 must be 64 hex digits",
+            image.path
+        )));
+    }
+    let client = client(proxy)?;
+    let (sha256, size_bytes, via) = cache_one(
+        dir,
+        &client,
+        &image.path,
+        &image.url,
+        &image.sha256,
+        Some(image.size_bytes),
+        proxy,
+    )
+    .await?;
+    Ok(bcm_contracts::outputs::ImageCached {
+        path: image.path.clone(),
+        sha256,
+        size_bytes,
+        via,
+    })
+}
+
+/// Makes `dir/name` hold the image of `url` with sha256 `want` (and
+/// `size` bytes when given): kept when it is there already, else fetched to
+/// a partial file of its own (two fetches of one image never share one)
+/// and renamed into place. Its sha256, size and where it came from.
+async fn cache_one(
+    dir: &Path,
+    client: &reqwest::Client,
+    name: &str,
+    url: &str,
+    want: &str,
+    size: Option<u64>,
+    proxy: Option<&str>,
+) -> Result<(String, u64, String), BootError> {
+    let rel = safe_name(name)?;
+    let want = want.to_ascii_lowercase();
+    let target = dir.join(&rel);
+    if file_sha256(&target).as_deref() == Some(want.as_str()) {
+        tracing::info!(image = %name, "image cache: present");
+        let len = std::fs::metadata(&target)?.len();
+        return Ok((want, len, "cache".to_owned()));
+    }
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    static PARTIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = PARTIALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut partial = target.clone().into_os_string();
+    partial.push(format!(".{}-{n}.partial", std::process::id()));
+    let partial = PathBuf::from(partial);
+    let (got, bytes) = match fetch_to(client, url, &partial).await {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+    };
+    if got != want || size.is_some_and(|s| s != bytes) {
+        let _ = std::fs::remove_file(&partial);
+        return Err(BootError::Image(format!(
+            "image {name}: sha256 {got} ({bytes} bytes) is not the catalog's {want}{}; not cached",
+            size.map(|s| format!(" ({s} bytes)")).unwrap_or_default()
+        )));
+    }
+    std::fs::rename(&partial, &target)?;
+    let via = proxy.unwrap_or("direct").to_owned();
+    tracing::info!(image = %name, bytes, via = %via, "image cache: fetched and verified");
+    Ok((got, bytes, via))
 }
 
 /// The HTTP client of the cache: through `proxy` when set.

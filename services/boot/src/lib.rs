@@ -150,11 +150,12 @@ pub struct BootConfig {
     pub images: Vec<images::CatalogImage>,
     /// The site's upstream HTTP proxy (`http://host:port`): the image
     /// cache fetches the catalog through it when set (a boot network with
-    /// no other way out).
+    /// no other way out). A `site.httpProxy` command carrying the site's
+    /// proxy from the control plane uses that one instead.
     #[serde(default)]
     pub upstream_proxy: Option<String>,
-    /// `site.httpProxy`: a forward proxy for the ramdisk's image
-    /// downloads, to allowlisted destinations only. Off unless configured.
+    /// A forward proxy for the ramdisk's image downloads, to allowlisted
+    /// destinations only. Off unless configured.
     #[serde(default)]
     pub http_proxy: Option<HttpProxyConfig>,
     #[serde(default)]
@@ -369,6 +370,10 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
         bus.clone(),
         site.clone(),
         entries_kv,
+        commands::Cache {
+            dir: cfg.image_cache.clone(),
+            upstream_proxy: cfg.upstream_proxy.clone(),
+        },
         join_key.is_some(),
         shutdown.clone(),
     )));

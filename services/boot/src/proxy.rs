@@ -1,5 +1,6 @@
-//! `site.httpProxy`: the forward proxy the ramdisk downloads images through
-//! when the boot VLAN has no other way out. It is not an open proxy: only
+//! The site's forward proxy (`http_proxy` in the configuration), which the
+//! ramdisk downloads images through when the boot VLAN has no other way
+//! out. (The `site.httpProxy` command is the image cache's: `images.rs`.) It is not an open proxy: only
 //! destinations (`host:port`) on the configured allowlist are reached;
 //! anything else is 403 and a log line.
 //!

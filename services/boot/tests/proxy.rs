@@ -1,4 +1,4 @@
-//! `site.httpProxy`: allowlisted destinations are reached through the boot
+//! The site's forward proxy: allowlisted destinations are reached through the boot
 //! service's forward proxy (absolute-form GET with Range, and CONNECT
 //! tunnels, driven by reqwest and curl); anything else is 403.
 

@@ -1,7 +1,9 @@
-//! `metalctl profiles`, `metalctl hardware-profiles` and `metalctl pools`:
-//! the tenant's deploy profile catalog (publish from a JSON file, list,
-//! show), the site's hardware profiles and the pools' policy, as tables a
-//! person reads or `--output json` for scripts.
+//! `metalctl profiles`, `metalctl image register|list|show|prewarm`,
+//! `metalctl hardware-profiles`, `metalctl pools` and `metalctl site-proxy`:
+//! the tenant's deploy profile and image catalogs (publish or register
+//! from a JSON file, list, show, pre-warm a site's cache), the site's
+//! hardware profiles, the pools' policy and a site's upstream HTTP proxy,
+//! as tables a person reads or `--output json` for scripts.
 
 use anyhow::Context as _;
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
@@ -187,6 +189,7 @@ pub async fn pools(api: &Api, out: Output, tenant: &str) -> anyhow::Result<()> {
                 "AGENT",
                 "DEPLOY PROFILES",
                 "RELEASE WIPE",
+                "COMMISSION WIPE",
                 "QUORUM",
                 "WAVE",
             ]);
@@ -202,10 +205,182 @@ pub async fn pools(api: &Api, out: Output, tenant: &str) -> anyhow::Result<()> {
                     text(&p["agentMode"]),
                     profiles,
                     text(&p["releaseWipe"]),
+                    text(&p["commissionWipe"]),
                     text(&p["quorum"]["required"]),
                     text(&p["quorum"]["bulkConcurrency"]),
                 ]);
             }
+            emit(t);
+        }
+    }
+    Ok(())
+}
+
+fn image_row(t: &mut Table, i: &Value) {
+    let image = &i["image"];
+    t.add_row([
+        text(&i["name"]),
+        format!("{} ({})", text(&image["url"]), text(&image["format"])),
+        text(&image["sha256"]).chars().take(12).collect::<String>(),
+        text(&image["sizeBytes"]),
+        if image["signature"].is_string() {
+            "yes"
+        } else {
+            "no"
+        }
+        .to_owned(),
+        text(&i["registeredBy"]),
+    ]);
+}
+
+const IMAGE_HEADER: [&str; 6] = ["IMAGE", "URL", "SHA256", "BYTES", "SIGNED", "BY"];
+
+/// `metalctl image register NAME FILE`: FILE is the signed reference
+/// `metalctl image sign` prints (`url`, `format`, `sha256`, `sizeBytes`,
+/// `signature`).
+pub async fn image_register(
+    api: &Api,
+    out: Output,
+    tenant: &str,
+    name: &str,
+    file: &Path,
+) -> anyhow::Result<()> {
+    let text_in =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let mut body: Value = serde_json::from_str(&text_in)
+        .with_context(|| format!("{} is not a JSON object", file.display()))?;
+    let obj = body
+        .as_object_mut()
+        .with_context(|| format!("{} is not a JSON object", file.display()))?;
+    obj.insert("tenantId".into(), Value::String(tenant.to_owned()));
+    obj.insert("name".into(), Value::String(name.to_owned()));
+    let v = api
+        .call(reqwest::Method::POST, "/api/compute/images", Some(body))
+        .await?;
+    match out {
+        Output::Json => emit(v),
+        Output::Table => {
+            let mut t = table(&IMAGE_HEADER);
+            image_row(&mut t, &v);
+            emit(t);
+        }
+    }
+    Ok(())
+}
+
+/// `metalctl image list`.
+pub async fn image_list(api: &Api, out: Output, tenant: &str) -> anyhow::Result<()> {
+    let v = api
+        .call(
+            reqwest::Method::GET,
+            &format!("/api/compute/images?tenantId={tenant}"),
+            None,
+        )
+        .await?;
+    match out {
+        Output::Json => emit(v),
+        Output::Table => {
+            let mut t = table(&IMAGE_HEADER);
+            for i in v.as_array().into_iter().flatten() {
+                image_row(&mut t, i);
+            }
+            emit(t);
+        }
+    }
+    Ok(())
+}
+
+/// `metalctl image show NAME`: the image and each site's cache of it.
+pub async fn image_show(api: &Api, out: Output, tenant: &str, name: &str) -> anyhow::Result<()> {
+    let v = api
+        .call(
+            reqwest::Method::GET,
+            &format!("/api/compute/images/{tenant}/{name}"),
+            None,
+        )
+        .await?;
+    match out {
+        Output::Json => emit(v),
+        Output::Table => {
+            let mut t = table(&IMAGE_HEADER);
+            image_row(&mut t, &v);
+            emit(t);
+            let mut sites = table(&["SITE", "CACHE", "VIA", "ASKED BY", "AT", "ERROR"]);
+            for c in v["sites"].as_array().into_iter().flatten() {
+                sites.add_row([
+                    text(&c["siteId"]),
+                    text(&c["status"]),
+                    text(&c["via"]),
+                    text(&c["requestedBy"]),
+                    text(&c["completedAt"]),
+                    text(&c["error"]),
+                ]);
+            }
+            emit(format!("site caches of {}:", text(&v["cachePath"])));
+            emit(sites);
+        }
+    }
+    Ok(())
+}
+
+/// `metalctl image prewarm NAME --site SITE`.
+pub async fn image_prewarm(
+    api: &Api,
+    out: Output,
+    tenant: &str,
+    name: &str,
+    site: &str,
+) -> anyhow::Result<()> {
+    let v = api
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/compute/images/{tenant}/{name}/prewarm"),
+            Some(serde_json::json!({ "siteId": site })),
+        )
+        .await?;
+    match out {
+        Output::Json => emit(v),
+        Output::Table => emit(format!(
+            "asked site {} to cache {} ({}) via {}; `metalctl image show {name}` shows when it is there",
+            text(&v["siteId"]),
+            text(&v["cachePath"]),
+            text(&v["commandId"]),
+            v["upstreamProxy"].as_str().unwrap_or("a direct fetch")
+        )),
+    }
+    Ok(())
+}
+
+/// `metalctl site-proxy SITE [URL | --clear]`: shows or sets the proxy a
+/// site's image cache fetches through (administrators).
+pub async fn site_proxy(
+    api: &Api,
+    out: Output,
+    site: &str,
+    set: Option<Option<&str>>,
+) -> anyhow::Result<()> {
+    let path = format!("/api/compute/admin/sites/{site}");
+    let v = match set {
+        None => api.call(reqwest::Method::GET, &path, None).await?,
+        Some(proxy) => {
+            api.call(
+                reqwest::Method::PUT,
+                &format!("{path}/httpProxy"),
+                Some(serde_json::json!({ "httpProxy": proxy })),
+            )
+            .await?
+        }
+    };
+    match out {
+        Output::Json => emit(v),
+        Output::Table => {
+            let mut t = table(&["SITE", "NAME", "HTTP PROXY", "SET BY"]);
+            t.add_row([
+                text(&v["id"]),
+                text(&v["name"]),
+                v["httpProxy"].as_str().unwrap_or("(direct)").to_owned(),
+                text(&v["httpProxySetBy"]),
+            ]);
             emit(t);
         }
     }

@@ -70,6 +70,23 @@ enum ImageCmd {
         format: String,
         image: std::path::PathBuf,
     },
+    /// Register a signed reference (what `sign` prints) in the tenant's
+    /// image catalog as NAME (a registered name never changes).
+    Register {
+        name: String,
+        file: std::path::PathBuf,
+    },
+    /// The tenant's catalog images.
+    List,
+    /// One catalog image and each site's cache of it.
+    Show { name: String },
+    /// Ask a site's boot service to fetch NAME into its cache (through
+    /// the site's HTTP proxy when it sets one).
+    Prewarm {
+        name: String,
+        #[arg(long)]
+        site: String,
+    },
 }
 
 /// `metalctl bulk <verb> --pool P --nodes-from FILE --reason TEXT
@@ -210,7 +227,8 @@ enum Cmd {
         #[arg(long, env = "BCM_BMC_NEW_PASSWORD", hide_env_values = true)]
         password: Option<String>,
     },
-    /// Sign images for deploy profiles (publisher side, no API call).
+    /// Images: sign (publisher side, no API call), register in the
+    /// tenant's catalog, list, show, pre-warm a site's cache.
     Image {
         #[command(subcommand)]
         cmd: ImageCmd,
@@ -332,6 +350,15 @@ enum Cmd {
     HardwareProfiles,
     /// The tenant's pools and their policy (administrators).
     Pools,
+    /// A site's upstream HTTP proxy, which its image cache fetches
+    /// through: shown, set to URL (`http://host:port`), or cleared
+    /// (administrators).
+    SiteProxy {
+        site: String,
+        url: Option<String>,
+        #[arg(long, conflicts_with = "url")]
+        clear: bool,
+    },
     /// Print a shell completion script, e.g.
     /// `metalctl completions bash > /etc/bash_completion.d/metalctl`.
     Completions {
@@ -521,7 +548,27 @@ async fn run() -> anyhow::Result<()> {
     };
     let tenant = cli.tenant.as_str();
     match &cli.cmd {
+        Cmd::Image {
+            cmd: ImageCmd::Register { name, file },
+        } => catalog::image_register(&api, cli.output, tenant, name, file).await,
+        Cmd::Image {
+            cmd: ImageCmd::List,
+        } => catalog::image_list(&api, cli.output, tenant).await,
+        Cmd::Image {
+            cmd: ImageCmd::Show { name },
+        } => catalog::image_show(&api, cli.output, tenant, name).await,
+        Cmd::Image {
+            cmd: ImageCmd::Prewarm { name, site },
+        } => catalog::image_prewarm(&api, cli.output, tenant, name, site).await,
         Cmd::Image { cmd } => image_cmd(cmd, cli.output),
+        Cmd::SiteProxy { site, url, clear } => {
+            let set = match (url, clear) {
+                (Some(u), _) => Some(Some(u.as_str())),
+                (None, true) => Some(None),
+                (None, false) => None,
+            };
+            catalog::site_proxy(&api, cli.output, site, set).await
+        }
         Cmd::JoinToken { pool, ttl_secs } => {
             join_token(&api, cli.output, tenant, pool, *ttl_secs).await
         }
@@ -783,6 +830,7 @@ fn mutation(tenant: &str, cmd: &Cmd) -> anyhow::Result<(String, Value)> {
         | Cmd::Profiles { .. }
         | Cmd::HardwareProfiles
         | Cmd::Pools
+        | Cmd::SiteProxy { .. }
         | Cmd::Completions { .. } => {
             anyhow::bail!("not a command that changes anything")
         }
@@ -831,6 +879,10 @@ fn image_cmd(cmd: &ImageCmd, output: Output) -> anyhow::Result<()> {
             // pasted into a profile.
             emit(serde_json::to_string_pretty(&r).unwrap_or_default());
         }
+        ImageCmd::Register { .. }
+        | ImageCmd::List
+        | ImageCmd::Show { .. }
+        | ImageCmd::Prewarm { .. } => anyhow::bail!("an image catalog command calls the API"),
     }
     Ok(())
 }

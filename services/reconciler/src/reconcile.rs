@@ -140,8 +140,9 @@ async fn act(
 }
 
 /// The profile a workflow-driven state runs: the node's deploy profile
-/// snapshot for `deploying`, else the metal profile of the state.
-fn profile_for(node: &Node) -> Option<Profile> {
+/// snapshot for `deploying`, else the metal profile of the state (with its
+/// pool's commissioning wipe, or the release's wipe).
+fn profile_for(node: &Node, commission_wipe: WipeMode) -> Option<Profile> {
     match node.provision_state {
         ProvisionState::Deploying => {
             let (id, version) = node
@@ -149,6 +150,9 @@ fn profile_for(node: &Node) -> Option<Profile> {
                 .as_ref()
                 .map_or(("deploy", 1), |p| (p.id.as_str(), p.version));
             Some(workflow::tenant_deploy(id, version))
+        }
+        ProvisionState::Commissioning => {
+            workflow::metal_profile_for(ProvisionState::Commissioning, false, commission_wipe)
         }
         s => workflow::metal_profile_for(
             s,
@@ -167,7 +171,13 @@ async fn start_workflow(
     node: &Node,
     pass: &mut Pass,
 ) -> Result<(), DbError> {
-    let Some(profile) = profile_for(node) else {
+    let commission_wipe = if node.provision_state == ProvisionState::Commissioning {
+        let w = bcm_db::tenancy::pool_commission_wipe_in_txn(tx, node.pool_id.as_str()).await?;
+        WipeMode::parse(&w).unwrap_or(WipeMode::Quick)
+    } else {
+        WipeMode::Quick
+    };
+    let Some(profile) = profile_for(node, commission_wipe) else {
         return Ok(());
     };
     match bcm_metal::workflows::start_in_txn(tx, bus.subjects(), node, &profile).await {

@@ -193,3 +193,36 @@ async fn finished_one_leaf_commands_are_pruned_and_workflow_commands_kept() {
         "every workflow command stays"
     );
 }
+
+#[tokio::test]
+async fn commissioning_wipes_as_the_pools_policy_says() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let (s, b) = env
+        .put(
+            "/api/compute/admin/pools/a-pool",
+            Some(&env.admin_token),
+            &json!({"tenantId": "a", "siteId": "s1", "hardwareProfile": "gpu-redfish",
+                    "commissionWipe": "secure-erase"}),
+        )
+        .await
+        .expect("pool");
+    assert_eq!(s, 204, "{b}");
+    let id = env.enroll_sim("cw").await;
+    env.wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("enroll → ready");
+    let wipes: Vec<String> = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands")
+        .into_iter()
+        .filter(|c| c.kind == "disk.wipe")
+        .map(|c| c.params["mode"].as_str().unwrap_or("?").to_owned())
+        .collect();
+    assert_eq!(
+        wipes,
+        ["secure-erase"],
+        "commissioning's one wipe is the pool's"
+    );
+}

@@ -415,6 +415,28 @@ mod tests {
     }
 
     #[test]
+    fn every_site_command_kind_is_within_its_executors_consumer_filter() {
+        use bcm_contracts::commands::{CommandKind, Family};
+        let s = Subjects::new(None, 16);
+        let a = site("a");
+        let (_, boot) = boot_consumer(&s, &a);
+        let (_, bmc) = bmc_consumer(&s, &a);
+        for kind in CommandKind::ALL {
+            let subject = s.command(&a, kind.as_str());
+            let filter = match kind.family() {
+                Family::Site => &boot,
+                Family::Bmc => &bmc,
+                Family::Agent => continue,
+            };
+            let prefix = filter.trim_end_matches('>');
+            assert!(
+                subject.starts_with(prefix),
+                "{kind}: {subject} is outside {filter}"
+            );
+        }
+    }
+
+    #[test]
     fn namespaced_permissions_follow_the_namespace() {
         let s = Subjects::new(Some("t1".into()), 16);
         let p = permissions(&s, &Identity::Boot(site("a")), "_INBOX_X", &[]);

@@ -87,6 +87,26 @@ pub fn command(subjects: &Subjects, about: About<'_>, cmd: &CommandEnvelope) -> 
     )
 }
 
+/// A command to a site about no node (`site.httpProxy`): the CloudEvent's
+/// subject is the command.
+pub fn site_command(subjects: &Subjects, cmd: &CommandEnvelope) -> Outgoing {
+    let id = ulid::Ulid::new().to_string().to_lowercase();
+    let event = CloudEvent::new(
+        id.clone(),
+        types::command(cmd.kind()),
+        Some(cmd.command_id.clone()),
+        None,
+        cmd.clone(),
+    );
+    Outgoing {
+        id,
+        subject: subjects.command(&cmd.site_id, cmd.kind().as_str()),
+        payload: serde_json::to_value(event).unwrap_or(serde_json::Value::Null),
+        headers: headers(),
+        node_id: None,
+    }
+}
+
 /// A `bulk.*` event of a tenant about a batch (its CloudEvents subject).
 pub fn batch_event<T: Serialize>(
     subjects: &Subjects,

@@ -77,6 +77,9 @@ command_kinds! {
     BootEntrySet = "site.bootEntry.set" => Site,
     /// Remove the boot entries of a node's MACs.
     BootEntryClear = "site.bootEntry.clear" => Site,
+    /// Fetch a catalog image into the site's HTTP image cache, through the
+    /// site's upstream HTTP proxy when the site sets one.
+    SiteHttpProxy = "site.httpProxy" => Site,
     /// The ramdisk reports the machine's inventory.
     Inventory = "inventory" => Agent,
     /// GPU diagnostics.
@@ -296,6 +299,31 @@ pub struct BootEntryClearParams {
     pub macs: Vec<String>,
 }
 
+/// An image as the site's cache keeps it: where it lives under the cache,
+/// where it comes from and what it must hash to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CacheImage {
+    /// The path under the cache: `images/<tenant>/<name>`.
+    pub path: String,
+    /// `http(s)://…`.
+    pub url: String,
+    /// Lower-case hex SHA-256.
+    pub sha256: String,
+    pub size_bytes: u64,
+}
+
+/// `site.httpProxy`: fetch `image` into the site's cache, through
+/// `upstream_proxy` (the site's HTTP proxy, `http://host:port`) when the
+/// site sets one. An image already cached with its sha256 is kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpProxyParams {
+    pub image: CacheImage,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_proxy: Option<String>,
+}
+
 /// The parameters of a kind that takes none (`inventory`): `{}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -380,6 +408,8 @@ pub enum Command {
     BootEntrySet(BootEntrySetParams),
     #[serde(rename = "site.bootEntry.clear")]
     BootEntryClear(BootEntryClearParams),
+    #[serde(rename = "site.httpProxy")]
+    SiteHttpProxy(HttpProxyParams),
     #[serde(rename = "inventory")]
     Inventory(NoParams),
     #[serde(rename = "diag.dcgm")]
@@ -404,6 +434,7 @@ impl Command {
             Command::BmcRotateCredentials(_) => CommandKind::BmcRotateCredentials,
             Command::BootEntrySet(_) => CommandKind::BootEntrySet,
             Command::BootEntryClear(_) => CommandKind::BootEntryClear,
+            Command::SiteHttpProxy(_) => CommandKind::SiteHttpProxy,
             Command::Inventory(_) => CommandKind::Inventory,
             Command::DiagDcgm(_) => CommandKind::DiagDcgm,
             Command::DiskWipe(_) => CommandKind::DiskWipe,

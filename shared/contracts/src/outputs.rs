@@ -125,6 +125,19 @@ pub struct BootEntryStored {
     pub sim: bool,
 }
 
+/// `site.httpProxy`: the image as the site's cache holds it now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageCached {
+    pub path: String,
+    /// Its sha256 as the site computed it while it streamed (or read it).
+    pub sha256: String,
+    pub size_bytes: u64,
+    /// The proxy it came through, `direct`, or `cache` when it was there
+    /// already with the right sha256.
+    pub via: String,
+}
+
 /// `site.bootEntry.clear`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -345,6 +358,7 @@ pub enum Output {
     BmcRotateCredentials(RotationReport),
     BootEntrySet(BootEntryStored),
     BootEntryClear(BootEntryCleared),
+    SiteHttpProxy(ImageCached),
     Inventory(Inventory),
     DiagDcgm(DcgmReport),
     DiskWipe(WipeReport),
@@ -364,6 +378,7 @@ impl Output {
             Output::BmcRotateCredentials(_) => CommandKind::BmcRotateCredentials,
             Output::BootEntrySet(_) => CommandKind::BootEntrySet,
             Output::BootEntryClear(_) => CommandKind::BootEntryClear,
+            Output::SiteHttpProxy(_) => CommandKind::SiteHttpProxy,
             Output::Inventory(_) => CommandKind::Inventory,
             Output::DiagDcgm(_) => CommandKind::DiagDcgm,
             Output::DiskWipe(_) => CommandKind::DiskWipe,
@@ -393,6 +408,7 @@ impl Output {
             K::BmcRotateCredentials => Output::BmcRotateCredentials(as_(kind, value)?),
             K::BootEntrySet => Output::BootEntrySet(as_(kind, value)?),
             K::BootEntryClear => Output::BootEntryClear(as_(kind, value)?),
+            K::SiteHttpProxy => Output::SiteHttpProxy(as_(kind, value)?),
             K::Inventory => Output::Inventory(as_(kind, value)?),
             K::DiagDcgm => Output::DiagDcgm(as_(kind, value)?),
             K::DiskWipe => Output::DiskWipe(as_(kind, value)?),

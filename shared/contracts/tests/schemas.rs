@@ -178,6 +178,15 @@ fn every_command() -> Vec<Command> {
         Command::BootEntryClear(BootEntryClearParams {
             macs: vec!["52:54:00:00:00:01".into()],
         }),
+        Command::SiteHttpProxy(HttpProxyParams {
+            image: CacheImage {
+                path: "images/acme/ubuntu-24.04".into(),
+                url: "http://images.example/ubuntu.raw".into(),
+                sha256: "ab".repeat(32),
+                size_bytes: 4096,
+            },
+            upstream_proxy: Some("http://proxy.example:3128".into()),
+        }),
         Command::Inventory(NoParams {}),
         Command::DiagDcgm(DcgmParams {
             level: 2,
@@ -274,6 +283,12 @@ fn every_output() -> Vec<Output> {
         Output::BootEntryClear(BootEntryCleared {
             cleared: vec!["52:54:00:00:00:01".into()],
             sim: false,
+        }),
+        Output::SiteHttpProxy(ImageCached {
+            path: "images/acme/ubuntu-24.04".into(),
+            sha256: "ab".repeat(32),
+            size_bytes: 4096,
+            via: "http://proxy.example:3128".into(),
         }),
         Output::Inventory(Inventory {
             system: SystemInfo {

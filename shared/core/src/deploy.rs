@@ -61,7 +61,7 @@ pub enum ImageFormat {
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ImageRef {
-    /// Where the ramdisk streams it from (through `site.httpProxy` when set).
+    /// Where the ramdisk streams it from (through the site's forward proxy when set).
     #[schema(pattern = "^https?://", max_length = 2048)]
     pub url: String,
     pub format: ImageFormat,
@@ -89,6 +89,10 @@ pub struct DeployProfile {
     #[serde(default = "host")]
     pub role: DeployRole,
     pub image: ImageRef,
+    /// The catalog image `image` was taken from, when the profile names
+    /// one (absent: an image given inline, outside the catalog).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog_image: Option<String>,
     /// The user data template; `{{ name }}` placeholders from [`PLACEHOLDERS`].
     /// Defaults to [`DEFAULT_USER_DATA`].
     #[serde(default = "default_user_data")]
@@ -133,6 +137,8 @@ pub enum DeployProfileError {
     BadSha256,
     #[error("image size must be more than 0 bytes")]
     BadSize,
+    #[error("image signature must be 1-1024 ASCII characters (base64)")]
+    BadSignature,
     #[error("user data uses an unknown placeholder {{{{ {0} }}}}")]
     UnknownPlaceholder(String),
     #[error("user data has an unclosed placeholder")]
@@ -199,6 +205,64 @@ fn pieces(template: &str) -> Result<Vec<Piece<'_>>, DeployProfileError> {
     Ok(out)
 }
 
+/// Checks a site's upstream HTTP proxy: `http://host:port` with nothing
+/// else (no credentials: the setting is read by every administrator and
+/// carried in commands; no path).
+pub fn check_http_proxy(url: &str) -> Result<(), String> {
+    let parsed = url::Url::parse(url).map_err(|e| format!("httpProxy {url:?}: {e}"))?;
+    if parsed.scheme() != "http"
+        || parsed.host().is_none()
+        || parsed.port().is_none()
+        || !parsed.username().is_empty()
+        || parsed.password().is_some()
+        || !matches!(parsed.path(), "" | "/")
+        || parsed.query().is_some()
+        || parsed.fragment().is_some()
+        || url.len() > 512
+    {
+        return Err(format!(
+            "httpProxy {url:?} must be http://host:port (no credentials, no path)"
+        ));
+    }
+    Ok(())
+}
+
+impl ImageRef {
+    /// Checks the reference: an absolute http(s) URL with a host and no
+    /// credentials in it (a catalog is read by every reader of the
+    /// tenant's), a lower-case sha256 and a size.
+    pub fn validate(&self) -> Result<(), DeployProfileError> {
+        let url = &self.url;
+        let parsed_ok = url::Url::parse(url).is_ok_and(|u| {
+            matches!(u.scheme(), "http" | "https")
+                && u.host().is_some()
+                && u.username().is_empty()
+                && u.password().is_none()
+        });
+        if !parsed_ok
+            || !(url.starts_with("http://") || url.starts_with("https://"))
+            || url.len() > 2048
+        {
+            return Err(DeployProfileError::BadImageUrl(url.clone()));
+        }
+        let sha = &self.sha256;
+        if sha.len() != 64 || !sha.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')) {
+            return Err(DeployProfileError::BadSha256);
+        }
+        if self.size_bytes == 0 {
+            return Err(DeployProfileError::BadSize);
+        }
+        if self
+            .signature
+            .as_ref()
+            .is_some_and(|s| s.is_empty() || s.len() > 1024 || !s.is_ascii())
+        {
+            return Err(DeployProfileError::BadSignature);
+        }
+        Ok(())
+    }
+}
+
 impl DeployProfile {
     /// Checks the profile; a refused profile is never stored.
     pub fn validate(&self) -> Result<(), DeployProfileError> {
@@ -213,28 +277,7 @@ impl DeployProfile {
         if self.version == 0 {
             return Err(DeployProfileError::BadVersion);
         }
-        let url = &self.image.url;
-        // An absolute http(s) URL with a host and no credentials in it (a
-        // profile is read by every reader of the tenant's catalog).
-        let parsed_ok = url::Url::parse(url).is_ok_and(|u| {
-            matches!(u.scheme(), "http" | "https")
-                && u.host().is_some()
-                && u.username().is_empty()
-                && u.password().is_none()
-        });
-        if !parsed_ok
-            || !(url.starts_with("http://") || url.starts_with("https://"))
-            || url.len() > 2048
-        {
-            return Err(DeployProfileError::BadImageUrl(url.clone()));
-        }
-        let sha = &self.image.sha256;
-        if sha.len() != 64 || !sha.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')) {
-            return Err(DeployProfileError::BadSha256);
-        }
-        if self.image.size_bytes == 0 {
-            return Err(DeployProfileError::BadSize);
-        }
+        self.image.validate()?;
         let used: Vec<&str> = pieces(&self.user_data)?
             .into_iter()
             .filter_map(|p| match p {
@@ -315,6 +358,24 @@ pub const DEFAULT_USER_DATA: &str = include_str!("../templates/bcd-preinstalled.
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_site_proxy_is_host_and_port_only() {
+        assert!(check_http_proxy("http://10.0.0.1:3128").is_ok());
+        assert!(check_http_proxy("http://proxy.example:8888/").is_ok());
+        for bad in [
+            "",
+            "proxy:3128",
+            "https://proxy:3128",
+            "http://proxy",
+            "http://user:pw@proxy:3128",
+            "http://proxy:3128/path",
+            "http://proxy:3128?x=1",
+            "socks5://proxy:1080",
+        ] {
+            assert!(check_http_proxy(bad).is_err(), "{bad}");
+        }
+    }
+
     fn profile() -> DeployProfile {
         DeployProfile {
             id: "ubuntu-24.04".into(),
@@ -328,6 +389,7 @@ mod tests {
                 signature: None,
             },
             user_data: DEFAULT_USER_DATA.into(),
+            catalog_image: None,
         }
     }
 

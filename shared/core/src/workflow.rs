@@ -300,18 +300,19 @@ pub fn metal_inspect() -> Profile {
     }
 }
 
-/// `metal-commission` v2: ramdisk, DCGM level 2, quick wipe, power off.
-pub fn metal_commission() -> Profile {
+/// `metal-commission` v2: ramdisk, DCGM level 2, the pool's wipe
+/// (`quick` unless its policy says more), power off.
+pub fn metal_commission(mode: WipeMode) -> Profile {
     let mut steps = ensure_ramdisk();
+    steps.push(once("dcgm-diag", StepKind::DiagDcgm { level: 2 }, 3_600));
+    if mode != WipeMode::None {
+        let (name, secs) = match mode {
+            WipeMode::Quick => ("quick-wipe", 7_200),
+            _ => ("wipe", 86_400),
+        };
+        steps.push(once(name, StepKind::DiskWipe { mode }, secs));
+    }
     steps.extend([
-        once("dcgm-diag", StepKind::DiagDcgm { level: 2 }, 3_600),
-        once(
-            "quick-wipe",
-            StepKind::DiskWipe {
-                mode: WipeMode::Quick,
-            },
-            7_200,
-        ),
         power_off(),
         step("clear-boot-entry", StepKind::BootEntryClear, 60),
     ]);
@@ -439,13 +440,15 @@ pub fn tenant_deploy(id: &str, version: u32) -> Profile {
 }
 
 /// The metal profile a workflow-driven state runs. `deploying` runs the
-/// tenant's profile and is not decided here.
+/// tenant's profile and is not decided here. `wipe` is the state's wipe:
+/// the release's for `releasing`, the pool's commissioning wipe for
+/// `commissioning`.
 pub fn metal_profile_for(state: ProvisionState, unrescue: bool, wipe: WipeMode) -> Option<Profile> {
     use ProvisionState::*;
     Some(match state {
         Enrolling => metal_enroll(),
         Inspecting => metal_inspect(),
-        Commissioning => metal_commission(),
+        Commissioning => metal_commission(wipe),
         Releasing => metal_release(wipe),
         Rescue if unrescue => metal_unrescue(),
         Rescue => metal_rescue(),

@@ -25,6 +25,7 @@ fn profile(user_data: &str) -> DeployProfile {
             signature: None,
         },
         user_data: user_data.into(),
+        catalog_image: None,
     }
 }
 

@@ -13,6 +13,7 @@ pub mod commands;
 pub mod deploy_profiles;
 pub mod downloads;
 pub mod error;
+pub mod images;
 pub mod leases;
 pub mod nodes;
 pub mod outbox;

@@ -21,6 +21,8 @@ pub struct Pool {
     pub deploy_profiles: Option<Vec<String>>,
     /// A release's wipe when the request names none.
     pub release_wipe: String,
+    /// Commissioning's wipe.
+    pub commission_wipe: String,
 }
 
 /// What a verb reads of its node's pool.
@@ -57,10 +59,10 @@ pub async fn site_upsert(db: &Db, id: &SiteId, name: &str) -> Result<(), DbError
 /// Creates a pool or updates its policy. A pool never changes tenant.
 pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
     let n = sqlx::query(
-        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
          ON CONFLICT (id) DO UPDATE SET site_id = $3, name = $4, hardware_profile = $5, agent_mode = $6, accept_unsupported_diag = $7, \
-         deploy_profiles = $8, release_wipe = $9 \
+         deploy_profiles = $8, release_wipe = $9, commission_wipe = $10 \
          WHERE pools.tenant_id = $2",
     )
     .bind(p.id.as_str())
@@ -72,6 +74,7 @@ pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
     .bind(p.accept_unsupported_diag)
     .bind(&p.deploy_profiles)
     .bind(&p.release_wipe)
+    .bind(&p.commission_wipe)
     .execute(db.pool())
     .await?
     .rows_affected();
@@ -94,9 +97,10 @@ struct PoolRow {
     accept_unsupported_diag: bool,
     deploy_profiles: Option<Vec<String>>,
     release_wipe: String,
+    commission_wipe: String,
 }
 
-const POOL_COLUMNS: &str = "id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe";
+const POOL_COLUMNS: &str = "id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe";
 
 impl TryFrom<PoolRow> for Pool {
     type Error = DbError;
@@ -113,6 +117,7 @@ impl TryFrom<PoolRow> for Pool {
             accept_unsupported_diag: r.accept_unsupported_diag,
             deploy_profiles: r.deploy_profiles,
             release_wipe: r.release_wipe,
+            commission_wipe: r.commission_wipe,
         })
     }
 }
@@ -162,4 +167,70 @@ pub async fn pool_accepts_unsupported_diag_in_txn(
             .await?
             .unwrap_or(false),
     )
+}
+
+/// The wipe a pool's commissioning runs (`quick` when the pool is gone).
+pub async fn pool_commission_wipe_in_txn(
+    tx: &mut crate::Tx<'_>,
+    id: &str,
+) -> Result<String, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT commission_wipe FROM pools WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?
+            .unwrap_or_else(|| "quick".to_owned()),
+    )
+}
+
+/// A site and its settings.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Site {
+    pub id: String,
+    pub name: String,
+    /// The site's upstream HTTP proxy (`http://host:port`).
+    pub http_proxy: Option<String>,
+    /// The principal that set (or cleared) it last.
+    pub http_proxy_set_by: Option<String>,
+}
+
+/// Reads a site.
+pub async fn site_fetch(db: &Db, id: &SiteId) -> Result<Option<Site>, DbError> {
+    Ok(
+        sqlx::query_as("SELECT id, name, http_proxy, http_proxy_set_by FROM sites WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(db.pool())
+            .await?,
+    )
+}
+
+/// Sets (or clears) a site's upstream HTTP proxy, by `by`; `false` when
+/// the site does not exist.
+pub async fn site_set_http_proxy(
+    db: &Db,
+    id: &SiteId,
+    proxy: Option<&str>,
+    by: &str,
+) -> Result<bool, DbError> {
+    Ok(
+        sqlx::query("UPDATE sites SET http_proxy = $2, http_proxy_set_by = $3 WHERE id = $1")
+            .bind(id.as_str())
+            .bind(proxy)
+            .bind(by)
+            .execute(db.pool())
+            .await?
+            .rows_affected()
+            == 1,
+    )
+}
+
+/// Whether `tenant` has a pool in `site`.
+pub async fn tenant_in_site(db: &Db, tenant: &str, site: &str) -> Result<bool, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pools WHERE tenant_id = $1 AND site_id = $2)",
+    )
+    .bind(tenant)
+    .bind(site)
+    .fetch_one(db.pool())
+    .await?)
 }

@@ -104,3 +104,8 @@ pub fn command(
 ) -> NewOutboxMessage {
     row(outgoing::command(subjects, about(node), cmd))
 }
+
+/// A command to a site about no node (`site.httpProxy`).
+pub fn site_command(subjects: &Subjects, cmd: &bcm_contracts::CommandEnvelope) -> NewOutboxMessage {
+    row(outgoing::site_command(subjects, cmd))
+}

@@ -640,6 +640,13 @@ async fn execute(
                 }),
             );
         }
+        Command::SiteHttpProxy(_) => {
+            return err(
+                cmd,
+                false,
+                "unsupported: the simulated site keeps no image cache (bcm-boot runs site.httpProxy)",
+            );
+        }
         _ => {}
     }
     // The simulated site hosts the simulated BMC driver only: a node whose

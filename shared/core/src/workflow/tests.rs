@@ -42,12 +42,32 @@ fn every_workflow_state_has_its_profile() {
 }
 
 #[test]
+fn commissioning_wipes_as_the_pool_says() {
+    let wipes = |m| {
+        metal_profile_for(ProvisionState::Commissioning, false, m)
+            .expect("a profile")
+            .steps
+            .into_iter()
+            .filter_map(|s| match s.kind {
+                StepKind::DiskWipe { mode } => Some(mode),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(wipes(WipeMode::Quick), vec![WipeMode::Quick]);
+    assert_eq!(wipes(WipeMode::SecureErase), vec![WipeMode::SecureErase]);
+    assert_eq!(wipes(WipeMode::CryptoErase), vec![WipeMode::CryptoErase]);
+}
+
+#[test]
 fn profiles_do_what_the_spec_says() {
     let kinds = |p: Profile| p.steps.into_iter().map(|s| s.kind).collect::<Vec<_>>();
-    assert!(kinds(metal_commission()).contains(&StepKind::DiagDcgm { level: 2 }));
-    assert!(kinds(metal_commission()).contains(&StepKind::DiskWipe {
-        mode: WipeMode::Quick
-    }));
+    assert!(kinds(metal_commission(WipeMode::Quick)).contains(&StepKind::DiagDcgm { level: 2 }));
+    assert!(
+        kinds(metal_commission(WipeMode::Quick)).contains(&StepKind::DiskWipe {
+            mode: WipeMode::Quick
+        })
+    );
     for mode in [
         WipeMode::Quick,
         WipeMode::SecureErase,
@@ -71,7 +91,7 @@ fn profiles_do_what_the_spec_says() {
     // works in it.
     for p in [
         metal_inspect(),
-        metal_commission(),
+        metal_commission(WipeMode::Quick),
         metal_release(WipeMode::Quick),
         metal_retire(),
         tenant_deploy("t", 1),
@@ -97,7 +117,7 @@ fn profiles_do_what_the_spec_says() {
     for p in [
         metal_enroll(),
         metal_inspect(),
-        metal_commission(),
+        metal_commission(WipeMode::Quick),
         metal_release(WipeMode::Quick),
         metal_retire(),
         tenant_deploy("t", 1),
@@ -117,7 +137,7 @@ fn profiles_do_what_the_spec_says() {
     }
     // Wipes are never retried: a failed read-back must fail the workflow.
     for p in [
-        metal_commission(),
+        metal_commission(WipeMode::Quick),
         metal_release(WipeMode::SecureErase),
         metal_retire(),
     ] {
@@ -325,7 +345,7 @@ fn a_retried_ramdisk_boot_starts_again_at_its_boot_entry() {
     let kinds = |p: &Profile| p.steps.iter().map(|s| s.kind.clone()).collect::<Vec<_>>();
     for p in [
         metal_inspect(),
-        metal_commission(),
+        metal_commission(WipeMode::Quick),
         metal_release(WipeMode::Quick),
         metal_rescue(),
         metal_retire(),

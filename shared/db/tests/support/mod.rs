@@ -63,6 +63,7 @@ pub async fn tenancy(db: &Db) -> (TenantId, SiteId, PoolId) {
             accept_unsupported_diag: false,
             deploy_profiles: None,
             release_wipe: "quick".into(),
+            commission_wipe: "quick".into(),
         },
     )
     .await
