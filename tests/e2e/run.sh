@@ -489,17 +489,33 @@ phase "postgres + nats in the control namespace" stack_up
 phase "OS image, signed" images
 phase configure configure
 phase "control plane up (api, relay, workflow, reconciler, attestation, bmc, boot)" control_plane_up
-# The qcow2 profile is published through the API (the raw one is seeded):
-# a published version is immutable, so publishing it again is a no-op.
+# The qcow2 image is registered in the tenant's image catalog and
+# pre-warmed into the site's cache (a site.httpProxy command the boot
+# service runs: a real HTTP fetch, checked against size and sha256); its
+# profile is published through the API naming the catalog image (the raw
+# one is seeded). A published version is immutable, so publishing it again
+# is a no-op.
 publish_profiles() {
-  jq '{id: "e2e-os-qcow2", version: 1, role: "host", userDataTemplate: "bcd-preinstalled",
-       image: {url, format, sha256, sizeBytes, signature}}' \
-    "$dir/img/os.qcow2.ref.json" > "$dir/run/profile-qcow2.json"
+  jq '{url, format, sha256, sizeBytes, signature}' "$dir/img/os.qcow2.ref.json" > "$dir/run/image-qcow2.json"
+  ctl image register e2e-os-qcow2 "$dir/run/image-qcow2.json" | sed 's/^/  /'
+  ctl image prewarm e2e-os-qcow2 --site lab | sed 's/^/  /'
+  local status="" i
+  for i in $(seq 1 60); do
+    status=$(ctl -o json image show e2e-os-qcow2 | jq -r '.sites[0].status // ""')
+    case "$status" in succeeded|failed) break ;; esac
+    sleep 1
+  done
+  ctl image show e2e-os-qcow2 | sed 's/^/  /'
+  [ "$status" = succeeded ] || { echo "the site did not cache the catalog image: $status" >&2; return 1; }
+  cmp "$dir/cache/catalog/root/e2e-os-qcow2" "$dir/img/os.qcow2"
+  jq -n '{id: "e2e-os-qcow2", version: 1, role: "host", userDataTemplate: "bcd-preinstalled",
+       catalogImage: "e2e-os-qcow2"}' > "$dir/run/profile-qcow2.json"
   ctl profiles publish "$dir/run/profile-qcow2.json" | sed 's/^/  /'
-  ctl -o json profiles publish "$dir/run/profile-qcow2.json" | jq -e '.profile.id == "e2e-os-qcow2"' >/dev/null
+  ctl -o json profiles publish "$dir/run/profile-qcow2.json" \
+    | jq -e '.profile.id == "e2e-os-qcow2" and .profile.catalogImage == "e2e-os-qcow2"' >/dev/null
   ctl hardware-profiles | sed 's/^/  /'
 }
-phase "deploy profile published through the API; hardware profiles" publish_profiles
+phase "catalog image registered and pre-warmed at the site; deploy profile published through the API; hardware profiles" publish_profiles
 phase "define VMs" define_vms
 phase "scenario: enroll → ready → deploy → release → ready ($FIRMWARE)" scenarios
 if [ "${E2E_NEGATIVE:-1}" = 1 ]; then

@@ -75,6 +75,12 @@ pub struct PoolRequest {
     #[serde(default)]
     #[schema(schema_with = crate::openapi::commission_wipe_schema)]
     pub commission_wipe: Option<bcm_core::WipeMode>,
+    /// Adoption's acceptance checks: the least an adopted machine must
+    /// have, as its agent reports it at join (absent: any machine whose
+    /// agent joins). A machine below them goes to `failed` with an
+    /// `ACCEPTANCE:` error naming what it lacks.
+    #[serde(default)]
+    pub adopt_acceptance: Option<bcm_core::reconcile::AdoptAcceptance>,
 }
 
 /// A pool's accepted deploy profile ids as the OpenAPI document states
@@ -126,6 +132,9 @@ pub fn check_pool_policy(p: &bcm_db::tenancy::Pool) -> Result<(), ApiError> {
             }
         }
     }
+    if let Some(a) = &p.adopt_acceptance {
+        a.validate().map_err(ApiError::invalid)?;
+    }
     for (field, value) in [
         ("releaseWipe", &p.release_wipe),
         ("commissionWipe", &p.commission_wipe),
@@ -163,6 +172,9 @@ pub struct PoolView {
     pub deploy_profiles: Option<Vec<String>>,
     pub release_wipe: bcm_core::WipeMode,
     pub commission_wipe: bcm_core::WipeMode,
+    /// Absent: any machine whose agent joins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt_acceptance: Option<bcm_core::reconcile::AdoptAcceptance>,
     pub quorum: PoolQuorum,
 }
 
@@ -191,6 +203,7 @@ impl PoolView {
             hardware_profile: p.hardware_profile,
             accept_unsupported_diag: p.accept_unsupported_diag,
             deploy_profiles: p.deploy_profiles,
+            adopt_acceptance: p.adopt_acceptance,
         })
     }
 }
@@ -483,6 +496,7 @@ pub async fn put_pool(
         deploy_profiles: req.deploy_profiles,
         release_wipe: req.release_wipe.unwrap_or_default().as_str().to_owned(),
         commission_wipe: req.commission_wipe.unwrap_or_default().as_str().to_owned(),
+        adopt_acceptance: req.adopt_acceptance,
     };
     check_pool_policy(&pool)?;
     app.inner

@@ -219,6 +219,7 @@ pub async fn join(
         csr: req.csr,
         role: req.role,
         hostname: req.hostname,
+        inventory: req.inventory,
     };
     let granted: JoinGranted = attest(&app, "join", &ask).await?;
     Ok(Json(JoinResponse {

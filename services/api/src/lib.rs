@@ -350,6 +350,9 @@ pub struct SeedPool {
     /// Commissioning's wipe.
     #[serde(default)]
     pub commission_wipe: bcm_core::WipeMode,
+    /// Adoption's acceptance checks.
+    #[serde(default)]
+    pub adopt_acceptance: Option<bcm_core::reconcile::AdoptAcceptance>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -671,6 +674,7 @@ async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {
             deploy_profiles: p.deploy_profiles.clone(),
             release_wipe: p.release_wipe.as_str().to_owned(),
             commission_wipe: p.commission_wipe.as_str().to_owned(),
+            adopt_acceptance: p.adopt_acceptance.clone(),
         };
         admin::check_pool_policy(&pool)
             .map_err(|e| StartError::Config(format!("seed: pool {}: {}", p.id, e.message)))?;

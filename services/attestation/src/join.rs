@@ -39,6 +39,12 @@ fn digest(what: &str, hex_text: &str) -> Result<Vec<u8>, AttestError> {
         .ok_or_else(|| AttestError::Invalid(format!("{what} is not a hex SHA-256")))
 }
 
+/// Whether a join made its node (an adopt) or joined an existing one.
+enum TokenKind {
+    Node,
+    Adopt,
+}
+
 /// Joins an agent.
 pub async fn join(
     db: &Db,
@@ -61,11 +67,12 @@ pub async fn join(
             role: req.role.as_str().to_owned(),
         });
     }
-    let node_id = match scope {
-        TokenScope::Node(n) => n,
-        TokenScope::Pool(pool) => {
-            crate::adopt::create_node_in_txn(db, &mut tx, subjects, &pool).await?
-        }
+    let (node_id, kind) = match scope {
+        TokenScope::Node(n) => (n, TokenKind::Node),
+        TokenScope::Pool(pool) => (
+            crate::adopt::create_node_in_txn(db, &mut tx, subjects, &pool).await?,
+            TokenKind::Adopt,
+        ),
     };
     // The certificate names the node's identity epoch as this transaction
     // reads it: a release committed meanwhile leaves it out of force.
@@ -123,6 +130,17 @@ pub async fn join(
         .unwrap_or_default(),
     )
     .await?;
+    // An adopting machine's own report, which the pool's acceptance checks
+    // read (the ramdisk reports its inventory as a command's result).
+    if let (Some(inv), TokenKind::Adopt) = (&req.inventory, &kind) {
+        bcm_db::agents::node_fact_upsert_in_txn(
+            &mut tx,
+            &node_id,
+            "inventory",
+            &serde_json::to_value(inv).unwrap_or_default(),
+        )
+        .await?;
+    }
     bcm_db::workflows::steps_wake_for_node_in_txn(&mut tx, &node_id).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     tracing::info!(node = %node_id, %purpose, serial = %issued.serial, "agent joined");

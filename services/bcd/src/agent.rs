@@ -102,11 +102,15 @@ pub async fn join(
     };
     let csr = bcm_pki::csr_pem(&key, cfg.node.as_deref().unwrap_or(cfg.role.as_str()))
         .map_err(|e| AgentError::JoinRefused(e.to_string()))?;
+    // An adopting machine says what it is, for the pool's acceptance
+    // checks; a ramdisk reports its inventory as a command's result.
+    let inventory = (cfg.role == AgentRole::Node).then(|| crate::inventory::collect(&cfg.disks));
     let req = JoinRequest {
         token: cfg.join_token.clone(),
         csr,
         role: cfg.role,
         hostname: cfg.hostname.clone(),
+        inventory,
     };
     let mut attempt = 0;
     loop {

@@ -80,6 +80,19 @@ async fn a_bcd_node_with_a_pool_token_is_adopted() {
         .expect("fact")
         .expect("agent fact");
     assert_eq!(fact["hostname"], json!("db-7"));
+    // The machine said what it is at join (for the pool's acceptance).
+    let inventory = bcm_db::agents::node_fact_fetch(&env.db, &node.to_string(), "inventory")
+        .await
+        .expect("fact")
+        .expect("an inventory fact");
+    assert!(
+        inventory["cpus"].as_u64().is_some_and(|c| c >= 1),
+        "{inventory}"
+    );
+    assert!(
+        inventory["memoryMiB"].as_u64().is_some_and(|m| m >= 1),
+        "{inventory}"
+    );
 
     // The token was spent.
     let again = tokio::process::Command::new(env!("CARGO_BIN_EXE_bcd"))
@@ -112,5 +125,81 @@ async fn a_bcd_node_with_a_pool_token_is_adopted() {
         .expect("post");
     assert_eq!(status, 400);
     let _ = child.kill().await;
+
+    // The pool's acceptance checks: a machine below them is refused,
+    // saying what it lacks; one that meets them is adopted.
+    let adopt = |acceptance: serde_json::Value| {
+        let env = &env;
+        async move {
+            let (s, b) = env
+                .put(
+                    "/api/compute/admin/pools/a-pool",
+                    Some(&env.admin_token),
+                    &json!({"tenantId": "a", "siteId": "s1", "hardwareProfile": "gpu-redfish",
+                            "adoptAcceptance": acceptance}),
+                )
+                .await
+                .expect("pool");
+            assert_eq!(s, 204, "{b}");
+            let (_, body) = env
+                .post(
+                    "/api/compute/metal/joinTokens",
+                    Some(&env.admin_token),
+                    &json!({"tenantId": "a", "poolId": "a-pool", "ttlSecs": 600}),
+                )
+                .await
+                .expect("post");
+            let token = body["token"].as_str().expect("token").to_owned();
+            let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bcd"))
+                .args(["node", "--api", &env.base, "--token", &token])
+                .stdout(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("bcd node");
+            let stdout = child.stdout.take().expect("stdout");
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+                .await
+                .expect("joined in time")
+                .expect("read")
+                .expect("a line");
+            let node: bcm_core::NodeId = line
+                .strip_prefix("joined as node ")
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{line}"));
+            (node, child)
+        }
+    };
+    let (small, _c1) = adopt(json!({"minMemoryMiB": 1u64 << 40, "minCpus": 1})).await;
+    let failed = env
+        .wait_state(&small, ProvisionState::Failed, Duration::from_secs(30))
+        .await
+        .expect("refused by acceptance");
+    let why = failed.last_error.unwrap_or_default();
+    assert!(
+        why.starts_with("ACCEPTANCE:")
+            && why.contains("MiB of memory, the pool needs 1099511627776"),
+        "{why}"
+    );
+    assert!(!why.contains("CPUs"), "one CPU is enough: {why}");
+    let (fits, _c2) = adopt(json!({"minCpus": 1, "minMemoryMiB": 1})).await;
+    env.wait_state(&fits, ProvisionState::Adopted, Duration::from_secs(30))
+        .await
+        .expect("accepted");
+    // Bounds of nothing are garbage.
+    let (s, e) = env
+        .put(
+            "/api/compute/admin/pools/a-pool",
+            Some(&env.admin_token),
+            &json!({"tenantId": "a", "siteId": "s1", "hardwareProfile": "gpu-redfish",
+                    "adoptAcceptance": {"minCpus": 0}}),
+        )
+        .await
+        .expect("pool");
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (400, Some("INVALID_ARGUMENT")),
+        "{e}"
+    );
     env.stop();
 }

@@ -54,6 +54,7 @@ async fn a_real_bcd_commissions_a_node_and_a_disk_that_lies_fails_the_release() 
             deploy_profiles: None,
             release_wipe: "quick".into(),
             commission_wipe: "quick".into(),
+            adopt_acceptance: None,
         },
     )
     .await

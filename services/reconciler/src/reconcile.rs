@@ -84,7 +84,32 @@ async fn decide_for(tx: &mut Tx<'_>, node: &Node) -> Result<ReconcileAction, DbE
                 false
             }
         };
-        return Ok(bcm_core::reconcile::decide_adoption(certs, role_node));
+        let acceptance =
+            bcm_db::tenancy::pool_adopt_acceptance_in_txn(tx, node.pool_id.as_str()).await?;
+        let machine = if acceptance.is_empty() {
+            None
+        } else {
+            // What the agent reported at join; one this reconciler cannot
+            // read counts as none (the checks then refuse the machine).
+            bcm_db::agents::node_fact_fetch_in_txn(tx, &id, "inventory")
+                .await?
+                .and_then(|v| {
+                    serde_json::from_value::<bcm_contracts::outputs::Inventory>(v)
+                        .map_err(|e| tracing::warn!(node = %id, error = %e, "an inventory this reconciler cannot read"))
+                        .ok()
+                })
+                .map(|inv| bcm_core::reconcile::MachineSummary {
+                    cpus: inv.cpus,
+                    memory_mib: inv.memory_mib,
+                    disk_bytes: inv.disks.iter().map(|d| d.size_bytes).collect(),
+                })
+        };
+        return Ok(bcm_core::reconcile::decide_adoption(
+            certs,
+            role_node,
+            &acceptance,
+            machine.as_ref(),
+        ));
     }
     let summary = match node.workflow_id {
         Some(w) => {

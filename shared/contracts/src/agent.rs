@@ -156,7 +156,15 @@ pub struct JoinRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^[A-Za-z0-9._-]{1,253}$")]
     pub hostname: Option<String>,
+    /// For an adopt: the machine as the agent sees it (the `inventory`
+    /// output's shape), which the pool's acceptance checks read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub inventory: Option<crate::outputs::Inventory>,
 }
+
+/// The most disks or NICs a join's inventory lists.
+pub const MAX_JOIN_INVENTORY_ITEMS: usize = 1024;
 
 const CSR_BEGIN: &str = "-----BEGIN CERTIFICATE REQUEST-----";
 const CSR_END: &str = "-----END CERTIFICATE REQUEST-----";
@@ -188,6 +196,18 @@ impl JoinRequest {
             return Err(bad(
                 "hostname must be 1-253 letters, digits, '.', '_' or '-'",
             ));
+        }
+        if let Some(inv) = &self.inventory {
+            if self.role != AgentRole::Node {
+                return Err(bad(
+                    "only an adopting node (role node) reports an inventory at join",
+                ));
+            }
+            if inv.disks.len() > MAX_JOIN_INVENTORY_ITEMS
+                || inv.nics.len() > MAX_JOIN_INVENTORY_ITEMS
+            {
+                return Err(bad("an inventory lists at most 1024 disks and 1024 NICs"));
+            }
         }
         Ok(())
     }
@@ -482,6 +502,7 @@ mod tests {
             csr: CSR.into(),
             role: AgentRole::Node,
             hostname: Some("rack1-u3".into()),
+            inventory: None,
         }
     }
 
@@ -523,6 +544,20 @@ mod tests {
             },
             JoinRequest {
                 hostname: Some("a b".into()),
+                ..join()
+            },
+            JoinRequest {
+                role: AgentRole::Ramdisk,
+                inventory: Some(crate::outputs::Inventory {
+                    system: Default::default(),
+                    cpus: 1,
+                    cpu_model: String::new(),
+                    memory_mib: 1,
+                    disks: vec![],
+                    nics: vec![],
+                    kernel: None,
+                    sim: false,
+                }),
                 ..join()
             },
             JoinRequest {

@@ -27,6 +27,9 @@ pub struct AttestJoin {
     pub role: AgentRole,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
+    /// An adopting node's inventory, as it sent it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inventory: Option<crate::outputs::Inventory>,
 }
 
 /// The attestation service's answer to a join: the identity issued (or, to

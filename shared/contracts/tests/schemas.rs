@@ -652,6 +652,7 @@ fn attestation_requests_and_replies_validate_and_round_trip() {
             csr: "-----BEGIN CERTIFICATE REQUEST-----".into(),
             role: AgentRole::Ramdisk,
             hostname: None,
+            inventory: None,
         },
     );
     holds(

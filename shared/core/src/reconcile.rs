@@ -38,11 +38,129 @@ pub enum ReconcileAction {
 /// The profile id of `metal-unrescue`.
 pub const UNRESCUE_PROFILE: &str = "metal-unrescue";
 
+/// A pool's acceptance checks for adopted machines (`policy.adoptAcceptance`):
+/// the least the machine must have, as its agent reported it at join. An
+/// absent bound is not checked; no bound at all accepts any machine whose
+/// agent joined.
+#[derive(
+    Debug,
+    Clone,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AdoptAcceptance {
+    /// Logical CPUs, at least.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
+    pub min_cpus: Option<u64>,
+    /// Memory in MiB, at least.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "minMemoryMiB"
+    )]
+    #[schema(minimum = 1)]
+    pub min_memory_mib: Option<u64>,
+    /// Disks, at least.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1024)]
+    pub min_disks: Option<u32>,
+    /// Bytes of the largest disk, at least.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
+    pub min_disk_bytes: Option<u64>,
+}
+
+/// What an adopted machine's agent reported of itself at join.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineSummary {
+    pub cpus: u64,
+    pub memory_mib: u64,
+    pub disk_bytes: Vec<u64>,
+}
+
+impl AdoptAcceptance {
+    /// Whether any bound is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Checks the bounds themselves: each set one is 1 or more.
+    pub fn validate(&self) -> Result<(), String> {
+        let zero = [
+            ("minCpus", self.min_cpus == Some(0)),
+            ("minMemoryMiB", self.min_memory_mib == Some(0)),
+            ("minDisks", self.min_disks == Some(0)),
+            ("minDiskBytes", self.min_disk_bytes == Some(0)),
+        ];
+        match zero.iter().find(|(_, z)| *z) {
+            Some((name, _)) => Err(format!(
+                "adoptAcceptance.{name} must be 1 or more (or absent)"
+            )),
+            None if self.min_disks.is_some_and(|d| d > 1024) => {
+                Err("adoptAcceptance.minDisks must be at most 1024".to_owned())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Every bound the machine misses, in words (empty: accepted).
+    pub fn misses(&self, m: &MachineSummary) -> Vec<String> {
+        let mut out = vec![];
+        if let Some(min) = self.min_cpus.filter(|min| m.cpus < *min) {
+            out.push(format!("{} CPUs, the pool needs {min}", m.cpus));
+        }
+        if let Some(min) = self.min_memory_mib.filter(|min| m.memory_mib < *min) {
+            out.push(format!(
+                "{} MiB of memory, the pool needs {min}",
+                m.memory_mib
+            ));
+        }
+        if let Some(min) = self
+            .min_disks
+            .filter(|min| m.disk_bytes.len() < *min as usize)
+        {
+            out.push(format!(
+                "{} disks, the pool needs {min}",
+                m.disk_bytes.len()
+            ));
+        }
+        let largest = m.disk_bytes.iter().copied().max().unwrap_or(0);
+        if let Some(min) = self.min_disk_bytes.filter(|min| largest < *min) {
+            out.push(format!(
+                "a largest disk of {largest} bytes, the pool needs {min}"
+            ));
+        }
+        out
+    }
+}
+
 /// The pool's acceptance checks of an adopting node (server-side, no
 /// workflow): its own OS's agent joined with role `node` and holds a live
-/// certificate. Passed: complete (→ `adopted`); not yet: wait.
-pub fn decide_adoption(live_node_certs: i64, agent_role_node: bool) -> ReconcileAction {
-    if live_node_certs > 0 && agent_role_node {
+/// certificate, and the machine it reported at join meets the pool's
+/// `acceptance`. Passed: complete (→ `adopted`); missed: fail, saying what
+/// (`ACCEPTANCE: …`); not joined yet: wait.
+pub fn decide_adoption(
+    live_node_certs: i64,
+    agent_role_node: bool,
+    acceptance: &AdoptAcceptance,
+    machine: Option<&MachineSummary>,
+) -> ReconcileAction {
+    if live_node_certs <= 0 || !agent_role_node {
+        return ReconcileAction::Idle;
+    }
+    let misses = match (acceptance.is_empty(), machine) {
+        (true, _) => vec![],
+        (false, None) => vec!["its agent reported no inventory at join".to_owned()],
+        (false, Some(m)) => acceptance.misses(m),
+    };
+    if misses.is_empty() {
         ReconcileAction::Apply {
             mv: Move::Complete {
                 wipe_verified: false,
@@ -50,7 +168,10 @@ pub fn decide_adoption(live_node_certs: i64, agent_role_node: bool) -> Reconcile
             last_error: None,
         }
     } else {
-        ReconcileAction::Idle
+        ReconcileAction::Apply {
+            mv: Move::Fail,
+            last_error: Some(format!("ACCEPTANCE: the machine has {}", misses.join("; "))),
+        }
     }
 }
 
@@ -106,13 +227,74 @@ mod tests {
 
     #[test]
     fn adoption_completes_only_with_a_joined_node_agent() {
-        assert_eq!(decide_adoption(0, true), ReconcileAction::Idle);
-        assert_eq!(decide_adoption(1, false), ReconcileAction::Idle);
-        let ReconcileAction::Apply { mv, .. } = decide_adoption(1, true) else {
+        let any = AdoptAcceptance::default();
+        assert_eq!(decide_adoption(0, true, &any, None), ReconcileAction::Idle);
+        assert_eq!(decide_adoption(1, false, &any, None), ReconcileAction::Idle);
+        let ReconcileAction::Apply { mv, .. } = decide_adoption(1, true, &any, None) else {
             panic!("expected a move");
         };
         let t = apply(NodeFacts::at(Adopting), mv).expect("legal");
         assert_eq!(t.to, Adopted);
+    }
+
+    #[test]
+    fn adoption_fails_a_machine_below_the_pools_bounds_saying_which() {
+        let needs = AdoptAcceptance {
+            min_cpus: Some(4),
+            min_memory_mib: Some(8192),
+            min_disks: Some(2),
+            min_disk_bytes: Some(1 << 30),
+        };
+        let big = MachineSummary {
+            cpus: 8,
+            memory_mib: 16384,
+            disk_bytes: vec![1 << 40, 1 << 30],
+        };
+        let small = MachineSummary {
+            cpus: 2,
+            memory_mib: 16384,
+            disk_bytes: vec![1 << 20],
+        };
+        assert!(matches!(
+            decide_adoption(1, true, &needs, Some(&big)),
+            ReconcileAction::Apply {
+                mv: Move::Complete { .. },
+                last_error: None
+            }
+        ));
+        let ReconcileAction::Apply {
+            mv,
+            last_error: Some(e),
+        } = decide_adoption(1, true, &needs, Some(&small))
+        else {
+            panic!("expected a failure");
+        };
+        assert_eq!(mv, Move::Fail);
+        assert!(e.starts_with("ACCEPTANCE:"), "{e}");
+        assert!(e.contains("2 CPUs, the pool needs 4"), "{e}");
+        assert!(e.contains("1 disks, the pool needs 2"), "{e}");
+        assert!(e.contains("largest disk of 1048576 bytes"), "{e}");
+        assert!(!e.contains("memory"), "{e}");
+        assert_eq!(
+            apply(NodeFacts::at(Adopting), mv).expect("legal").to,
+            Failed
+        );
+        // Bounds but no inventory: refused, not waited on forever.
+        let ReconcileAction::Apply {
+            last_error: Some(e),
+            ..
+        } = decide_adoption(1, true, &needs, None)
+        else {
+            panic!("expected a failure");
+        };
+        assert!(e.contains("no inventory"), "{e}");
+        assert!(AdoptAcceptance {
+            min_cpus: Some(0),
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+        assert!(needs.validate().is_ok());
     }
 
     #[test]

@@ -29,3 +29,13 @@ CREATE INDEX commands_site_kind ON commands (site_id, kind, created_at DESC)
 ALTER TABLE pools
     ADD COLUMN commission_wipe TEXT NOT NULL DEFAULT 'quick'
         CHECK (commission_wipe IN ('quick', 'secure-erase', 'crypto-erase'));
+
+-- Adoption's acceptance checks: the least an adopted machine must have
+-- (bcm_core's AdoptAcceptance as JSON; NULL: any machine whose agent joined).
+ALTER TABLE pools ADD COLUMN adopt_acceptance JSONB;
+
+-- A BMC address is unique within a site among live nodes that have a BMC:
+-- adopted machines have none (an empty address), and a site holds many.
+DROP INDEX nodes_site_bmc;
+CREATE UNIQUE INDEX nodes_site_bmc ON nodes (site_id, bmc_address)
+    WHERE provision_state <> 'retired' AND bmc_driver <> 'none';

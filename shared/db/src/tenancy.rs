@@ -23,6 +23,9 @@ pub struct Pool {
     pub release_wipe: String,
     /// Commissioning's wipe.
     pub commission_wipe: String,
+    /// Adoption's acceptance checks (`None`: any machine whose agent
+    /// joined).
+    pub adopt_acceptance: Option<bcm_core::reconcile::AdoptAcceptance>,
 }
 
 /// What a verb reads of its node's pool.
@@ -59,10 +62,10 @@ pub async fn site_upsert(db: &Db, id: &SiteId, name: &str) -> Result<(), DbError
 /// Creates a pool or updates its policy. A pool never changes tenant.
 pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
     let n = sqlx::query(
-        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe, adopt_acceptance) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
          ON CONFLICT (id) DO UPDATE SET site_id = $3, name = $4, hardware_profile = $5, agent_mode = $6, accept_unsupported_diag = $7, \
-         deploy_profiles = $8, release_wipe = $9, commission_wipe = $10 \
+         deploy_profiles = $8, release_wipe = $9, commission_wipe = $10, adopt_acceptance = $11 \
          WHERE pools.tenant_id = $2",
     )
     .bind(p.id.as_str())
@@ -75,6 +78,12 @@ pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
     .bind(&p.deploy_profiles)
     .bind(&p.release_wipe)
     .bind(&p.commission_wipe)
+    .bind(
+        p.adopt_acceptance
+            .as_ref()
+            .filter(|a| !a.is_empty())
+            .map(|a| serde_json::to_value(a).unwrap_or_default()),
+    )
     .execute(db.pool())
     .await?
     .rows_affected();
@@ -98,9 +107,10 @@ struct PoolRow {
     deploy_profiles: Option<Vec<String>>,
     release_wipe: String,
     commission_wipe: String,
+    adopt_acceptance: Option<serde_json::Value>,
 }
 
-const POOL_COLUMNS: &str = "id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe";
+const POOL_COLUMNS: &str = "id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe, adopt_acceptance";
 
 impl TryFrom<PoolRow> for Pool {
     type Error = DbError;
@@ -118,6 +128,11 @@ impl TryFrom<PoolRow> for Pool {
             deploy_profiles: r.deploy_profiles,
             release_wipe: r.release_wipe,
             commission_wipe: r.commission_wipe,
+            adopt_acceptance: r
+                .adopt_acceptance
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(|_| bad("adopt acceptance"))?,
         })
     }
 }
@@ -181,6 +196,23 @@ pub async fn pool_commission_wipe_in_txn(
             .await?
             .unwrap_or_else(|| "quick".to_owned()),
     )
+}
+
+/// A pool's adoption acceptance checks (empty when it sets none).
+pub async fn pool_adopt_acceptance_in_txn(
+    tx: &mut crate::Tx<'_>,
+    id: &str,
+) -> Result<bcm_core::reconcile::AdoptAcceptance, DbError> {
+    let v: Option<Option<serde_json::Value>> =
+        sqlx::query_scalar("SELECT adopt_acceptance FROM pools WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    match v.flatten() {
+        None => Ok(Default::default()),
+        Some(v) => serde_json::from_value(v)
+            .map_err(|e| DbError::Corrupt(format!("pool {id} adopt acceptance: {e}"))),
+    }
 }
 
 /// A site and its settings.

@@ -65,6 +65,7 @@ async fn join(
             .map_err(|e| SimError::JoinRefused(e.to_string()))?,
         role,
         hostname: None,
+        inventory: None,
     };
     let mut attempt = 0;
     loop {

@@ -64,6 +64,7 @@ pub async fn tenancy(db: &Db) -> (TenantId, SiteId, PoolId) {
             deploy_profiles: None,
             release_wipe: "quick".into(),
             commission_wipe: "quick".into(),
+            adopt_acceptance: None,
         },
     )
     .await
