@@ -437,6 +437,14 @@ scenario() {
   ctl deploy "$node" --profile "e2e-os-$format" --profile-version 1 >/dev/null
   wait_state "$name" "$node" deployed 900
   check_deployed_disk "$name"
+  # The qcow2 profile names the catalog image the site pre-warmed: the
+  # ramdisk streamed it from its boot server's cache.
+  local source
+  source=$(psql_ctl -At -c "SELECT result->'output'->>'source' FROM commands WHERE node_id = '$node' AND kind = 'deploy.image' AND status = 'succeeded' ORDER BY created_at DESC LIMIT 1")
+  say "  $name: image streamed from $source"
+  if [ "$format" = qcow2 ] && [[ "$source" != */images/catalog/root/e2e-os-qcow2 ]]; then
+    echo "the catalog image did not come from the site's cache: $source" >&2; return 1
+  fi
   # No --wipe: the pool's releaseWipe (quick).
   ctl undeploy "$node" >/dev/null
   wait_state "$name" "$node" ready 900

@@ -105,10 +105,7 @@ pub struct ImageView {
     pub sites: Option<Vec<SiteCacheView>>,
 }
 
-/// Where a tenant's image lives in a site's cache.
-pub fn cache_path(tenant: &str, name: &str) -> String {
-    format!("catalog/{tenant}/{name}")
-}
+use bcm_contracts::commands::catalog_cache_path as cache_path;
 
 impl ImageView {
     fn from_row(row: bcm_db::images::StoredImage, sites: Option<Vec<SiteCacheView>>) -> Self {

@@ -41,8 +41,11 @@ pub struct AgentConfig {
     /// is trusted through it alone. Plain `http` (tests on loopback) needs
     /// none.
     pub ca_pem: Option<String>,
-    /// `site.httpProxy`.
+    /// The site's forward proxy (`bcm.proxy=`).
     pub proxy: Option<String>,
+    /// The boot server's image cache (`bcm.cache=`): catalog images are
+    /// fetched from it first.
+    pub cache: Option<String>,
     pub heartbeat: Duration,
     /// Random stripes read back after a device erase.
     pub wipe_stripes: usize,
@@ -379,6 +382,11 @@ fn deploy(
     let opts = crate::image::DeployOptions {
         proxy: cfg.proxy.clone(),
         max_held_bytes: None,
+        cached_url: cfg
+            .cache
+            .as_deref()
+            .zip(p.cache_path.as_deref())
+            .map(|(base, path)| format!("{}/{}", base.trim_end_matches('/'), path)),
     };
     let mut last = 0u64;
     let mut progress = |done: u64, total: u64| {
@@ -646,6 +654,7 @@ mod tests {
             image_keys: vec![],
             ca_pem,
             proxy: None,
+            cache: None,
             heartbeat: Duration::from_secs(10),
             wipe_stripes: 0,
             state_dir: None,

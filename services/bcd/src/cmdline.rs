@@ -1,6 +1,7 @@
 //! Boot parameters from the kernel command line: `bcm.node=`, `bcm.api=`,
-//! `bcm.join=` (the one-time discovery token) and, when the site has one,
-//! `bcm.proxy=` (`site.httpProxy`).
+//! `bcm.join=` (the one-time discovery token), when the site has one,
+//! `bcm.proxy=` (the site's forward proxy), and `bcm.cache=` (the boot
+//! server's image cache, which catalog images are fetched from first).
 
 /// What the ramdisk needs to join.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -9,6 +10,7 @@ pub struct BootParams {
     pub api: String,
     pub join: String,
     pub proxy: Option<String>,
+    pub cache: Option<String>,
 }
 
 /// Parses a kernel command line; `None` when a required key is missing.
@@ -25,6 +27,7 @@ pub fn parse(cmdline: &str) -> Option<BootParams> {
         api: get("bcm.api=")?,
         join: get("bcm.join=")?,
         proxy: get("bcm.proxy="),
+        cache: get("bcm.cache=").filter(|c| c.starts_with("http://") || c.starts_with("https://")),
     })
 }
 
@@ -46,6 +49,16 @@ mod tests {
         assert_eq!(
             parse("bcm.node=n bcm.api=a bcm.join=j bcm.proxy=http://p:3128").and_then(|p| p.proxy),
             Some("http://p:3128".into())
+        );
+        assert_eq!(
+            parse("bcm.node=n bcm.api=a bcm.join=j bcm.cache=http://10.0.0.1:8081/images/")
+                .and_then(|p| p.cache),
+            Some("http://10.0.0.1:8081/images/".into())
+        );
+        assert_eq!(
+            parse("bcm.node=n bcm.api=a bcm.join=j bcm.cache=file:///etc").and_then(|p| p.cache),
+            None,
+            "only an http(s) cache"
         );
     }
 }

@@ -106,8 +106,12 @@ impl Written {
 /// Options of a deploy.
 #[derive(Debug, Clone, Default)]
 pub struct DeployOptions {
-    /// `site.httpProxy`, when the site has one.
+    /// The site's forward proxy, when the site has one.
     pub proxy: Option<String>,
+    /// The image in the boot server's cache (a catalog image): tried
+    /// first, straight (the boot network reaches its boot server), then
+    /// the manifest's URL. The manifest checks the bytes either way.
+    pub cached_url: Option<String>,
     /// Most bytes of qcow2 clusters held before the L2 table naming them.
     pub max_held_bytes: Option<u64>,
 }
@@ -131,7 +135,7 @@ pub fn deploy(
             need: m.size_bytes,
         });
     }
-    let mut source = fetch(m, opts)?;
+    let (mut source, source_url) = fetch(m, opts)?;
     let started = std::time::Instant::now();
     let file = disks::open_write(disk)
         .map_err(|e| ImageError::Io(format!("open {}: {e}", disk.path.display())))?;
@@ -165,13 +169,36 @@ pub fn deploy(
         millis,
         bytes_per_sec: sink.downloaded * 1000 / millis.max(1),
         signed_by_key,
+        source: Some(source_url),
         user_data: None,
         sim: false,
     })
 }
 
-/// The image's HTTP(S) response (through `site.httpProxy` when set).
-fn fetch(m: &Manifest, opts: &DeployOptions) -> Result<reqwest::blocking::Response, ImageError> {
+/// The image's HTTP(S) response and where it came from: the site's cache
+/// when it has the image, else the manifest's URL (through the site's
+/// forward proxy when set).
+fn fetch(
+    m: &Manifest,
+    opts: &DeployOptions,
+) -> Result<(reqwest::blocking::Response, String), ImageError> {
+    if let Some(cached) = &opts.cached_url {
+        let got = reqwest::blocking::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .timeout(None)
+            .no_proxy()
+            .build()
+            .and_then(|c| c.get(cached).send());
+        match got {
+            Ok(r) if r.status().is_success() => return Ok((r, cached.clone())),
+            Ok(r) => {
+                tracing::info!(url = %cached, status = %r.status(), "the site's cache does not have the image; fetching it from its URL")
+            }
+            Err(e) => {
+                tracing::info!(url = %cached, error = %e, "the site's cache did not answer; fetching the image from its URL")
+            }
+        }
+    }
     let fetch_err = |why: String| ImageError::Fetch {
         url: m.url.clone(),
         why,
@@ -190,7 +217,7 @@ fn fetch(m: &Manifest, opts: &DeployOptions) -> Result<reqwest::blocking::Respon
     if !resp.status().is_success() {
         return Err(fetch_err(format!("HTTP {}", resp.status())));
     }
-    Ok(resp)
+    Ok((resp, m.url.clone()))
 }
 
 /// Reads the whole image into the sink, reporting progress.

@@ -277,3 +277,64 @@ fn tampered_images_and_bad_manifests_are_refused() {
         "the disk was not touched"
     );
 }
+
+/// A catalog image comes from the boot server's cache when it has it (the
+/// report names the source), from the manifest's URL when it does not, and
+/// a cache serving other bytes is refused like any tampered image.
+#[test]
+fn a_catalog_image_comes_from_the_sites_cache_first() {
+    let dir = Scratch::new("cache");
+    let raw = dir.0.join("image.raw");
+    make_raw(&raw);
+    let good = std::fs::read(&raw).expect("raw");
+    let files: Files = Default::default();
+    files
+        .lock()
+        .expect("files")
+        .insert("origin.raw".into(), good.clone());
+    files
+        .lock()
+        .expect("files")
+        .insert("cached.raw".into(), good.clone());
+    let mut bad = good.clone();
+    bad[100] ^= 0x55;
+    files.lock().expect("files").insert("stale.raw".into(), bad);
+    let base = serve(files);
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    let keys = [key.verifying_key()];
+    let m = manifest(&key, &format!("{base}/origin.raw"), Format::Raw, &good);
+    let with_cache = |url: &str| DeployOptions {
+        cached_url: Some(url.to_owned()),
+        ..Default::default()
+    };
+    let run = |opts: &DeployOptions, name: &str| {
+        let t = target(name);
+        let d = disks::describe(&t.disk.dev).expect("describe");
+        (image::deploy(&m, &keys, &d, opts, &mut |_, _| {}), t)
+    };
+
+    let (r, _t) = run(&with_cache(&format!("{base}/cached.raw")), "from-cache");
+    let r = r.expect("deployed from the cache");
+    assert_eq!(
+        r.source.as_deref(),
+        Some(format!("{base}/cached.raw").as_str())
+    );
+    assert_eq!(r.image_sha256, sha(&good));
+
+    let (r, _t) = run(&with_cache(&format!("{base}/missing.raw")), "not-cached");
+    let r = r.expect("deployed from the origin");
+    assert_eq!(
+        r.source.as_deref(),
+        Some(format!("{base}/origin.raw").as_str())
+    );
+
+    let (r, _t) = run(&with_cache("http://127.0.0.1:9/nothing"), "cache-down");
+    assert_eq!(
+        r.expect("deployed from the origin").source.as_deref(),
+        Some(format!("{base}/origin.raw").as_str())
+    );
+
+    let (r, _t) = run(&with_cache(&format!("{base}/stale.raw")), "stale-cache");
+    let err = r.expect_err("the manifest refuses other bytes");
+    assert!(matches!(err, ImageError::Rejected(..)), "{err}");
+}

@@ -206,6 +206,7 @@ fn a_wipe_without_a_valid_batch_authority_touches_nothing() {
         image_keys: vec![],
         ca_pem: None,
         proxy: None,
+        cache: None,
         heartbeat: std::time::Duration::from_secs(10),
         wipe_stripes: 4,
         state_dir: None,

@@ -79,12 +79,16 @@ pub fn render(
     let mut cmdline: Vec<&str> = e
         .cmdline
         .split_whitespace()
-        .filter(|w| !w.starts_with("bcm.quorum="))
+        .filter(|w| !w.starts_with("bcm.quorum=") && !w.starts_with("bcm.cache="))
         .collect();
     let anchor = quorum_anchor.map(|a| format!("bcm.quorum={a}"));
     if let Some(a) = &anchor {
         cmdline.push(a);
     }
+    // The image cache the ramdisk fetches catalog images from first: this
+    // boot server's.
+    let cache = format!("bcm.cache={}", artifact_url(proxy, ""));
+    cmdline.push(&cache);
     let cmdline = cmdline.join(" ");
     let initrd_name = e
         .initrd
@@ -185,7 +189,7 @@ mod tests {
         let mac = Mac::parse("52:54:00:aa:00:01").expect("mac");
         let script = render(&proxy, None, Some("sitesown"), &mac, &entry);
         assert!(
-            script.contains("bcm.node=node_1 bcm.quorum=sitesown"),
+            script.contains("bcm.node=node_1 bcm.quorum=sitesown bcm.cache=http://"),
             "{script}"
         );
         assert!(!script.contains("forged"), "{script}");

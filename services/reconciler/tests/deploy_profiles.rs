@@ -95,3 +95,80 @@ async fn a_deploy_installs_its_profile_and_takes_its_role() {
         .expect("deployed");
     assert_eq!(again.role.as_deref(), Some("host"));
 }
+
+/// A profile that names a catalog image hands the ramdisk the image's path
+/// in the site's cache beside its manifest, so the ramdisk fetches it from
+/// its boot server first; an inline image has none.
+#[tokio::test]
+async fn a_catalog_images_deploy_names_its_place_in_the_sites_cache() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let admin = env.admin_token.clone();
+    let (s, b) = env
+        .post(
+            "/api/compute/images",
+            Some(&admin),
+            &json!({"tenantId": "a", "name": "noble", "url": "http://images.invalid/noble.raw",
+                    "format": "raw", "sha256": "5d".repeat(32), "sizeBytes": 1u64 << 30}),
+        )
+        .await
+        .expect("image");
+    assert_eq!(s, 201, "{b}");
+    let (s, b) = env
+        .post(
+            "/api/compute/deployProfiles",
+            Some(&admin),
+            &json!({"tenantId": "a", "id": "noble-host", "version": 1, "catalogImage": "noble"}),
+        )
+        .await
+        .expect("profile");
+    assert_eq!(s, 201, "{b}");
+    let id = env.enroll_sim("cat").await;
+    env.wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("ready");
+    env.verb_ok(
+        "deploy",
+        &id,
+        json!({"profileId": "noble-host", "profileVersion": 1}),
+    )
+    .await;
+    env.wait_state(&id, ProvisionState::Deployed, T)
+        .await
+        .expect("deployed");
+    let deploy_params = |cmds: Vec<bcm_db::commands::CommandRow>| {
+        cmds.into_iter()
+            .rev()
+            .find(|c| c.kind == "deploy.image")
+            .map(|c| c.params)
+            .expect("a deploy.image command")
+    };
+    let p = deploy_params(
+        bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+            .await
+            .expect("commands"),
+    );
+    assert_eq!(p["cachePath"], "catalog/a/noble", "{p}");
+    assert_eq!(p["image"]["url"], "http://images.invalid/noble.raw");
+
+    env.verb_ok("undeploy", &id, json!({"wipe": "quick"})).await;
+    env.wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("ready");
+    env.verb_ok(
+        "deploy",
+        &id,
+        json!({"profileId": "ubuntu-24.04", "profileVersion": 1}),
+    )
+    .await;
+    env.wait_state(&id, ProvisionState::Deployed, T)
+        .await
+        .expect("deployed");
+    let p = deploy_params(
+        bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+            .await
+            .expect("commands"),
+    );
+    assert!(p.get("cachePath").is_none(), "an inline image: {p}");
+}

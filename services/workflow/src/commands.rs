@@ -192,6 +192,10 @@ async fn deploy_image(
         })
         .map_err(|e| ParamsError::Invalid(format!("deploy profile {}: {e}", profile.id)))?;
     Ok(DeployImageParams {
+        cache_path: profile
+            .catalog_image
+            .as_deref()
+            .map(|name| bcm_contracts::commands::catalog_cache_path(node.tenant_id.as_str(), name)),
         profile_id: profile.id,
         profile_version: profile.version,
         image: profile.image,

@@ -299,6 +299,12 @@ pub struct BootEntryClearParams {
     pub macs: Vec<String>,
 }
 
+/// Where a tenant's catalog image lives in a site's cache (served at
+/// `/images/<path>` by the site's boot service).
+pub fn catalog_cache_path(tenant: &str, name: &str) -> String {
+    format!("catalog/{tenant}/{name}")
+}
+
 /// An image as the site's cache keeps it: where it lives under the cache,
 /// where it comes from and what it must hash to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -358,6 +364,13 @@ pub struct DeployImageParams {
     pub profile_version: u32,
     /// The signed manifest; the agent checks it before opening the disk.
     pub image: ImageRef,
+    /// Where the image is in the site's cache when the profile names a
+    /// catalog image (`catalog/<tenant>/<name>`): the ramdisk fetches it
+    /// from its boot server's cache first (`bcm.cache=`), and from `url`
+    /// when the cache does not have it. The manifest checks the bytes
+    /// either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_path: Option<String>,
     /// The rendered user data, written as a NoCloud seed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data: Option<String>,

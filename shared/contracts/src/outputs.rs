@@ -305,6 +305,9 @@ pub struct DeployReport {
     pub bytes_per_sec: u64,
     /// The index of the trusted key that signed the manifest.
     pub signed_by_key: usize,
+    /// Where the bytes came from: the site's cache or the manifest's URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data: Option<SeedReport>,
     #[serde(default, skip_serializing_if = "is_false")]

@@ -199,6 +199,7 @@ fn every_command() -> Vec<Command> {
         Command::DeployImage(DeployImageParams {
             profile_id: "ubuntu".into(),
             profile_version: 2,
+            cache_path: Some("catalog/a/ubuntu".into()),
             image: image(),
             user_data: Some("#cloud-config\n".into()),
             disk: None,
@@ -341,6 +342,7 @@ fn every_output() -> Vec<Output> {
             millis: 1,
             bytes_per_sec: 10,
             signed_by_key: 0,
+            source: Some("http://10.0.0.1:8081/images/catalog/a/ubuntu".into()),
             user_data: Some(SeedReport {
                 partition: "vda1".into(),
                 fs_type: "vfat".into(),

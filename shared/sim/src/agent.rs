@@ -544,6 +544,7 @@ fn execute(
                 millis: 0,
                 bytes_per_sec: 0,
                 signed_by_key: 0,
+                source: None,
                 user_data: Some(SeedReport {
                     partition: "nvme0n1p1".to_owned(),
                     fs_type: "vfat".to_owned(),
