@@ -27,6 +27,37 @@ fn text(v: &Value) -> String {
     }
 }
 
+/// FILE as a JSON object with `fields` set (the tenant, a name).
+fn object_file(file: &Path, fields: &[(&str, &str)]) -> anyhow::Result<Value> {
+    let text_in =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let mut body: Value = serde_json::from_str(&text_in)
+        .with_context(|| format!("{} is not a JSON object", file.display()))?;
+    let obj = body
+        .as_object_mut()
+        .with_context(|| format!("{} is not a JSON object", file.display()))?;
+    for (k, v) in fields {
+        obj.insert((*k).to_owned(), Value::String((*v).to_owned()));
+    }
+    Ok(body)
+}
+
+/// `v` as JSON, or as a table of `header` with a row per item (an array)
+/// or one row (an object).
+fn emit_rows(out: Output, v: Value, header: &[&str], row: fn(&mut Table, &Value)) {
+    match out {
+        Output::Json => emit(v),
+        Output::Table => {
+            let mut t = table(header);
+            match v.as_array() {
+                Some(items) => items.iter().for_each(|i| row(&mut t, i)),
+                None => row(&mut t, &v),
+            }
+            emit(t);
+        }
+    }
+}
+
 fn profile_row(t: &mut Table, p: &Value) {
     let d = &p["profile"];
     let image = &d["image"];
@@ -55,14 +86,7 @@ const PROFILE_HEADER: [&str; 7] = [
 /// `image`, `userData` or `userDataTemplate`) as JSON; the tenant is
 /// `--tenant`'s.
 pub async fn publish(api: &Api, out: Output, tenant: &str, file: &Path) -> anyhow::Result<()> {
-    let text_in =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let mut body: Value = serde_json::from_str(&text_in)
-        .with_context(|| format!("{} is not a JSON object", file.display()))?;
-    let obj = body
-        .as_object_mut()
-        .with_context(|| format!("{} is not a JSON object", file.display()))?;
-    obj.insert("tenantId".into(), Value::String(tenant.to_owned()));
+    let body = object_file(file, &[("tenantId", tenant)])?;
     let v = api
         .call(
             reqwest::Method::POST,
@@ -70,14 +94,7 @@ pub async fn publish(api: &Api, out: Output, tenant: &str, file: &Path) -> anyho
             Some(body),
         )
         .await?;
-    match out {
-        Output::Json => emit(v),
-        Output::Table => {
-            let mut t = table(&PROFILE_HEADER);
-            profile_row(&mut t, &v);
-            emit(t);
-        }
-    }
+    emit_rows(out, v, &PROFILE_HEADER, profile_row);
     Ok(())
 }
 
@@ -88,16 +105,7 @@ pub async fn list(api: &Api, out: Output, tenant: &str, id: Option<&str>) -> any
         path.push_str(&format!("&id={id}"));
     }
     let v = api.call(reqwest::Method::GET, &path, None).await?;
-    match out {
-        Output::Json => emit(v),
-        Output::Table => {
-            let mut t = table(&PROFILE_HEADER);
-            for p in v.as_array().into_iter().flatten() {
-                profile_row(&mut t, p);
-            }
-            emit(t);
-        }
-    }
+    emit_rows(out, v, &PROFILE_HEADER, profile_row);
     Ok(())
 }
 
@@ -245,26 +253,11 @@ pub async fn image_register(
     name: &str,
     file: &Path,
 ) -> anyhow::Result<()> {
-    let text_in =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let mut body: Value = serde_json::from_str(&text_in)
-        .with_context(|| format!("{} is not a JSON object", file.display()))?;
-    let obj = body
-        .as_object_mut()
-        .with_context(|| format!("{} is not a JSON object", file.display()))?;
-    obj.insert("tenantId".into(), Value::String(tenant.to_owned()));
-    obj.insert("name".into(), Value::String(name.to_owned()));
+    let body = object_file(file, &[("tenantId", tenant), ("name", name)])?;
     let v = api
         .call(reqwest::Method::POST, "/api/compute/images", Some(body))
         .await?;
-    match out {
-        Output::Json => emit(v),
-        Output::Table => {
-            let mut t = table(&IMAGE_HEADER);
-            image_row(&mut t, &v);
-            emit(t);
-        }
-    }
+    emit_rows(out, v, &IMAGE_HEADER, image_row);
     Ok(())
 }
 
@@ -277,16 +270,7 @@ pub async fn image_list(api: &Api, out: Output, tenant: &str) -> anyhow::Result<
             None,
         )
         .await?;
-    match out {
-        Output::Json => emit(v),
-        Output::Table => {
-            let mut t = table(&IMAGE_HEADER);
-            for i in v.as_array().into_iter().flatten() {
-                image_row(&mut t, i);
-            }
-            emit(t);
-        }
-    }
+    emit_rows(out, v, &IMAGE_HEADER, image_row);
     Ok(())
 }
 
