@@ -79,8 +79,25 @@ pub struct PoolRequest {
     /// have, as its agent reports it at join (absent: any machine whose
     /// agent joins). A machine below them goes to `failed` with an
     /// `ACCEPTANCE:` error naming what it lacks.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object_only")]
     pub adopt_acceptance: Option<bcm_core::reconcile::AdoptAcceptance>,
+}
+
+/// An optional JSON object field: serde would also read a struct from an
+/// array (`[null, null]`), which the schema does not allow.
+fn object_only<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    use serde::de::Error as _;
+    match Option::<serde_json::Value>::deserialize(d)? {
+        None => Ok(None),
+        Some(v @ serde_json::Value::Object(_)) => serde_json::from_value(v)
+            .map(Some)
+            .map_err(D::Error::custom),
+        Some(_) => Err(D::Error::custom("expected an object")),
+    }
 }
 
 /// A pool's accepted deploy profile ids as the OpenAPI document states

@@ -122,6 +122,12 @@ pub async fn publish(
             .to_owned(),
         (None, None) => bcm_core::deploy::DEFAULT_USER_DATA.to_owned(),
     };
+    // The request's own fields first: a bad one is INVALID_ARGUMENT
+    // whatever the catalog holds.
+    crate::verbs::check_profile_id("id", &req.id)?;
+    if req.version == 0 || i32::try_from(req.version).is_err() {
+        return Err(ApiError::invalid("version must be 1 to 2147483647"));
+    }
     let (image, catalog_image) = match (req.image, req.catalog_image) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid("give image or catalogImage, not both"))

@@ -106,6 +106,17 @@ impl AdoptAcceptance {
             None if self.min_disks.is_some_and(|d| d > 1024) => {
                 Err("adoptAcceptance.minDisks must be at most 1024".to_owned())
             }
+            // Stored as JSON numbers any reader can hold.
+            None if [self.min_cpus, self.min_memory_mib, self.min_disk_bytes]
+                .into_iter()
+                .flatten()
+                .any(|v| v > i64::MAX as u64) =>
+            {
+                Err(format!(
+                    "adoptAcceptance bounds must be at most {}",
+                    i64::MAX
+                ))
+            }
             None => Ok(()),
         }
     }
@@ -295,6 +306,12 @@ mod tests {
         .validate()
         .is_err());
         assert!(needs.validate().is_ok());
+        assert!(AdoptAcceptance {
+            min_memory_mib: Some(1 << 63),
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
     }
 
     #[test]
