@@ -139,6 +139,11 @@ set +e
   --report junit --report-dir "$out" --seed 1 --no-color) > "$out/schemathesis.log" 2>&1
 st=$?
 set -e
+if [ "$st" -ne 0 ]; then
+  # The failures themselves (operation, check, the curl that reproduces
+  # it), not only the summary that ends the log.
+  sed -n '/^=* FAILURES =*$/,/^=* SUMMARY =*$/p' "$out/schemathesis.log" | head -n 200 >&2
+fi
 tail -n 40 "$out/schemathesis.log" >&2
 log "schemathesis took $(( $(date +%s) - started )) s"
 if [ "$st" -ne 0 ]; then

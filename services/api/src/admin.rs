@@ -93,9 +93,12 @@ where
     use serde::de::Error as _;
     match Option::<serde_json::Value>::deserialize(d)? {
         None => Ok(None),
-        Some(v @ serde_json::Value::Object(_)) => serde_json::from_value(v)
-            .map(Some)
-            .map_err(D::Error::custom),
+        Some(mut v @ serde_json::Value::Object(_)) => {
+            crate::whole_number::canonical(&mut v);
+            serde_json::from_value(v)
+                .map(Some)
+                .map_err(D::Error::custom)
+        }
         Some(_) => Err(D::Error::custom("expected an object")),
     }
 }

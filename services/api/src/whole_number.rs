@@ -49,6 +49,22 @@ where
     }
 }
 
+/// Rewrites every whole number in `v` spelt with a fraction part
+/// (`16.0`) as the integer it is, so a type from another crate reads it
+/// as JSON Schema does; a fraction (`1.5`) is left for that type to refuse.
+pub fn canonical(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Number(n) if n.as_u64().is_none() && n.as_i64().is_none() => {
+            if let Ok(w) = whole::<serde_json::Error>(n) {
+                *n = w.into();
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(canonical),
+        serde_json::Value::Object(fields) => fields.values_mut().for_each(canonical),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde::Deserialize;
@@ -75,6 +91,17 @@ mod tests {
             parse(r#"{"version": 7, "ttl": null}"#).expect("null").ttl,
             None
         );
+    }
+
+    #[test]
+    fn canonical_rewrites_whole_floats_only() {
+        let mut v = serde_json::json!({"a": 16.0, "b": [2.0, 1.5, -3.0], "c": {"d": 7}});
+        super::canonical(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"a": 16, "b": [2, 1.5, -3.0], "c": {"d": 7}})
+        );
+        assert!(v["a"].is_u64() && v["b"][0].is_u64() && v["b"][1].is_f64());
     }
 
     #[test]
