@@ -52,6 +52,11 @@ fn example_configs_parse() {
                     .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             }
             bcm_api::hardware_profiles(&cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            if path.ends_with("api.example.toml") {
+                // A driver hosted as a plugin, bound by name.
+                let acme = cfg.hardware_profiles.get("acme").expect("acme profile");
+                assert_eq!(acme.drivers.power.plugin_name(), Some("acme"));
+            }
             n += 1;
         }
     }

@@ -35,6 +35,13 @@ fn profiles() -> std::collections::BTreeMap<String, HardwareProfile> {
             },
         },
     );
+    m.insert(
+        "acme".to_owned(),
+        HardwareProfile {
+            description: "a driver hosted as a plugin that no build of ours knows".into(),
+            drivers: Drivers::of_bmc(BmcDriver::parse("plugin:acme").expect("plugin")),
+        },
+    );
     m
 }
 
@@ -83,7 +90,15 @@ async fn the_effective_profile_picks_each_concerns_driver_and_bad_profiles_write
         .iter()
         .filter_map(|p| p["name"].as_str())
         .collect();
-    for n in ["gpu-redfish", "ipmi", "no-pxe", "redfish", "sim", "split"] {
+    for n in [
+        "acme",
+        "gpu-redfish",
+        "ipmi",
+        "no-pxe",
+        "redfish",
+        "sim",
+        "split",
+    ] {
         assert!(names.contains(&n), "{n} in {names:?}");
     }
     let split = list
@@ -115,6 +130,28 @@ async fn the_effective_profile_picks_each_concerns_driver_and_bad_profiles_write
     let node = env.node(&id).await.expect("node");
     assert_eq!(node.hardware_profile, "ipmi");
     assert_eq!(node.drivers, Some(Drivers::of_bmc(BmcDriver::Ipmi)));
+
+    // A driver only a plugin knows enrolls like a built-in one; its
+    // address is the plugin's to read.
+    let (s, acme) = enroll(
+        &env,
+        json!({"hardwareProfile": "acme"}),
+        json!({"address": "acme-bmc-1"}),
+    )
+    .await;
+    assert_eq!(s, 200, "{acme}");
+    assert_eq!(acme["bmc"]["driver"], "plugin:acme");
+    let (s, bad) = enroll(
+        &env,
+        json!({"hardwareProfile": "acme"}),
+        json!({"address": "acme bmc 1"}),
+    )
+    .await;
+    assert_eq!(
+        (s, bad["code"].as_str()),
+        (422, Some("INVALID_CONFIG")),
+        "{bad}"
+    );
 
     // Refused before anything is written: a profile nobody configured, a
     // driver that contradicts the profile, a profile that cannot boot the

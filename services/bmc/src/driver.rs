@@ -46,7 +46,7 @@ impl Driver {
                 settings.redfish.clone(),
                 tls,
             )?))),
-            BmcDriver::Ipmi => match settings.plugins.get(&driver) {
+            BmcDriver::Ipmi | BmcDriver::Plugin(_) => match settings.plugins.get(&driver) {
                 Some(plugin) => Ok(Driver::Plugin(PluginDriver::new(
                     driver,
                     address,
@@ -55,7 +55,8 @@ impl Driver {
                     plugin.clone(),
                 ))),
                 None => Err(BmcError::Unsupported(format!(
-                    "unsupported-driver: {driver} (this site's bmc service hosts no {driver} plugin: plugins.{driver})"
+                    "unsupported-driver: {driver} (this site's bmc service hosts no {driver} plugin: plugins.{})",
+                    driver.plugin_name().unwrap_or_default()
                 ))),
             },
             BmcDriver::Sim => Err(BmcError::Unsupported(

@@ -8,14 +8,14 @@ pub enum BmcError {
     /// The BMC refused the credentials.
     #[error("{driver} BMC at {address}: authentication failed: {message}")]
     Unauthorized {
-        driver: &'static str,
+        driver: bcm_core::BmcDriver,
         address: String,
         message: String,
     },
     /// The BMC did not answer (connection refused, reset, DNS, TLS).
     #[error("{driver} BMC at {address} is unreachable: {message}")]
     Unreachable {
-        driver: &'static str,
+        driver: bcm_core::BmcDriver,
         address: String,
         message: String,
     },
@@ -23,7 +23,7 @@ pub enum BmcError {
     /// `@Message.ExtendedInfo` text when it gave one.
     #[error("{driver} BMC at {address}: {status}: {message}")]
     Refused {
-        driver: &'static str,
+        driver: bcm_core::BmcDriver,
         address: String,
         status: u16,
         message: String,
@@ -32,7 +32,7 @@ pub enum BmcError {
     /// in time.
     #[error("{driver} BMC at {address}: {message}")]
     Timeout {
-        driver: &'static str,
+        driver: bcm_core::BmcDriver,
         address: String,
         message: String,
     },
@@ -69,7 +69,7 @@ mod tests {
     #[test]
     fn transient_answers_are_retryable_and_refusals_are_not() {
         let refused = |status| BmcError::Refused {
-            driver: "redfish",
+            driver: bcm_core::BmcDriver::Redfish,
             address: "x".into(),
             status,
             message: String::new(),
@@ -80,13 +80,13 @@ mod tests {
         assert!(!refused(400).retryable());
         assert!(!refused(404).retryable());
         assert!(!BmcError::Unauthorized {
-            driver: "ipmi",
+            driver: bcm_core::BmcDriver::Ipmi,
             address: "x".into(),
             message: String::new()
         }
         .retryable());
         assert!(BmcError::Unreachable {
-            driver: "ipmi",
+            driver: bcm_core::BmcDriver::Ipmi,
             address: "x".into(),
             message: String::new()
         }

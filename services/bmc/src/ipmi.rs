@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::driver::{BootDevice, BootMode, BootOverride, Inventory, Verified};
 use crate::error::BmcError;
 
-const DRIVER: &str = "ipmi";
+const DRIVER: bcm_core::BmcDriver = bcm_core::BmcDriver::Ipmi;
 
 /// Settings of the IPMI driver.
 #[derive(Debug, Clone)]

@@ -47,8 +47,10 @@ pub struct BmcConfig {
     /// The ipmitool binary the IPMI plugin runs.
     #[serde(default = "default_ipmitool")]
     pub ipmitool: String,
-    /// Drivers hosted as plugins: driver name to executable (the plugin
-    /// protocol of `bcm_contracts::plugin`). Without an `ipmi` entry, the
+    /// Drivers hosted as plugins: name to executable (the plugin protocol
+    /// of `bcm_contracts::plugin`). `ipmi` hosts the IPMI driver; any other
+    /// name `<n>` hosts the driver `plugin:<n>`, which hardware profiles
+    /// bind like a built-in one. Without an `ipmi` entry, the
     /// `bcx-ipmi` beside this service's executable hosts IPMI when it is
     /// there; a driver with no plugin answers `unsupported-driver`.
     #[serde(default)]
@@ -122,13 +124,8 @@ impl BmcConfig {
         }
         let mut out = std::collections::BTreeMap::new();
         for (name, exe) in named {
-            let driver = bcm_core::BmcDriver::parse(&name)
-                .filter(|d| matches!(d, bcm_core::BmcDriver::Ipmi))
-                .ok_or_else(|| {
-                    StartError::Config(format!(
-                        "plugins.{name}: only the ipmi driver is hosted as a plugin"
-                    ))
-                })?;
+            let driver = bcm_core::BmcDriver::hosted_as(&name)
+                .map_err(|e| StartError::Config(format!("plugins.{name}: {e}")))?;
             if !exe.is_file() {
                 return Err(StartError::Config(format!(
                     "plugins.{name}: {} is not a file",

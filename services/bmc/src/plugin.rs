@@ -118,7 +118,7 @@ impl PluginDriver {
         let (status, answer, stderr) = tokio::time::timeout(self.settings.timeout, exchange)
             .await
             .map_err(|_| BmcError::Timeout {
-                driver: self.driver.as_str(),
+                driver: self.driver,
                 address: self.address.clone(),
                 message: format!(
                     "the plugin's {name} took longer than {} s and was stopped",
@@ -146,7 +146,7 @@ impl PluginDriver {
     }
 
     fn error(&self, e: PluginError) -> BmcError {
-        let (driver, address, message) = (self.driver.as_str(), self.address.clone(), e.message);
+        let (driver, address, message) = (self.driver, self.address.clone(), e.message);
         match e.kind {
             PluginErrorKind::Unauthorized => BmcError::Unauthorized {
                 driver,

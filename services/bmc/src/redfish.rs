@@ -35,7 +35,7 @@ use crate::driver::{BootDevice, BootMode, BootOverride, Inventory, Verified};
 use crate::error::BmcError;
 use bcm_core::{BmcTls, PowerAction, PowerState};
 
-const DRIVER: &str = "redfish";
+const DRIVER: bcm_core::BmcDriver = bcm_core::BmcDriver::Redfish;
 
 /// Whether two URLs share scheme, host and port.
 fn same_origin(a: &Url, b: &Url) -> bool {

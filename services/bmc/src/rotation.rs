@@ -92,7 +92,7 @@ pub async fn rotate(
         true
     } else {
         return Err(BmcError::Unauthorized {
-            driver: bmc.driver.as_str(),
+            driver: bmc.driver,
             address: bmc.address.clone(),
             message: "neither the current nor the pending password logs in".into(),
         });
@@ -121,7 +121,7 @@ pub async fn rotate(
             )
         } else {
             BmcError::Unauthorized {
-                driver: bmc.driver.as_str(),
+                driver: bmc.driver,
                 address: bmc.address.clone(),
                 message: "after phase 1 neither the current nor the new password logs in".into(),
             }

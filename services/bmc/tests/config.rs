@@ -52,3 +52,41 @@ fn a_typo_is_refused() {
     let err = bcm_bmc::BmcConfig::load(Some(&path)).expect_err("typo");
     assert!(err.to_string().contains("tls_insecrue"), "{err}");
 }
+
+/// `plugins.<name>`: `ipmi` hosts IPMI, any other good name hosts
+/// `plugin:<name>`; a built-in name, a bad name or a missing executable is
+/// a start-up error naming the key.
+#[test]
+fn plugins_host_drivers_by_name() {
+    let dir = std::env::temp_dir().join(format!("bcm-bmc-plugins-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let exe = dir.join("bcx-acme");
+    std::fs::write(&exe, "#!/bin/sh\n").expect("exe");
+    let mut cfg = bcm_bmc::BmcConfig::load(Some(&example())).expect("example");
+    cfg.plugins.insert("acme".into(), exe.clone());
+    let drivers = cfg.drivers().expect("drivers");
+    let acme = bcm_core::BmcDriver::parse("plugin:acme").expect("driver");
+    assert_eq!(
+        drivers.plugins.get(&acme).map(|p| p.executable.clone()),
+        Some(exe.clone())
+    );
+    for (name, path, says) in [
+        (
+            "redfish",
+            exe.clone(),
+            "plugins.redfish: redfish is not hosted",
+        ),
+        (
+            "Acme Corp",
+            exe.clone(),
+            "plugins.Acme Corp: plugin driver name",
+        ),
+        ("acme", dir.join("missing"), "plugins.acme:"),
+    ] {
+        let mut bad = bcm_bmc::BmcConfig::load(Some(&example())).expect("example");
+        bad.plugins.insert(name.into(), path);
+        let e = bad.drivers().expect_err(name).to_string();
+        assert!(e.contains(says), "{e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

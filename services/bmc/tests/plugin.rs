@@ -134,3 +134,80 @@ fn bcx_ipmi_answers_garbage_with_invalid() {
         }
     }
 }
+
+/// A driver no build of ours knows: a shell script that keeps the power
+/// state in a file, hosted as `plugins.acme`, drives `plugin:acme` nodes
+/// through the same protocol as IPMI. A plugin driver the site does not
+/// host answers `unsupported-driver` naming the key to set.
+#[tokio::test]
+async fn a_new_driver_is_added_as_a_plugin_without_a_rebuild() {
+    let dir = std::env::temp_dir().join(format!("bcm-plugin-acme-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let state = dir.join("power");
+    std::fs::write(&state, "off").expect("state");
+    let exe = dir.join("bcx-acme");
+    std::fs::write(
+        &exe,
+        format!(
+            r#"#!/bin/sh
+req=$(cat)
+case "$req" in
+  *'"op":"powerState"'*) echo "{{\"ok\":{{\"op\":\"powerState\",\"output\":\"$(cat {state})\"}}}}" ;;
+  *'"action":"on"'*) echo on > {state}; echo '{{"ok":{{"op":"power","output":"on"}}}}' ;;
+  *) echo '{{"error":{{"kind":"unsupported","message":"acme does only power"}}}}' ;;
+esac
+"#,
+            state = state.display()
+        ),
+    )
+    .expect("write");
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+
+    let acme = BmcDriver::parse("plugin:acme").expect("a plugin driver's name");
+    assert_eq!(acme.plugin_name(), Some("acme"));
+    assert_eq!(BmcDriver::hosted_as("acme"), Ok(acme));
+    let mut settings = DriverSettings::default();
+    settings.plugins.insert(
+        acme,
+        PluginSettings {
+            executable: exe,
+            timeout: Duration::from_secs(10),
+            env: vec![],
+        },
+    );
+    let open_as = |driver: BmcDriver| {
+        Driver::open(
+            driver,
+            "acme-bmc-7",
+            "admin".to_owned().into(),
+            "pw-never-shown".to_owned().into(),
+            &settings,
+            None,
+        )
+    };
+    let d = open_as(acme).expect("hosted");
+    assert_eq!(
+        d.power_state().await.expect("read"),
+        bcm_core::PowerState::Off
+    );
+    assert_eq!(
+        d.power(bcm_core::PowerAction::On).await.expect("on"),
+        bcm_core::PowerState::On
+    );
+    assert_eq!(
+        d.power_state().await.expect("read"),
+        bcm_core::PowerState::On
+    );
+    let e = d.verify().await.expect_err("acme does only power");
+    assert!(matches!(e, BmcError::Unsupported(_)), "{e:?}");
+
+    let other = BmcDriver::parse("plugin:other-vendor").expect("name");
+    let e = open_as(other).expect_err("not hosted");
+    assert!(
+        e.to_string()
+            .contains("unsupported-driver: plugin:other-vendor")
+            && e.to_string().contains("plugins.other-vendor"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -115,7 +115,8 @@ pub const MAX_PASSWORD: usize = 64;
 pub const fn max_password(driver: BmcDriver) -> usize {
     match driver {
         BmcDriver::Ipmi => 20,
-        BmcDriver::Redfish | BmcDriver::Sim => MAX_PASSWORD,
+        // A plugin refuses what its BMC cannot store.
+        BmcDriver::Redfish | BmcDriver::Sim | BmcDriver::Plugin(_) => MAX_PASSWORD,
         BmcDriver::None => 0,
     }
 }
@@ -274,7 +275,23 @@ pub fn canonical_address(driver: BmcDriver, address: &str) -> Result<String, Str
         BmcDriver::Redfish => canonical_redfish(address),
         BmcDriver::Ipmi => canonical_ipmi(address),
         BmcDriver::Sim | BmcDriver::None => Ok(address.to_owned()),
+        BmcDriver::Plugin(_) => canonical_plugin(address),
     }
+}
+
+/// A plugin's BMC address is its own to read; it must be one visible,
+/// unspaced token of at most 255 characters.
+fn canonical_plugin(address: &str) -> Result<String, String> {
+    if address.is_empty()
+        || address.len() > 255
+        || address.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "bmc.address {:?}: a plugin driver's address is 1-255 characters without spaces",
+            address.chars().take(64).collect::<String>()
+        ));
+    }
+    Ok(address.to_owned())
 }
 
 fn canonical_redfish(address: &str) -> Result<String, String> {

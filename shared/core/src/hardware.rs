@@ -85,7 +85,7 @@ impl Drivers {
     }
 
     /// The driver bound to `concern`, by its wire name.
-    pub fn name_of(&self, concern: Concern) -> &'static str {
+    pub fn name_of(&self, concern: Concern) -> &str {
         match concern {
             Concern::Power => self.power.as_str(),
             Concern::Management => self.management.as_str(),

@@ -23,6 +23,6 @@ pub mod workflow;
 pub use bmc::BmcTls;
 pub use error::ErrorCode;
 pub use ids::{CommandId, IdError, NodeId, PoolId, SiteId, TenantId, WorkflowId};
-pub use node::{BmcDriver, PowerAction, PowerState, WipeMode};
+pub use node::{BmcDriver, PluginName, PowerAction, PowerState, WipeMode};
 pub use state::ProvisionState;
 pub use table::{apply, Move, MoveError, NodeFacts, Transition, Verb};
