@@ -19,9 +19,10 @@ pub enum BmcError {
         address: String,
         message: String,
     },
-    /// The BMC answered with an error status; `message` carries its
-    /// `@Message.ExtendedInfo` text when it gave one.
-    #[error("{driver} BMC at {address}: {status}: {message}")]
+    /// The BMC answered with an error status. `message` names the
+    /// request and the status (`GET /redfish/v1/Systems: 404 Not Found`)
+    /// and carries the BMC's `@Message.ExtendedInfo` text when it gave one.
+    #[error("{driver} BMC at {address}: {message}")]
     Refused {
         driver: bcm_core::BmcDriver,
         address: String,

@@ -291,6 +291,7 @@ impl Ipmi {
             cpu_model: None,
             memory_gib: None,
             macs: vec![],
+            drives: vec![],
             sim: false,
         })
     }

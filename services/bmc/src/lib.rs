@@ -10,6 +10,8 @@ pub mod error;
 pub mod ipmi;
 pub mod plugin;
 pub mod redfish;
+pub mod redfish_model;
+pub mod redfish_vendor;
 pub mod rotation;
 pub mod service;
 pub mod tls;

@@ -162,7 +162,10 @@ impl PluginDriver {
                 driver,
                 address,
                 status: e.status.unwrap_or(0),
-                message,
+                message: match e.status {
+                    Some(status) => format!("{status}: {message}"),
+                    None => message,
+                },
             },
             PluginErrorKind::Timeout => BmcError::Timeout {
                 driver,
@@ -254,7 +257,9 @@ pub fn plugin_error(e: &BmcError) -> PluginError {
     let (kind, status) = match e {
         BmcError::Unauthorized { .. } => (PluginErrorKind::Unauthorized, None),
         BmcError::Unreachable { .. } => (PluginErrorKind::Unreachable, None),
-        BmcError::Refused { status, .. } => (PluginErrorKind::Refused, Some(*status)),
+        BmcError::Refused { status, .. } => {
+            (PluginErrorKind::Refused, Some(*status).filter(|s| *s > 0))
+        }
         BmcError::Timeout { .. } => (PluginErrorKind::Timeout, None),
         BmcError::Unsupported(_) | BmcError::RotationRolledBack(_) => {
             (PluginErrorKind::Unsupported, None)

@@ -54,16 +54,18 @@ fn origin_of(url: &Url) -> String {
     )
 }
 
-#[derive(Debug, Clone, Deserialize)]
-struct Link {
-    #[serde(rename = "@odata.id")]
-    id: String,
-}
+use crate::redfish_model::{
+    pxe_macs, Chassis, Drive, EthernetInterface, Link, NetworkAdapter, NetworkDeviceFunction,
+    NetworkInterface, NicFunction, Storage,
+};
+use crate::redfish_vendor::Vendor;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 struct ServiceRoot {
     redfish_version: Option<String>,
+    vendor: Option<String>,
+    oem: Option<serde_json::Map<String, Value>>,
     systems: Option<Link>,
     session_service: Option<Link>,
     account_service: Option<Link>,
@@ -102,6 +104,8 @@ struct Collection {
 struct ComputerSystem {
     #[serde(rename = "@odata.id")]
     odata_id: String,
+    #[serde(rename = "@odata.etag")]
+    etag: Option<String>,
     id: Option<String>,
     manufacturer: Option<String>,
     model: Option<String>,
@@ -112,8 +116,18 @@ struct ComputerSystem {
     boot: Option<Boot>,
     actions: Option<Actions>,
     ethernet_interfaces: Option<Link>,
+    network_interfaces: Option<Link>,
+    storage: Option<Link>,
+    links: Option<SystemLinks>,
     processor_summary: Option<ProcessorSummary>,
     memory_summary: Option<MemorySummary>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct SystemLinks {
+    #[serde(default)]
+    chassis: Vec<Link>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -124,6 +138,8 @@ struct Boot {
     boot_source_override_mode: Option<String>,
     #[serde(rename = "BootSourceOverrideTarget@Redfish.AllowableValues", default)]
     allowable_targets: Vec<String>,
+    #[serde(rename = "BootSourceOverrideMode@Redfish.AllowableValues", default)]
+    allowable_modes: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,15 +167,6 @@ struct ProcessorSummary {
 struct MemorySummary {
     #[serde(rename = "TotalSystemMemoryGiB")]
     total_gib: Option<f64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct EthernetInterface {
-    #[serde(rename = "MACAddress")]
-    mac: Option<String>,
-    #[serde(rename = "PermanentMACAddress")]
-    permanent_mac: Option<String>,
 }
 
 /// The text of a Redfish error body: the `@Message.ExtendedInfo` messages,
@@ -263,6 +270,8 @@ pub struct Redfish {
     auth: Mutex<Auth>,
     /// The system's path once discovered.
     system_path: tokio::sync::OnceCell<String>,
+    /// The BMC's vendor (found once per client): its quirks.
+    vendor: tokio::sync::OnceCell<Vendor>,
     settings: RedfishSettings,
 }
 
@@ -349,6 +358,7 @@ impl Redfish {
             password,
             auth: Mutex::new(Auth::None),
             system_path: tokio::sync::OnceCell::new(),
+            vendor: tokio::sync::OnceCell::new(),
             settings,
         })
     }
@@ -399,14 +409,19 @@ impl Redfish {
         }
     }
 
-    fn refused(&self, status: StatusCode, body: &str) -> BmcError {
-        let message = error_text(body)
-            .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_owned());
+    /// An error status, named by the request that got it
+    /// (`GET /redfish/v1/Systems: 404 Not Found`), with the BMC's own text.
+    fn refused(&self, method: &Method, path: &str, status: StatusCode, body: &str) -> BmcError {
+        let reason = status.canonical_reason().unwrap_or("error");
+        let message = match error_text(body) {
+            Some(text) => format!("{method} {path}: {} {reason}: {text}", status.as_u16()),
+            None => format!("{method} {path}: {} {reason}", status.as_u16()),
+        };
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return BmcError::Unauthorized {
                 driver: DRIVER,
                 address: self.address.clone(),
-                message: format!("{}: {message}", status.as_u16()),
+                message,
             };
         }
         BmcError::Refused {
@@ -415,6 +430,15 @@ impl Redfish {
             status: status.as_u16(),
             message,
         }
+    }
+
+    /// An answer that is not the resource the driver expected.
+    fn unexpected<T>(&self, path: &str, e: &serde_json::Error) -> BmcError {
+        BmcError::Invalid(format!(
+            "{DRIVER} BMC at {}: GET {path}: expected {}, the answer does not read as one: {e}",
+            self.address,
+            expected::<T>()
+        ))
     }
 
     /// Logs in: a session when the service offers one, else basic auth.
@@ -472,7 +496,7 @@ impl Redfish {
             StatusCode::NOT_FOUND
             | StatusCode::METHOD_NOT_ALLOWED
             | StatusCode::NOT_IMPLEMENTED => Ok(Auth::Basic),
-            _ => Err(self.refused(status, &text)),
+            _ => Err(self.refused(&Method::POST, &sessions, status, &text)),
         }
     }
 
@@ -498,12 +522,7 @@ impl Redfish {
         } else {
             text
         };
-        serde_json::from_str(&text).map_err(|e| {
-            BmcError::Invalid(format!(
-                "{DRIVER} BMC at {}: unexpected answer for {path}: {e}",
-                self.address
-            ))
-        })
+        serde_json::from_str(&text).map_err(|e| self.unexpected::<T>(path, &e))
     }
 
     async fn send_text(
@@ -527,7 +546,7 @@ impl Redfish {
     ) -> Result<String, BmcError> {
         let mut req = self
             .http
-            .request(method, self.url(path)?)
+            .request(method.clone(), self.url(path)?)
             .header(reqwest::header::ACCEPT, "application/json");
         if let Some(etag) = if_match {
             req = req.header(reqwest::header::IF_MATCH, etag);
@@ -547,7 +566,7 @@ impl Redfish {
         let status = res.status();
         let text = res.text().await.map_err(|e| self.unreachable(&e))?;
         if !status.is_success() {
-            return Err(self.refused(status, &text));
+            return Err(self.refused(&method, path, status, &text));
         }
         Ok(text)
     }
@@ -600,12 +619,7 @@ impl Redfish {
 
     async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, BmcError> {
         let text = self.request_text(Method::GET, path, None).await?;
-        serde_json::from_str(&text).map_err(|e| {
-            BmcError::Invalid(format!(
-                "{DRIVER} BMC at {}: unexpected answer for {path}: {e}",
-                self.address
-            ))
-        })
+        serde_json::from_str(&text).map_err(|e| self.unexpected::<T>(path, &e))
     }
 
     /// Ends the session, if there is one (best effort).
@@ -636,7 +650,9 @@ impl Redfish {
                 self.address
             ))
         })?;
-        let members: Collection = self.get(&systems.id).await?;
+        let members = Collection {
+            members: self.members(&systems.id).await?,
+        };
         let path = match &self.system_hint {
             Some(hint) => members
                 .members
@@ -672,27 +688,39 @@ impl Redfish {
         })
     }
 
-    /// Out-of-band inspection: vendor, model, serial, UUID, CPUs, memory
-    /// and the MACs of `EthernetInterfaces`.
+    /// Out-of-band inspection: vendor, model, serial, UUID, CPUs, memory,
+    /// drives, and the MACs the machine boots from (`redfish_model`).
     pub async fn inspect(&self) -> Result<Inventory, BmcError> {
         let sys = self.system().await?;
-        let mut macs = vec![];
+        let mut interfaces = vec![];
         if let Some(link) = &sys.ethernet_interfaces {
-            let members: Collection = self.get(&link.id).await?;
-            for m in members.members {
+            for m in self.members(&link.id).await? {
                 let nic: EthernetInterface = self.get(&m.id).await?;
-                if let Some(mac) = nic
-                    .permanent_mac
-                    .filter(|m| !m.is_empty())
-                    .or(nic.mac)
-                    .and_then(|m| normalize_mac(&m))
-                {
-                    if !macs.contains(&mac) {
-                        macs.push(mac);
-                    }
-                }
+                interfaces.extend(nic.mac());
             }
         }
+        // The adapters' functions say which NICs boot; when the interfaces
+        // already named NICs, an adapter tree the BMC cannot serve costs
+        // only that ordering.
+        let functions = match self.network_functions(&sys).await {
+            Ok(f) => f,
+            Err(e) if !interfaces.is_empty() => {
+                tracing::warn!(address = %self.address, error = %e, "network adapters unreadable; the EthernetInterfaces MACs stand");
+                vec![]
+            }
+            Err(e) => return Err(e),
+        };
+        let macs = pxe_macs(&interfaces, &functions);
+        if macs.is_empty() {
+            tracing::info!(address = %self.address, system = %sys.odata_id, "no NIC in EthernetInterfaces, NetworkInterfaces or the chassis' NetworkAdapters");
+        }
+        // Drives are what the BMC can tell; the ramdisk's inventory is the
+        // one a wipe is checked against, so a BMC without a readable
+        // Storage tree reports none rather than failing enrollment.
+        let drives = self.drives(&sys).await.unwrap_or_else(|e| {
+            tracing::warn!(address = %self.address, error = %e, "drives unreadable out of band");
+            vec![]
+        });
         Ok(Inventory {
             manufacturer: sys.manufacturer,
             model: sys.model,
@@ -702,8 +730,111 @@ impl Redfish {
             cpu_model: sys.processor_summary.and_then(|p| p.model),
             memory_gib: sys.memory_summary.and_then(|m| m.total_gib),
             macs,
+            drives,
             sim: false,
         })
+    }
+
+    /// A collection's members.
+    async fn members(&self, path: &str) -> Result<Vec<Link>, BmcError> {
+        Ok(self.get::<Collection>(path).await?.members)
+    }
+
+    /// A resource a link names that may be gone: a 404 is `None` (logged),
+    /// anything else an error.
+    async fn get_optional<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<Option<T>, BmcError> {
+        match self.get(path).await {
+            Ok(v) => Ok(Some(v)),
+            Err(BmcError::Refused { status: 404, .. }) => {
+                tracing::warn!(address = %self.address, path, "a linked resource answers 404; skipped");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The Ethernet functions of the system's network adapters: through
+    /// its `NetworkInterfaces` (each links its adapter), else through the
+    /// adapters of the chassis it links.
+    async fn network_functions(&self, sys: &ComputerSystem) -> Result<Vec<NicFunction>, BmcError> {
+        let mut function_lists: Vec<String> = vec![];
+        if let Some(link) = &sys.network_interfaces {
+            for m in self.members(&link.id).await? {
+                let Some(ni) = self.get_optional::<NetworkInterface>(&m.id).await? else {
+                    continue;
+                };
+                let adapter = ni.links.and_then(|l| l.network_adapter);
+                let list = match adapter {
+                    Some(a) => self
+                        .get_optional::<NetworkAdapter>(&a.id)
+                        .await?
+                        .and_then(|a| a.network_device_functions),
+                    None => None,
+                }
+                .or(ni.network_device_functions);
+                function_lists.extend(list.map(|l| l.id));
+            }
+        }
+        if function_lists.is_empty() {
+            for c in sys.links.iter().flat_map(|l| &l.chassis) {
+                let Some(adapters) = self
+                    .get_optional::<Chassis>(&c.id)
+                    .await?
+                    .and_then(|c| c.network_adapters)
+                else {
+                    continue;
+                };
+                for a in self.members(&adapters.id).await? {
+                    if let Some(list) = self
+                        .get_optional::<NetworkAdapter>(&a.id)
+                        .await?
+                        .and_then(|a| a.network_device_functions)
+                    {
+                        function_lists.push(list.id);
+                    }
+                }
+            }
+        }
+        let mut out = vec![];
+        function_lists.dedup();
+        for list in function_lists {
+            for f in self.members(&list).await? {
+                if let Some(nic) = self
+                    .get_optional::<NetworkDeviceFunction>(&f.id)
+                    .await?
+                    .and_then(|f| f.nic())
+                {
+                    out.push(nic);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The drives of the system's `Storage` controllers.
+    async fn drives(
+        &self,
+        sys: &ComputerSystem,
+    ) -> Result<Vec<bcm_contracts::outputs::OobDrive>, BmcError> {
+        let Some(link) = &sys.storage else {
+            return Ok(vec![]);
+        };
+        let mut out = vec![];
+        for controller in self.members(&link.id).await? {
+            let Some(storage) = self.get_optional::<Storage>(&controller.id).await? else {
+                continue;
+            };
+            for d in storage.drives {
+                if let Some(drive) = self.get_optional::<Drive>(&d.id).await? {
+                    let id = d.id.rsplit('/').next().unwrap_or(&d.id).to_owned();
+                    out.extend(drive.summary(&id));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Sets the password of the account this client logs in with, through
@@ -887,6 +1018,25 @@ impl Redfish {
         }
     }
 
+    /// The BMC's vendor, for its quirks (`redfish_vendor`).
+    async fn vendor(&self, sys: &ComputerSystem) -> Result<Vendor, BmcError> {
+        self.vendor
+            .get_or_try_init(|| async {
+                let root: ServiceRoot = self.get("/redfish/v1/").await?;
+                let oem: Vec<&str> = root
+                    .oem
+                    .as_ref()
+                    .map(|o| o.keys().map(String::as_str).collect())
+                    .unwrap_or_default();
+                let vendor =
+                    Vendor::detect(root.vendor.as_deref(), &oem, sys.manufacturer.as_deref());
+                tracing::debug!(address = %self.address, ?vendor, "Redfish vendor");
+                Ok(vendor)
+            })
+            .await
+            .copied()
+    }
+
     /// Sets the boot override and reads it back.
     pub async fn boot(
         &self,
@@ -909,25 +1059,50 @@ impl Redfish {
                 )));
             }
         }
+        let quirks = self.vendor(&sys).await?.quirks();
         let enabled = if persistent { "Continuous" } else { "Once" };
         let mut boot = json!({
             "BootSourceOverrideTarget": target,
             "BootSourceOverrideEnabled": enabled,
         });
+        let current_mode = sys
+            .boot
+            .as_ref()
+            .and_then(|b| b.boot_source_override_mode.clone());
+        let mode = match mode {
+            Some(BootMode::Uefi) => Some("UEFI".to_owned()),
+            Some(BootMode::Legacy) => Some("Legacy".to_owned()),
+            None if quirks.boot_patch_keeps_mode => current_mode,
+            None => None,
+        };
         if let Some(m) = mode {
-            boot["BootSourceOverrideMode"] = json!(match m {
-                BootMode::Uefi => "UEFI",
-                BootMode::Legacy => "Legacy",
-            });
+            if let Some(b) = sys.boot.as_ref().filter(|b| !b.allowable_modes.is_empty()) {
+                if !b.allowable_modes.contains(&m) {
+                    return Err(BmcError::Unsupported(format!(
+                        "{DRIVER} BMC at {}: {} does not allow BootSourceOverrideMode {m} (allows {})",
+                        self.address,
+                        sys.odata_id,
+                        b.allowable_modes.join(", ")
+                    )));
+                }
+            }
+            boot["BootSourceOverrideMode"] = json!(m);
         }
-        self.request_text(Method::PATCH, &sys.odata_id, Some(&json!({ "Boot": boot })))
-            .await?;
+        let if_match = sys.etag.as_deref().filter(|_| quirks.patch_if_match);
+        self.request_text_if_match(
+            Method::PATCH,
+            &sys.odata_id,
+            Some(&json!({ "Boot": boot })),
+            if_match,
+        )
+        .await?;
         let after: ComputerSystem = self.get(&sys.odata_id).await?;
         let read = after.boot.unwrap_or(Boot {
             boot_source_override_target: None,
             boot_source_override_enabled: None,
             boot_source_override_mode: None,
             allowable_targets: vec![],
+            allowable_modes: vec![],
         });
         if read.boot_source_override_target.as_deref() != Some(target) {
             return Err(BmcError::Refused {
@@ -949,6 +1124,24 @@ impl Redfish {
             enabled_read_back: read.boot_source_override_enabled,
             mode_read_back: read.boot_source_override_mode,
         })
+    }
+}
+
+/// What a resource type is called in an error: its Redfish name.
+fn expected<T>() -> &'static str {
+    let full = std::any::type_name::<T>();
+    match full.rsplit("::").next().unwrap_or(full) {
+        "Collection" => "a resource collection (Members)",
+        "ServiceRoot" => "the Redfish service root",
+        "ComputerSystem" => "a ComputerSystem",
+        "AccountService" => "an AccountService",
+        "ManagerAccount" => "a ManagerAccount",
+        "EthernetInterface" => "an EthernetInterface",
+        "NetworkDeviceFunction" => "a NetworkDeviceFunction",
+        "NetworkInterface" => "a NetworkInterface",
+        "Chassis" => "a Chassis",
+        "Value" => "a JSON document",
+        other => other,
     }
 }
 

@@ -47,10 +47,32 @@ pub struct OobInventory {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_gib: Option<f64>,
     /// The host's NIC MACs, which become the node's PXE MACs (IPMI sees
-    /// none: then the MACs given at enroll stand).
+    /// none: then the MACs given at enroll stand), the ones it boots from
+    /// first.
     pub macs: Vec<String>,
+    /// The drives the BMC reports (Redfish `Storage`; IPMI sees none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drives: Vec<OobDrive>,
     #[serde(default, skip_serializing_if = "is_false")]
     pub sim: bool,
+}
+
+/// One drive as the BMC reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OobDrive {
+    /// The drive's resource id on the BMC.
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
+    /// `HDD` or `SSD`, as the BMC says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_type: Option<String>,
+    /// `SATA`, `SAS`, `NVMe`, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
 }
 
 /// `bmc.power`: the action taken and the power state read back after it.
