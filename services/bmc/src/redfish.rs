@@ -829,8 +829,7 @@ impl Redfish {
             };
             for d in storage.drives {
                 if let Some(drive) = self.get_optional::<Drive>(&d.id).await? {
-                    let id = d.id.rsplit('/').next().unwrap_or(&d.id).to_owned();
-                    out.extend(drive.summary(&id));
+                    out.extend(drive.summary(&d.id));
                 }
             }
         }

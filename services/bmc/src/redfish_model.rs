@@ -179,6 +179,7 @@ pub(crate) struct Storage {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub(crate) struct Drive {
+    pub id: Option<String>,
     pub capacity_bytes: Option<u64>,
     pub media_type: Option<String>,
     pub protocol: Option<String>,
@@ -188,13 +189,23 @@ pub(crate) struct Drive {
 }
 
 impl Drive {
-    /// The drive as the inventory reports it, unless it is absent.
-    pub fn summary(&self, id: &str) -> Option<bcm_contracts::outputs::OobDrive> {
+    /// The drive as the inventory reports it, unless it is absent. Its id
+    /// is its `Id`, else the last segment of `path` (iLO links end in `/`).
+    pub fn summary(&self, path: &str) -> Option<bcm_contracts::outputs::OobDrive> {
         if self.status.state.as_deref() == Some("Absent") {
             return None;
         }
+        let from_path = path
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or(path);
         Some(bcm_contracts::outputs::OobDrive {
-            id: id.to_owned(),
+            id: self
+                .id
+                .clone()
+                .filter(|id| !id.is_empty())
+                .unwrap_or_else(|| from_path.to_owned()),
             capacity_bytes: self.capacity_bytes,
             media_type: self.media_type.clone(),
             protocol: self.protocol.clone(),
@@ -287,6 +298,25 @@ mod tests {
         assert_eq!(
             drive.summary("d").and_then(|d| d.capacity_bytes),
             Some(480103981056)
+        );
+    }
+
+    #[test]
+    fn a_drive_is_named_by_its_id_else_its_path_without_the_trailing_slash() {
+        let with_id: Drive =
+            serde_json::from_value(json!({"Id": "Disk.Bay.0", "CapacityBytes": 1})).expect("reads");
+        assert_eq!(
+            with_id
+                .summary("/redfish/v1/Systems/1/Storage/X/Drives/ignored")
+                .map(|d| d.id),
+            Some("Disk.Bay.0".to_owned())
+        );
+        let without: Drive = serde_json::from_value(json!({"CapacityBytes": 1})).expect("reads");
+        assert_eq!(
+            without
+                .summary("/redfish/v1/Systems/1/Storage/DA000000/Drives/DA000000/")
+                .map(|d| d.id),
+            Some("DA000000".to_owned())
         );
     }
 }

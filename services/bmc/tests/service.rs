@@ -480,3 +480,39 @@ async fn a_redfish_pool_with_an_ipmi_override_powers_each_node_through_its_drive
         assert_eq!(power.params["bmc"]["driver"], driver);
     }
 }
+
+/// Each vendor-shaped BMC (`peers::vendor_sim`: Dell iDRAC 9 with its NICs
+/// only under the adapters, HPE iLO 5, Supermicro X13, Lenovo XCC, DMTF's
+/// rackmount) enrolled through the public API ends `metal-enroll` in
+/// `inspecting` with the MACs its firmware shape puts where it does, in
+/// boot order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vendor_shaped_bmcs_enroll_through_the_api_with_their_macs() {
+    let env = env_with_bmc_service(1).await;
+    let _bmc = start(&env).await;
+    let mut sims = vec![];
+    for shape in peers::vendor_sim::all() {
+        let sim = peers::vendor_sim::VendorSim::start(shape).await;
+        let (s, b) = env
+            .post(
+                "/api/compute/metal/enroll",
+                Some(&env.admin_token),
+                &json!({"tenantId": "a", "poolId": "a-pool", "bmc": {"driver": "redfish",
+                    "address": sim.address(), "username": peers::vendor_sim::USER,
+                    "password": peers::vendor_sim::PASSWORD}}),
+            )
+            .await
+            .expect("enroll");
+        assert_eq!(s, 200, "{}: {b}", sim.shape.name);
+        let id: NodeId = b["nodeId"].as_str().expect("id").parse().expect("id");
+        sims.push((sim, id));
+    }
+    for (sim, id) in &sims {
+        let n = env
+            .wait_state(id, ProvisionState::Inspecting, T)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", sim.shape.name));
+        let want: Vec<String> = sim.shape.macs.iter().map(|m| m.to_string()).collect();
+        assert_eq!(n.macs, want, "{}", sim.shape.name);
+    }
+}

@@ -496,3 +496,4 @@ pub async fn record_all_messages(
     });
     seen
 }
+pub mod vendor_sim;
