@@ -8,6 +8,7 @@ use secrecy::SecretString;
 
 use crate::error::BmcError;
 use crate::plugin::{PluginDriver, PluginSettings};
+pub use crate::redfish::MediaState;
 use crate::redfish::{Redfish, RedfishSettings};
 
 pub use bcm_contracts::commands::{BootDevice, BootMode};
@@ -116,10 +117,35 @@ impl Driver {
         }
     }
 
+    /// Inserts `image` (an http(s) URL the BMC fetches) as virtual CD/DVD
+    /// media and reads it back. Redfish only: the plugin protocol has no
+    /// virtual media operation, so a plugin driver answers `unsupported`.
+    pub async fn insert_media(&self, image: &str) -> Result<MediaState, BmcError> {
+        match self {
+            Driver::Redfish(r) => r.insert_media(image).await,
+            Driver::Plugin(p) => Err(no_media(p)),
+        }
+    }
+
+    /// Ejects the virtual CD/DVD media and reads the slot back empty.
+    pub async fn eject_media(&self) -> Result<MediaState, BmcError> {
+        match self {
+            Driver::Redfish(r) => r.eject_media().await,
+            Driver::Plugin(p) => Err(no_media(p)),
+        }
+    }
+
     /// Releases what the driver holds (a Redfish session).
     pub async fn close(&self) {
         if let Driver::Redfish(r) = self {
             r.logout().await;
         }
     }
+}
+
+fn no_media(p: &PluginDriver) -> BmcError {
+    BmcError::Unsupported(format!(
+        "{} offers no virtual media (the plugin protocol has no such operation)",
+        p.driver()
+    ))
 }

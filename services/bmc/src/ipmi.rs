@@ -356,6 +356,7 @@ impl Ipmi {
         let dev = match device {
             BootDevice::Pxe => "pxe",
             BootDevice::Disk => "disk",
+            BootDevice::Cd => "cdrom",
             BootDevice::UefiHttp => {
                 return Err(BmcError::Unsupported(
                     "IPMI has no UEFI HTTP boot device".into(),
@@ -379,6 +380,7 @@ impl Ipmi {
         let selector = field(&read, "Boot Device Selector");
         let want = match device {
             BootDevice::Pxe => "Force PXE",
+            BootDevice::Cd => "Force Boot from CD/DVD",
             _ => "Force Boot from default Hard-Drive",
         };
         if !selector.as_deref().is_some_and(|s| s.starts_with(want)) {

@@ -55,6 +55,11 @@ impl std::fmt::Debug for PluginDriver {
 }
 
 impl PluginDriver {
+    /// The driver this plugin is hosted as.
+    pub fn driver(&self) -> BmcDriver {
+        self.driver
+    }
+
     pub fn new(
         driver: BmcDriver,
         address: &str,

@@ -55,8 +55,8 @@ fn origin_of(url: &Url) -> String {
 }
 
 use crate::redfish_model::{
-    pxe_macs, Chassis, Drive, EthernetInterface, Link, NetworkAdapter, NetworkDeviceFunction,
-    NetworkInterface, NicFunction, Storage,
+    cd_slot, pxe_macs, Chassis, Drive, EthernetInterface, Link, Manager, NetworkAdapter,
+    NetworkDeviceFunction, NetworkInterface, NicFunction, Storage, VirtualMedia,
 };
 use crate::redfish_vendor::Vendor;
 
@@ -118,6 +118,7 @@ struct ComputerSystem {
     ethernet_interfaces: Option<Link>,
     network_interfaces: Option<Link>,
     storage: Option<Link>,
+    virtual_media: Option<Link>,
     links: Option<SystemLinks>,
     processor_summary: Option<ProcessorSummary>,
     memory_summary: Option<MemorySummary>,
@@ -128,6 +129,8 @@ struct ComputerSystem {
 struct SystemLinks {
     #[serde(default)]
     chassis: Vec<Link>,
+    #[serde(default)]
+    managed_by: Vec<Link>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1048,6 +1051,7 @@ impl Redfish {
             BootDevice::Pxe => "Pxe",
             BootDevice::Disk => "Hdd",
             BootDevice::UefiHttp => "UefiHttp",
+            BootDevice::Cd => "Cd",
         };
         if let Some(b) = &sys.boot {
             if !b.allowable_targets.is_empty() && !b.allowable_targets.iter().any(|t| t == target) {
@@ -1126,6 +1130,184 @@ impl Redfish {
     }
 }
 
+impl Redfish {
+    /// The system's virtual media slots: its own `VirtualMedia` (iDRAC 6+,
+    /// XCC, the standard since 2021.2), else its managers' (iLO 5,
+    /// Supermicro). A BMC with neither offers none: `unsupported`.
+    async fn media_slots(&self, sys: &ComputerSystem) -> Result<Vec<VirtualMedia>, BmcError> {
+        let mut list = sys.virtual_media.as_ref().map(|l| l.id.clone());
+        if list.is_none() {
+            for m in sys.links.iter().flat_map(|l| &l.managed_by) {
+                if let Some(v) = self
+                    .get_optional::<Manager>(&m.id)
+                    .await?
+                    .and_then(|m| m.virtual_media)
+                {
+                    list = Some(v.id);
+                    break;
+                }
+            }
+        }
+        let Some(list) = list else {
+            return Err(BmcError::Unsupported(format!(
+                "{DRIVER} BMC at {}: {} offers no virtual media (no VirtualMedia on the system or its managers)",
+                self.address, sys.odata_id
+            )));
+        };
+        let mut slots = vec![];
+        for m in self.members(&list).await? {
+            slots.extend(self.get_optional::<VirtualMedia>(&m.id).await?);
+        }
+        Ok(slots)
+    }
+
+    /// The CD/DVD slot, or `unsupported` naming what the BMC offers.
+    async fn cd(&self, sys: &ComputerSystem) -> Result<VirtualMedia, BmcError> {
+        let slots = self.media_slots(sys).await?;
+        let Some(slot) = cd_slot(&slots) else {
+            let offered: Vec<&str> = slots
+                .iter()
+                .flat_map(|s| s.media_types.iter().map(String::as_str))
+                .collect();
+            return Err(BmcError::Unsupported(format!(
+                "{DRIVER} BMC at {}: no CD or DVD virtual media slot (offers {})",
+                self.address,
+                if offered.is_empty() {
+                    "none".to_owned()
+                } else {
+                    offered.join(", ")
+                }
+            )));
+        };
+        self.get(&slot.odata_id).await
+    }
+
+    /// Inserts `image` (an http(s) URL the BMC fetches) into the CD/DVD
+    /// slot, write-protected, and reads it back. A slot that already holds
+    /// the image is left as it is, so a retried insert changes nothing; a
+    /// slot holding another image is ejected first. The `InsertMedia`
+    /// action where the slot has one, else a PATCH of `Image` and
+    /// `Inserted` (with `If-Match` where the vendor needs it).
+    pub async fn insert_media(&self, image: &str) -> Result<MediaState, BmcError> {
+        check_media_url(image)?;
+        let sys = self.system().await?;
+        let quirks = self.vendor(&sys).await?.quirks();
+        let mut slot = self.cd(&sys).await?;
+        if slot.holds(image) {
+            return Ok(MediaState::of(&slot));
+        }
+        if !slot.is_empty() {
+            self.eject_slot(&slot, quirks.patch_if_match).await?;
+            slot = self.get(&slot.odata_id).await?;
+        }
+        let body = json!({"Image": image, "Inserted": true, "WriteProtected": true});
+        match &slot.actions.insert {
+            Some(action) => {
+                self.request_text(Method::POST, &action.target, Some(&body))
+                    .await?;
+            }
+            None => {
+                let if_match = slot.etag.as_deref().filter(|_| quirks.patch_if_match);
+                self.request_text_if_match(Method::PATCH, &slot.odata_id, Some(&body), if_match)
+                    .await?;
+            }
+        }
+        let after: VirtualMedia = self.get(&slot.odata_id).await?;
+        if !after.holds(image) {
+            return Err(BmcError::Refused {
+                driver: DRIVER,
+                address: self.address.clone(),
+                status: 200,
+                message: format!(
+                    "{} read back Image {:?} Inserted {:?} after inserting {image}",
+                    after.odata_id, after.image, after.inserted
+                ),
+            });
+        }
+        Ok(MediaState::of(&after))
+    }
+
+    /// Ejects whatever the CD/DVD slot holds and reads it back empty; an
+    /// empty slot is left as it is.
+    pub async fn eject_media(&self) -> Result<MediaState, BmcError> {
+        let sys = self.system().await?;
+        let quirks = self.vendor(&sys).await?.quirks();
+        let slot = self.cd(&sys).await?;
+        if slot.is_empty() {
+            return Ok(MediaState::of(&slot));
+        }
+        self.eject_slot(&slot, quirks.patch_if_match).await?;
+        let after: VirtualMedia = self.get(&slot.odata_id).await?;
+        if !after.is_empty() {
+            return Err(BmcError::Refused {
+                driver: DRIVER,
+                address: self.address.clone(),
+                status: 200,
+                message: format!(
+                    "{} still holds {:?} after the eject",
+                    after.odata_id, after.image
+                ),
+            });
+        }
+        Ok(MediaState::of(&after))
+    }
+
+    async fn eject_slot(&self, slot: &VirtualMedia, if_match: bool) -> Result<(), BmcError> {
+        match &slot.actions.eject {
+            Some(action) => {
+                self.request_text(Method::POST, &action.target, Some(&json!({})))
+                    .await?;
+            }
+            None => {
+                let etag = slot.etag.as_deref().filter(|_| if_match);
+                self.request_text_if_match(
+                    Method::PATCH,
+                    &slot.odata_id,
+                    Some(&json!({"Image": null, "Inserted": false})),
+                    etag,
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A virtual media slot as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MediaState {
+    /// The slot's resource (`/redfish/v1/Managers/1/VirtualMedia/2`).
+    pub slot: String,
+    pub image: Option<String>,
+    pub inserted: bool,
+}
+
+impl MediaState {
+    fn of(v: &VirtualMedia) -> MediaState {
+        MediaState {
+            slot: v.odata_id.clone(),
+            image: v.image.clone().filter(|i| !i.is_empty()),
+            inserted: v.inserted == Some(true),
+        }
+    }
+}
+
+/// An image a BMC is told to fetch: an http or https URL of at most 2048
+/// printable characters without spaces.
+fn check_media_url(image: &str) -> Result<(), BmcError> {
+    let ok = (image.starts_with("http://") || image.starts_with("https://"))
+        && image.len() <= 2048
+        && image.chars().all(|c| c.is_ascii_graphic());
+    if ok && reqwest::Url::parse(image).is_ok_and(|u| u.host().is_some()) {
+        Ok(())
+    } else {
+        Err(BmcError::Invalid(format!(
+            "a virtual media image is an http(s) URL with a host, at most 2048 printable characters: {:?}",
+            image.chars().take(80).collect::<String>()
+        )))
+    }
+}
+
 /// What a resource type is called in an error: its Redfish name.
 fn expected<T>() -> &'static str {
     let full = std::any::type_name::<T>();
@@ -1139,6 +1321,8 @@ fn expected<T>() -> &'static str {
         "NetworkDeviceFunction" => "a NetworkDeviceFunction",
         "NetworkInterface" => "a NetworkInterface",
         "Chassis" => "a Chassis",
+        "Manager" => "a Manager",
+        "VirtualMedia" => "a VirtualMedia slot",
         "Value" => "a JSON document",
         other => other,
     }

@@ -167,6 +167,71 @@ pub fn pxe_macs(interfaces: &[String], functions: &[NicFunction]) -> Vec<String>
     out
 }
 
+/// A `Manager`: where older firmware (iLO 5, Supermicro, DMTF's tower)
+/// keeps the virtual media of the systems it manages.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct Manager {
+    pub virtual_media: Option<Link>,
+}
+
+/// An action's target.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct ActionTarget {
+    pub target: String,
+}
+
+/// A `VirtualMedia` slot's actions, when it has them (Lenovo XCC and DMTF's
+/// mockups have none: their slots are PATCHed).
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct MediaActions {
+    #[serde(rename = "#VirtualMedia.InsertMedia")]
+    pub insert: Option<ActionTarget>,
+    #[serde(rename = "#VirtualMedia.EjectMedia")]
+    pub eject: Option<ActionTarget>,
+}
+
+/// One `VirtualMedia` slot.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct VirtualMedia {
+    #[serde(rename = "@odata.id")]
+    pub odata_id: String,
+    #[serde(rename = "@odata.etag")]
+    pub etag: Option<String>,
+    #[serde(default)]
+    pub media_types: Vec<String>,
+    pub image: Option<String>,
+    pub inserted: Option<bool>,
+    #[serde(default)]
+    pub actions: MediaActions,
+}
+
+impl VirtualMedia {
+    /// Takes a CD or DVD image.
+    pub fn takes_cd(&self) -> bool {
+        self.media_types.iter().any(|t| t == "CD" || t == "DVD")
+    }
+
+    /// Holds `image`, inserted.
+    pub fn holds(&self, image: &str) -> bool {
+        self.inserted == Some(true) && self.image.as_deref() == Some(image)
+    }
+
+    /// Holds nothing (iLO says `""` for no image, others `null`).
+    pub fn is_empty(&self) -> bool {
+        self.inserted != Some(true) && self.image.as_deref().is_none_or(str::is_empty)
+    }
+}
+
+/// The slot a CD image goes into: the first CD/DVD slot with an
+/// `InsertMedia` action, else the first CD/DVD slot (PATCHed).
+pub(crate) fn cd_slot(slots: &[VirtualMedia]) -> Option<&VirtualMedia> {
+    let cd = || slots.iter().filter(|s| s.takes_cd());
+    cd().find(|s| s.actions.insert.is_some())
+        .or_else(|| cd().next())
+}
+
 /// A system's `Storage` resource: its drives.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "PascalCase")]
@@ -318,5 +383,33 @@ mod tests {
                 .map(|d| d.id),
             Some("DA000000".to_owned())
         );
+    }
+
+    fn slot(v: serde_json::Value) -> VirtualMedia {
+        serde_json::from_value(v).expect("reads")
+    }
+
+    #[test]
+    fn a_cd_image_goes_into_the_first_cd_slot_with_an_insert_action_else_the_first_cd_slot() {
+        let usb = slot(json!({"@odata.id": "/u", "MediaTypes": ["USBStick"],
+            "Actions": {"#VirtualMedia.InsertMedia": {"target": "/u/i"}}}));
+        let patched = slot(json!({"@odata.id": "/p", "MediaTypes": ["CD", "DVD"]}));
+        let acted = slot(json!({"@odata.id": "/a", "MediaTypes": ["DVD"],
+            "Actions": {"#VirtualMedia.InsertMedia": {"target": "/a/i"}}}));
+        let slots = [usb, patched, acted];
+        assert_eq!(cd_slot(&slots).map(|s| s.odata_id.as_str()), Some("/a"));
+        assert_eq!(
+            cd_slot(&slots[..2]).map(|s| s.odata_id.as_str()),
+            Some("/p")
+        );
+        assert!(cd_slot(&slots[..1]).is_none());
+    }
+
+    #[test]
+    fn a_slot_is_empty_without_an_image_whether_null_or_empty() {
+        assert!(slot(json!({"@odata.id": "/s", "Image": "", "Inserted": false})).is_empty());
+        assert!(slot(json!({"@odata.id": "/s", "Image": null})).is_empty());
+        let full = slot(json!({"@odata.id": "/s", "Image": "http://x/a.iso", "Inserted": true}));
+        assert!(!full.is_empty() && full.holds("http://x/a.iso") && !full.holds("http://x/b.iso"));
     }
 }

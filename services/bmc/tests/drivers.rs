@@ -180,6 +180,12 @@ async fn ipmi_power_and_boot_round_trips_against_ipmi_sim() {
         .expect("disk persistent");
     assert_eq!(disk.target, "disk");
     assert_eq!(sim.boot(), "default");
+    let cd = d
+        .boot(BootDevice::Cd, false, None)
+        .await
+        .expect("cd once");
+    assert_eq!(cd.target, "cdrom");
+    assert_eq!(sim.boot(), "cdrom");
     let e = d
         .boot(BootDevice::UefiHttp, false, None)
         .await
@@ -342,4 +348,53 @@ async fn redfish_tls_policy_per_node_ca_pinned_insecure_and_refusals() {
         .verify()
         .await
         .expect("insecure by the node's policy");
+}
+
+/// Virtual media against sushy-tools: the emulator downloads the image
+/// from the URL it is given (a real HTTP server on loopback here, which
+/// counts the fetches) and reports it inserted; the machine is told to
+/// boot the CD once; the eject empties the slot.
+#[tokio::test]
+async fn redfish_virtual_media_against_sushy() {
+    let sushy = Sushy::start(1).await;
+    let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = fetches.clone();
+    let iso = axum::Router::new().route(
+        "/installer.iso",
+        axum::routing::get(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async { vec![0u8; 64 * 1024] }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let image = format!(
+        "http://{}/installer.iso",
+        listener.local_addr().expect("addr")
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, iso).await;
+    });
+    let d = redfish(&sushy, 1, &sushy.password);
+
+    let inserted = d.insert_media(&image).await.expect("insert");
+    assert!(inserted.inserted, "{inserted:?}");
+    assert_eq!(inserted.image.as_deref(), Some(image.as_str()));
+    assert!(inserted.slot.contains("/VirtualMedia/"), "{inserted:?}");
+    assert_eq!(
+        fetches.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "the emulator fetched the image"
+    );
+    // Asked again, the slot already holds it: nothing is sent.
+    assert_eq!(d.insert_media(&image).await.expect("again"), inserted);
+    assert_eq!(fetches.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let cd = d.boot(BootDevice::Cd, false, None).await.expect("boot cd");
+    assert_eq!(cd.target, "Cd");
+
+    let ejected = d.eject_media().await.expect("eject");
+    assert!(!ejected.inserted && ejected.image.is_none(), "{ejected:?}");
+    assert_eq!(ejected.slot, inserted.slot);
+    d.close().await;
 }

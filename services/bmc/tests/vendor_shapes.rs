@@ -3,8 +3,9 @@
 //! XCC, DMTF's rackmount): verify with a session or basic auth, inventory
 //! (CPUs, memory, drives, the PXE MACs in boot order), power read and
 //! actions read back, one-time and persistent boot overrides read back
-//! with the vendor's mode rules, and a password change after which only
-//! the new password logs in.
+//! with the vendor's mode rules, virtual media in and out (where the slot
+//! is, actions or PATCH, an occupied slot), and a password change after
+//! which only the new password logs in.
 
 mod peers;
 
@@ -112,6 +113,70 @@ async fn whole_surface(shape: Shape) {
         "Hdd",
         "{name}"
     );
+
+    // Virtual media: a CD image in, read back, the machine told to boot it
+    // once; a retried insert sends nothing; then out, and out again.
+    let image = "http://127.0.0.1:8080/images/installer.iso";
+    let inserted = d
+        .insert_media(image)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: insert_media: {e}"));
+    assert_eq!(inserted.image.as_deref(), Some(image), "{name}");
+    assert!(inserted.inserted, "{name}");
+    let slot = sim.resource(&inserted.slot);
+    assert_eq!(slot["Image"], image, "{name}: {slot}");
+    assert!(
+        slot["MediaTypes"]
+            .as_array()
+            .is_some_and(|t| t.contains(&serde_json::json!("CD"))),
+        "{name}: a CD slot: {slot}"
+    );
+    let sent = (sim.patches().len(), sim.actions().len());
+    assert_eq!(
+        d.insert_media(image).await.expect("again"),
+        inserted,
+        "{name}"
+    );
+    assert_eq!(
+        (sim.patches().len(), sim.actions().len()),
+        sent,
+        "{name}: a retried insert sends nothing"
+    );
+    let cd = d
+        .boot(BootDevice::Cd, false, None)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: boot cd: {e}"));
+    assert_eq!(cd.target, "Cd", "{name}");
+    assert_eq!(
+        sim.system()["Boot"]["BootSourceOverrideTarget"],
+        "Cd",
+        "{name}"
+    );
+    let ejected = d
+        .eject_media()
+        .await
+        .unwrap_or_else(|e| panic!("{name}: eject_media: {e}"));
+    assert!(
+        !ejected.inserted && ejected.image.is_none(),
+        "{name}: {ejected:?}"
+    );
+    assert_eq!(sim.resource(&inserted.slot)["Inserted"], false, "{name}");
+    assert_eq!(d.eject_media().await.expect("again"), ejected, "{name}");
+    // Garbage is refused before anything is sent.
+    let sent = (sim.patches().len(), sim.actions().len());
+    for bad in [
+        "ftp://h/x.iso",
+        "http://",
+        "http://h/a b.iso",
+        "/local.iso",
+        "",
+    ] {
+        match d.insert_media(bad).await {
+            Err(BmcError::Invalid(m)) => assert!(m.contains("http(s) URL"), "{m}"),
+            other => panic!("{name}: {bad:?}: {other:?}"),
+        }
+    }
+    assert_eq!((sim.patches().len(), sim.actions().len()), sent, "{name}");
 
     // Every PATCH the firmware needed If-Match on carried the current ETag
     // (the sim answers 428 or 412 otherwise, and the boot would have failed).

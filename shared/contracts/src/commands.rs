@@ -237,6 +237,9 @@ pub enum BootDevice {
     Pxe,
     Disk,
     UefiHttp,
+    /// The virtual (or physical) CD/DVD: what an image inserted as virtual
+    /// media boots from.
+    Cd,
 }
 
 /// Firmware boot mode.

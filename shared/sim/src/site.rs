@@ -590,6 +590,7 @@ fn boot_override(p: &BootDeviceParams) -> BootOverride {
             BootDevice::Pxe => "Pxe",
             BootDevice::Disk => "Hdd",
             BootDevice::UefiHttp => "UefiHttp",
+            BootDevice::Cd => "Cd",
         }
         .to_owned(),
         enabled_requested: enabled.to_owned(),

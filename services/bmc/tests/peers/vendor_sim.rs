@@ -8,11 +8,11 @@
 //!
 //! | shape | firmware | what it does |
 //! |---|---|---|
-//! | `dell_idrac9` | iDRAC 9 (15G) | `EthernetInterfaces` empty; NICs only under `NetworkInterfaces` → `NetworkAdapters` → `NetworkDeviceFunctions`, the PXE port last in the collection |
-//! | `hpe_ilo5` | iLO 5 (Gen10 Plus) | `Oem.Hpe` root; `NetworkInterfaces` empty, adapters under the chassis; links end in `/`; a PATCH without `If-Match` is `428` |
-//! | `supermicro_x13` | X13 BMC | a boot PATCH that omits `BootSourceOverrideMode` resets the mode to `Legacy`; drives under a backplane's storage |
-//! | `lenovo_xcc` | XCC (SR670 V2) | `BootSourceOverrideMode` allows `UEFI` only; PATCH needs `If-Match` |
-//! | `dmtf_rackmount` | DMTF public rackmount | the standard: interfaces with a `PermanentMACAddress` beside a configured `MACAddress`, basic auth only (no `SessionService`) |
+//! | `dell_idrac9` | iDRAC 9 (15G) | `EthernetInterfaces` empty; NICs only under `NetworkInterfaces` → `NetworkAdapters` → `NetworkDeviceFunctions`, the PXE port last in the collection; virtual media on the system, a USB slot before the CD slot; an occupied slot refuses `InsertMedia` |
+//! | `hpe_ilo5` | iLO 5 (Gen10 Plus) | `Oem.Hpe` root; `NetworkInterfaces` empty, adapters under the chassis; links end in `/`; a PATCH without `If-Match` is `428`; virtual media only under the manager (`Links.ManagedBy`), an empty slot's `Image` is `""` |
+//! | `supermicro_x13` | X13 BMC | a boot PATCH that omits `BootSourceOverrideMode` resets the mode to `Legacy`; drives under a backplane's storage; virtual media under the manager, `EjectMedia` listed only while inserted |
+//! | `lenovo_xcc` | XCC (SR670 V2) | `BootSourceOverrideMode` allows `UEFI` only; PATCH needs `If-Match`; virtual media slots without actions (PATCHed) |
+//! | `dmtf_rackmount` | DMTF public rackmount | the standard: interfaces with a `PermanentMACAddress` beside a configured `MACAddress`, basic auth only (no `SessionService`), a CD slot already holding an image, without actions |
 //!
 //! The service is a real HTTP server on loopback: GET serves the tree with
 //! an `@odata.etag` per resource, PATCH merges into it (and bumps the ETag),
@@ -38,6 +38,10 @@ pub struct Rules {
     /// A PATCH of `Boot` without `BootSourceOverrideMode` sets it to
     /// `Legacy` (Supermicro).
     pub omitted_mode_becomes_legacy: bool,
+    /// A slot lists `EjectMedia` only while it holds an image (Supermicro).
+    pub eject_listed_when_inserted: bool,
+    /// An empty slot's `Image` is `""`, not `null` (iLO).
+    pub empty_image_is_blank: bool,
 }
 
 /// One vendor's BMC: its tree, its rules, and what inspection must find.
@@ -67,6 +71,7 @@ struct State {
     sessions: HashSet<String>,
     sessions_enabled: bool,
     patches: Vec<(String, Option<String>, Value)>,
+    actions: Vec<(String, Value)>,
     refused: Vec<(Method, String, u16)>,
 }
 
@@ -119,6 +124,7 @@ impl VendorSim {
             sessions: HashSet::new(),
             sessions_enabled,
             patches: vec![],
+            actions: vec![],
             refused: vec![],
         }));
         let s = state.clone();
@@ -157,6 +163,17 @@ impl VendorSim {
     /// The PATCHes received: path, `If-Match`, body.
     pub fn patches(&self) -> Vec<(String, Option<String>, Value)> {
         self.state.lock().expect("state").patches.clone()
+    }
+
+    /// The actions POSTed: target, body.
+    pub fn actions(&self) -> Vec<(String, Value)> {
+        self.state.lock().expect("state").actions.clone()
+    }
+
+    /// A resource as the BMC holds it now.
+    pub fn resource(&self, path: &str) -> Value {
+        let st = self.state.lock().expect("state");
+        st.tree.get(path).cloned().unwrap_or(Value::Null)
     }
 
     /// The requests refused: method, path, status.
@@ -318,6 +335,13 @@ fn route(
             StatusCode::NO_CONTENT.into_response()
         }
         Method::POST => {
+            st.actions.push((path.to_owned(), json_body()));
+            if let Some(slot) = path.strip_suffix("/Actions/VirtualMedia.InsertMedia") {
+                return insert_media(st, slot, &json_body());
+            }
+            if let Some(slot) = path.strip_suffix("/Actions/VirtualMedia.EjectMedia") {
+                return eject_media(st, slot);
+            }
             let Some(system) = path.strip_suffix("/Actions/ComputerSystem.Reset") else {
                 return error(
                     StatusCode::METHOD_NOT_ALLOWED,
@@ -351,6 +375,57 @@ fn route(
             "The method is not allowed on this resource.",
         ),
     }
+}
+
+/// `InsertMedia`: an occupied slot refuses (as iDRAC's "virtual media is
+/// already connected"); the image must be an http(s) URL.
+fn insert_media(st: &mut State, slot: &str, body: &Value) -> Response {
+    let listed_when_inserted = st.rules.eject_listed_when_inserted;
+    let Some(v) = st.tree.get_mut(slot) else {
+        return error(StatusCode::NOT_FOUND, "No such virtual media slot.");
+    };
+    if v["Inserted"] == true {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Virtual media is already connected.",
+        );
+    }
+    let Some(image) = body["Image"].as_str().filter(|i| i.starts_with("http")) else {
+        return error(StatusCode::BAD_REQUEST, "Image is not a supported URI.");
+    };
+    v["Image"] = json!(image);
+    v["Inserted"] = json!(true);
+    v["ConnectedVia"] = json!("URI");
+    if listed_when_inserted {
+        v["Actions"]["#VirtualMedia.EjectMedia"] =
+            json!({"target": format!("{slot}/Actions/VirtualMedia.EjectMedia")});
+    }
+    *st.etags.entry(slot.to_owned()).or_insert(1) += 1;
+    StatusCode::NO_CONTENT.into_response()
+}
+
+fn eject_media(st: &mut State, slot: &str) -> Response {
+    let blank = st.rules.empty_image_is_blank;
+    let listed_when_inserted = st.rules.eject_listed_when_inserted;
+    let Some(v) = st.tree.get_mut(slot) else {
+        return error(StatusCode::NOT_FOUND, "No such virtual media slot.");
+    };
+    if listed_when_inserted && v["Inserted"] != true {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "The action is not supported.",
+        );
+    }
+    v["Image"] = if blank { json!("") } else { Value::Null };
+    v["Inserted"] = json!(false);
+    v["ConnectedVia"] = json!("NotConnected");
+    if listed_when_inserted {
+        if let Some(a) = v["Actions"].as_object_mut() {
+            a.remove("#VirtualMedia.EjectMedia");
+        }
+    }
+    *st.etags.entry(slot.to_owned()).or_insert(1) += 1;
+    StatusCode::NO_CONTENT.into_response()
 }
 
 // ---- the trees -------------------------------------------------------
@@ -464,6 +539,45 @@ impl Tree {
         }
     }
 
+    /// A virtual media collection with slots: id, media types, whether it
+    /// has the Insert/Eject actions (else it is PATCHed), the image it holds.
+    fn media(&mut self, list: &str, slots: &[(&str, &[&str], bool, Option<&str>)]) {
+        let members: Vec<String> = slots
+            .iter()
+            .map(|(id, ..)| format!("{list}/{id}"))
+            .collect();
+        let refs: Vec<&str> = members.iter().map(String::as_str).collect();
+        self.collection(list, &refs);
+        for (m, (id, types, actions, image)) in members.iter().zip(slots) {
+            let mut v = json!({"Id": id, "MediaTypes": types, "Image": image,
+                "Inserted": image.is_some(), "WriteProtected": true,
+                "ConnectedVia": if image.is_some() { "URI" } else { "NotConnected" }});
+            if *actions {
+                v["Actions"] = json!({
+                    "#VirtualMedia.InsertMedia": {"target": format!("{m}/Actions/VirtualMedia.InsertMedia")},
+                    "#VirtualMedia.EjectMedia": {"target": format!("{m}/Actions/VirtualMedia.EjectMedia")}});
+            }
+            self.put(m, v);
+        }
+    }
+
+    /// The system's own `VirtualMedia` link.
+    fn system_media(&mut self, sys: &str, list: &str) {
+        let l = link(&self.l(list));
+        if let Some(s) = self.t.get_mut(sys) {
+            s["VirtualMedia"] = l;
+        }
+    }
+
+    /// The system managed by `manager`, which holds the virtual media.
+    fn managed_by(&mut self, sys: &str, manager: &str, list: &str) {
+        let (m, l) = (link(&self.l(manager)), link(&self.l(list)));
+        if let Some(s) = self.t.get_mut(sys) {
+            s["Links"]["ManagedBy"] = json!([m]);
+        }
+        self.put(manager, json!({"Id": "1", "VirtualMedia": l}));
+    }
+
     /// One storage controller with drives of these sizes.
     fn storage(&mut self, p: &str, drives: &[u64]) {
         let members: Vec<String> = (0..drives.len())
@@ -544,6 +658,20 @@ pub fn dell_idrac9() -> Shape {
         &format!("{sys}/Storage/RAID.SL.3-1"),
         &[1_920_383_410_176, 1_920_383_410_176],
     );
+    let media = format!("{sys}/VirtualMedia");
+    t.system_media(sys, &media);
+    t.media(
+        &media,
+        &[
+            ("1", &["USBStick"], true, None),
+            (
+                "2",
+                &["CD", "DVD"],
+                true,
+                Some("http://127.0.0.1:9/last-deploy.iso"),
+            ),
+        ],
+    );
     Shape {
         name: "dell-idrac9",
         system_path: sys,
@@ -619,12 +747,22 @@ pub fn hpe_ilo5() -> Shape {
         &format!("{sys}/Storage/DA000000"),
         &[6_401_252_745_216, 480_103_981_056],
     );
+    let media = "/redfish/v1/Managers/1/VirtualMedia";
+    t.managed_by(sys, "/redfish/v1/Managers/1", media);
+    t.media(
+        media,
+        &[
+            ("1", &["Floppy", "USBStick"], true, None),
+            ("2", &["CD", "DVD"], true, None),
+        ],
+    );
     Shape {
         name: "hpe-ilo5",
         system_path: sys,
         tree: t.t,
         rules: Rules {
             patch_needs_if_match: true,
+            empty_image_is_blank: true,
             ..Rules::default()
         },
         macs: vec![
@@ -667,12 +805,30 @@ pub fn supermicro_x13() -> Shape {
     let hba = format!("{sys}/Storage/HA-RAID.0.StorageEnclosure.0");
     t.collection(&format!("{sys}/Storage"), &[&hba]);
     t.storage(&hba, &[7_681_501_126_656; 4]);
+    let media = "/redfish/v1/Managers/1/VirtualMedia";
+    t.system_media(sys, media);
+    t.media(
+        media,
+        &[(
+            "VirtualMedia1",
+            &["CD", "DVD", "Floppy", "USBStick"],
+            true,
+            None,
+        )],
+    );
+    if let Some(a) =
+        t.t.get_mut("/redfish/v1/Managers/1/VirtualMedia/VirtualMedia1")
+            .and_then(|v| v["Actions"].as_object_mut())
+    {
+        a.remove("#VirtualMedia.EjectMedia");
+    }
     Shape {
         name: "supermicro-x13",
         system_path: sys,
         tree: t.t,
         rules: Rules {
             omitted_mode_becomes_legacy: true,
+            eject_listed_when_inserted: true,
             ..Rules::default()
         },
         macs: nics.to_vec(),
@@ -726,6 +882,12 @@ pub fn lenovo_xcc() -> Shape {
         &format!("{sys}/Storage/RAID_Slot3"),
         &[960_000_000_000, 960_000_000_000],
     );
+    let media = format!("{sys}/VirtualMedia");
+    t.system_media(sys, &media);
+    t.media(
+        &media,
+        &[("EXT1", &["CD", "DVD", "Floppy", "USBStick"], false, None)],
+    );
     Shape {
         name: "lenovo-xcc",
         system_path: sys,
@@ -766,6 +928,20 @@ pub fn dmtf_rackmount() -> Shape {
     t.put(
         &format!("{sys}/EthernetInterfaces/12446A3B8890"),
         json!({"MACAddress": "AA:BB:CC:DD:EE:00", "PermanentMACAddress": "12:44:6A:3B:88:90"}),
+    );
+    let media = format!("{sys}/VirtualMedia");
+    t.system_media(sys, &media);
+    t.media(
+        &media,
+        &[
+            ("Floppy1", &["Floppy", "USBStick"], false, None),
+            (
+                "CD1",
+                &["CD", "DVD"],
+                false,
+                Some("http://127.0.0.1:9/freeImages/freeOS.1.1.iso"),
+            ),
+        ],
     );
     Shape {
         name: "dmtf-rackmount",
