@@ -180,10 +180,7 @@ async fn ipmi_power_and_boot_round_trips_against_ipmi_sim() {
         .expect("disk persistent");
     assert_eq!(disk.target, "disk");
     assert_eq!(sim.boot(), "default");
-    let cd = d
-        .boot(BootDevice::Cd, false, None)
-        .await
-        .expect("cd once");
+    let cd = d.boot(BootDevice::Cd, false, None).await.expect("cd once");
     assert_eq!(cd.target, "cdrom");
     assert_eq!(sim.boot(), "cdrom");
     let e = d

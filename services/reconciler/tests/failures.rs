@@ -175,14 +175,22 @@ async fn abort_runs_the_cleanup_steps_and_fails_the_node() {
         .contains("ramdisk never came up"));
 }
 
+/// Each way a wipe can fail to prove itself: unsigned, a disk that fails
+/// read-back, and a disk of the recorded inventory that does not report
+/// (swapped for another under its name since inspection).
 #[tokio::test]
 async fn an_unsigned_or_unverified_wipe_fails_the_release() {
     let env = TestEnv::start_with(Options::with_site())
         .await
         .expect("env");
-    for (name, fault) in [
-        ("unsigned", Fault::UnsignedWipe),
-        ("readback", Fault::WipeFailsReadBack),
+    for (name, fault, says) in [
+        ("unsigned", Fault::UnsignedWipe, "not node-signed"),
+        ("readback", Fault::WipeFailsReadBack, "read-back"),
+        (
+            "swapped",
+            Fault::DiskSwapped,
+            "missing from the disk.wipe result: nvme0n1 (SIM",
+        ),
     ] {
         let id = env.enroll_sim(name).await;
         env.wait_state(&id, ProvisionState::Ready, T)
@@ -207,13 +215,10 @@ async fn an_unsigned_or_unverified_wipe_fails_the_release() {
             .await
             .expect("failed, never ready");
         assert_eq!(n.failed_from, Some(ProvisionState::Releasing));
+        let last_error = n.last_error.clone().unwrap_or_default();
         assert!(
-            n.last_error
-                .clone()
-                .unwrap_or_default()
-                .contains("UNVERIFIED_WIPE"),
-            "{:?}",
-            n.last_error
+            last_error.contains("UNVERIFIED_WIPE") && last_error.contains(says),
+            "{name}: {last_error}"
         );
         // recover goes to releasing (which wipes again), never to ready.
         env.faults.clear(&format!("sim://{name}"), fault);

@@ -10,11 +10,13 @@ use bcm_contracts::commands::{
     BmcParams, BmcTarget, BootDevice, BootDeviceParams, BootEntryClearParams, BootEntrySetParams,
     BootEntrySpec, Command, DcgmParams, DeployImageParams, NoParams, PowerParams, WipeParams,
 };
-use bcm_contracts::outputs::{DcgmStatus, WipeOutcome};
+use bcm_contracts::outputs::{DcgmStatus, DiskInfo, Inventory, WipeOutcome};
 use bcm_contracts::{CommandKind, Output};
 use bcm_core::deploy::UserDataVars;
 use bcm_core::hardware::Concern;
-use bcm_core::workflow::{CommandStatus, StepKind, StepOutcome};
+use bcm_core::workflow::{
+    disks_unaccounted, wipe_verdict, CommandStatus, DiskId, StepKind, StepOutcome, UnverifiedWipe,
+};
 use bcm_core::PowerAction;
 use bcm_db::nodes::Node;
 use bcm_db::{DbError, Tx};
@@ -247,8 +249,10 @@ pub struct StoredResult {
 
 /// Judges a command row's result for a step. The output is read as its
 /// kind's contract says; an output that breaks it fails the step for good
-/// (it never counts as a success by default).
-pub fn judge(cmd: &bcm_db::commands::CommandRow) -> Verdict {
+/// (it never counts as a success by default). `recorded_disks` are the
+/// disks of the node's recorded inventory, which a `disk.wipe` result must
+/// account for, every one (`None`: no inventory is recorded).
+pub fn judge(cmd: &bcm_db::commands::CommandRow, recorded_disks: Option<&[DiskInfo]>) -> Verdict {
     let stored: StoredResult = cmd
         .result
         .clone()
@@ -281,8 +285,29 @@ pub fn judge(cmd: &bcm_db::commands::CommandRow) -> Verdict {
                 .iter()
                 .map(|d| d.outcome == WipeOutcome::Verified)
                 .collect();
-            match bcm_core::workflow::wipe_verdict(cmd.attested_by.is_some(), &verified) {
+            let recorded: Vec<DiskId<'_>> = recorded_disks
+                .unwrap_or_default()
+                .iter()
+                .map(|d| DiskId {
+                    name: &d.name,
+                    serial: &d.serial,
+                })
+                .collect();
+            let reported: Vec<DiskId<'_>> = report
+                .disks
+                .iter()
+                .map(|d| DiskId {
+                    name: &d.name,
+                    serial: &d.serial,
+                })
+                .collect();
+            let unaccounted = disks_unaccounted(&recorded, &reported);
+            match wipe_verdict(cmd.attested_by.is_some(), &verified, &unaccounted) {
                 Ok(()) => Verdict::succeeded(raw, true),
+                Err(why @ UnverifiedWipe::DiskMissing) => Verdict::failed(
+                    format!("UNVERIFIED_WIPE: {why}: {}", unaccounted.join(", ")),
+                    raw,
+                ),
                 Err(why) => Verdict::failed(format!("UNVERIFIED_WIPE: {why}"), raw),
             }
         }
@@ -311,5 +336,28 @@ pub fn judge(cmd: &bcm_db::commands::CommandRow) -> Verdict {
             }
         }
         Ok(_) => Verdict::succeeded(raw, false),
+    }
+}
+
+/// The disks of a node's recorded inventory (the `inventory` fact), which a
+/// wipe must account for. `None` when none is recorded or it does not read
+/// (logged): the wipe's own report then decides alone.
+pub async fn recorded_disks(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+) -> Result<Option<Vec<DiskInfo>>, DbError> {
+    let Some(fact) = bcm_db::agents::node_fact_fetch_in_txn(tx, node_id, "inventory").await? else {
+        tracing::warn!(
+            node = node_id,
+            "no inventory recorded: the wipe is judged on its own report"
+        );
+        return Ok(None);
+    };
+    match serde_json::from_value::<Inventory>(fact) {
+        Ok(inv) => Ok(Some(inv.disks)),
+        Err(e) => {
+            tracing::warn!(node = node_id, error = %e, "the recorded inventory does not read: the wipe is judged on its own report");
+            Ok(None)
+        }
     }
 }

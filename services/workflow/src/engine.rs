@@ -971,7 +971,13 @@ async fn check_command(
         step.due_at = step.deadline_at;
         return Ok(None);
     }
-    let verdict = commands::judge(&cmd);
+    let recorded = match (&cmd.node_id, cmd.kind.as_str()) {
+        (Some(node), "disk.wipe") if cmd.status == bcm_core::workflow::CommandStatus::Succeeded => {
+            commands::recorded_disks(tx, node).await?
+        }
+        _ => None,
+    };
+    let verdict = commands::judge(&cmd, recorded.as_deref());
     Ok(Some(Ended {
         outcome: verdict.outcome,
         output: verdict.output,

@@ -464,19 +464,61 @@ pub enum UnverifiedWipe {
     Unsigned,
     #[error("the disk.wipe result lists no disk")]
     NoDisk,
+    #[error("a disk of the node's recorded inventory is missing from the disk.wipe result")]
+    DiskMissing,
     #[error("a disk did not pass read-back verification")]
     ReadBackFailed,
 }
 
+/// A disk as the inventory recorded it or a wipe reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskId<'a> {
+    pub name: &'a str,
+    pub serial: &'a str,
+}
+
+/// The disks of the node's recorded inventory that a wipe result does not
+/// account for, as `name (serial)`: a recorded disk with a serial is
+/// accounted for by a reported disk with that serial (a disk swapped for
+/// another under the same name is not), one without by a reported disk of
+/// that name. A disk that went missing or silent since the inventory was
+/// taken is therefore never taken for wiped.
+pub fn disks_unaccounted(recorded: &[DiskId<'_>], reported: &[DiskId<'_>]) -> Vec<String> {
+    recorded
+        .iter()
+        .filter(|r| {
+            !reported.iter().any(|w| {
+                if r.serial.is_empty() {
+                    w.name == r.name
+                } else {
+                    w.serial == r.serial
+                }
+            })
+        })
+        .map(|r| match r.serial {
+            "" => r.name.to_owned(),
+            serial => format!("{} ({serial})", r.name),
+        })
+        .collect()
+}
+
 /// Whether a `disk.wipe` result proves a wipe: node-signed (the signature
-/// was verified when it was stored), at least one disk, and every disk
-/// read back clean (`disks_verified`, one flag per disk the result lists).
-/// Only such a result lets a release reach `ready`.
-pub fn wipe_verdict(signed: bool, disks_verified: &[bool]) -> Result<(), UnverifiedWipe> {
+/// was verified when it was stored), at least one disk, every disk of the
+/// node's recorded inventory in it (`unaccounted`, from
+/// [`disks_unaccounted`]), and every disk read back clean
+/// (`disks_verified`, one flag per disk the result lists). Only such a
+/// result lets a release reach `ready`.
+pub fn wipe_verdict(
+    signed: bool,
+    disks_verified: &[bool],
+    unaccounted: &[String],
+) -> Result<(), UnverifiedWipe> {
     if !signed {
         Err(UnverifiedWipe::Unsigned)
     } else if disks_verified.is_empty() {
         Err(UnverifiedWipe::NoDisk)
+    } else if !unaccounted.is_empty() {
+        Err(UnverifiedWipe::DiskMissing)
     } else if disks_verified.iter().any(|v| !v) {
         Err(UnverifiedWipe::ReadBackFailed)
     } else {

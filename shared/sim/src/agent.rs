@@ -492,10 +492,15 @@ fn execute(
                 len: r.len,
                 ok,
             };
+            let serial = if faults.has(address, Fault::DiskSwapped) {
+                format!("{serial}-SWAPPED")
+            } else {
+                disk.serial
+            };
             Output::DiskWipe(WipeReport {
                 disks: vec![DiskWipe {
                     name: disk.name,
-                    serial: disk.serial,
+                    serial,
                     model: disk.model,
                     size_bytes: disk.size_bytes,
                     transport: disk.transport,

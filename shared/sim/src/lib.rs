@@ -42,6 +42,10 @@ pub enum Fault {
     RamdiskNeverJoins,
     /// A disk fails read-back verification after a wipe.
     WipeFailsReadBack,
+    /// The disk was swapped since the inventory was taken: the wipe reports
+    /// (and verifies) a disk of the same name with another serial, and the
+    /// recorded disk does not report at all.
+    DiskSwapped,
     /// The agent posts wipe results without a signature.
     UnsignedWipe,
     /// The installed OS never joins.

@@ -292,13 +292,42 @@ proptest! {
 
 #[test]
 fn only_a_signed_wipe_with_every_disk_verified_counts() {
-    assert_eq!(wipe_verdict(true, &[true, true]), Ok(()));
-    assert_eq!(wipe_verdict(false, &[true]), Err(UnverifiedWipe::Unsigned));
-    assert_eq!(wipe_verdict(true, &[]), Err(UnverifiedWipe::NoDisk));
+    assert_eq!(wipe_verdict(true, &[true, true], &[]), Ok(()));
     assert_eq!(
-        wipe_verdict(true, &[true, false]),
+        wipe_verdict(false, &[true], &[]),
+        Err(UnverifiedWipe::Unsigned)
+    );
+    assert_eq!(wipe_verdict(true, &[], &[]), Err(UnverifiedWipe::NoDisk));
+    assert_eq!(
+        wipe_verdict(true, &[true, false], &[]),
         Err(UnverifiedWipe::ReadBackFailed)
     );
+    assert_eq!(
+        wipe_verdict(true, &[true], &["sdb (S2)".to_owned()]),
+        Err(UnverifiedWipe::DiskMissing)
+    );
+}
+
+#[test]
+fn a_recorded_disk_is_accounted_for_by_its_serial_else_its_name() {
+    let d = |name, serial| DiskId { name, serial };
+    let recorded = [d("nvme0n1", "S1"), d("sdb", "S2"), d("vda", "")];
+    // All there (the names of serial-bearing disks may change across boots).
+    assert!(disks_unaccounted(
+        &recorded,
+        &[d("nvme1n1", "S1"), d("sdb", "S2"), d("vda", "")]
+    )
+    .is_empty());
+    // A disk that does not report, a disk swapped for another under its
+    // name, a serial-less disk that is gone.
+    assert_eq!(
+        disks_unaccounted(&recorded, &[d("nvme0n1", "S1"), d("sdb", "S9")]),
+        vec!["sdb (S2)".to_owned(), "vda".to_owned()]
+    );
+    // Nothing recorded: nothing to account for (the report alone decides).
+    assert!(disks_unaccounted(&[], &[d("sda", "X")]).is_empty());
+    // A reported disk the inventory did not know is no reason to fail.
+    assert!(disks_unaccounted(&recorded[..1], &[d("nvme0n1", "S1"), d("sdz", "NEW")]).is_empty());
 }
 
 #[test]
