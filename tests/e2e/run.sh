@@ -4,8 +4,10 @@
 # through our boot service into the bcd ramdisk, are inspected,
 # commissioned, deployed with a signed image and released — one VM per
 # firmware path (UEFI-native PXE: TFTP + 4011 + iPXE + HTTP; BIOS: QEMU's
-# iPXE ROM + HTTP) — then a negative run: the BIOS VM's disk turned
-# read-only before a release must end in `failed` with UNVERIFIED_WIPE.
+# iPXE ROM + HTTP) — then two negative runs at once: the BIOS VM's disk
+# turned read-only before a release, and the UEFI VM's disk swapped for
+# another (another serial) before a release, must each end in `failed` with
+# UNVERIFIED_WIPE (the second naming the recorded disk that did not report).
 #
 #   tests/e2e/run.sh [DIR]      (root; default DIR .bcm/e2e/<time>)
 #
@@ -467,6 +469,39 @@ negative() {
   grep -q UNVERIFIED_WIPE <<<"$err" || { echo "the release failed without UNVERIFIED_WIPE" >&2; return 1; }
 }
 
+# The swapped-disk run: a deployed machine's disk is swapped for another
+# (a blank disk with another serial); the release wipes and verifies the
+# new disk, but the disk the inventory recorded is not in the result, so
+# the release must not reach ready, and the error names that disk.
+swapped() {
+  local name=$1 node; node=$(cat "$dir/run/node-$name")
+  ctl deploy "$node" --profile e2e-os-raw --profile-version 1 >/dev/null
+  wait_state "$name" "$node" deployed 900
+  "$here/vm.sh" disk "$dir/img/$name-swapped.qcow2" 2G >/dev/null
+  "$here/vm.sh" swap-disk "$lab" "$name" "$dir/img/$name-swapped.qcow2" "$name-d1" >/dev/null
+  ctl undeploy "$node" --wipe quick >/dev/null
+  wait_state "$name" "$node" failed 900
+  local err; err=$(ctl show "$node" -o json | jq -r .lastError)
+  say "  $name: failed: $err"
+  grep -q "UNVERIFIED_WIPE.*missing.*vda ($name-d0)" <<<"$err" \
+    || { echo "the release did not fail naming the swapped-out disk" >&2; return 1; }
+  # The disk now in the machine was wiped and read back all the same.
+  check_wiped_disk "$name-swapped"
+}
+
+# Both negative runs at once, each on its own machine.
+negatives() {
+  local pids=() rc=0 p
+  ( negative "$neg" ) > >(sed -u "s/^/[$neg] /") 2>&1 &
+  pids+=($!)
+  if [ -n "$swap" ]; then
+    ( swapped "$swap" ) > >(sed -u "s/^/[$swap] /") 2>&1 &
+    pids+=($!)
+  fi
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  return $rc
+}
+
 scenarios() {
   local pids=() fw fws=()
   for fw in $FIRMWARE; do
@@ -528,7 +563,9 @@ phase "define VMs" define_vms
 phase "scenario: enroll → ready → deploy → release → ready ($FIRMWARE)" scenarios
 if [ "${E2E_NEGATIVE:-1}" = 1 ]; then
   neg=e2e-bios; grep -qw bios <<<"$FIRMWARE" || neg="e2e-$(awk '{print $1}' <<<"$FIRMWARE")"
-  phase "negative: read-only disk at release → failed UNVERIFIED_WIPE ($neg)" negative "$neg"
+  swap=$(tr ' ' '\n' <<<"$FIRMWARE" | grep -vx "${neg#e2e-}" | head -n1 || true)
+  [ -z "$swap" ] || swap="e2e-$swap"
+  phase "negatives: read-only disk ($neg), swapped disk (${swap:-none}) at release → failed UNVERIFIED_WIPE" negatives
 fi
 # Every process ran under its own bus identity: a request its permissions
 # refuse is a bug (a refused JetStream request waits out its timeout).

@@ -14,6 +14,12 @@
 #   vm.sh set-readonly DIR NAME on|off
 #                                 the domain's disk read-only or not, from its
 #                                 next cold start on
+#   vm.sh swap-disk DIR NAME DISK SERIAL
+#                                 another disk (file and serial) in the
+#                                 domain's slot, from its next cold start on:
+#                                 a disk swapped in the machine
+# Each disk has a serial (NAME-d0 at first), as real disks do; bcd reports
+# it and a wipe must account for the inventory's disks by it.
 # The domains are TCG (`type='qemu'`: KVM here is PVM and hangs kernels).
 # Boot order is the BMC's: only the disk carries <boot order='1'/> at first;
 # sushy's PATCH BootSourceOverrideTarget=Pxe makes the NIC 1 and the disk 2
@@ -121,6 +127,7 @@ define() {
       <driver name='qemu' type='qcow2'/>
       <source file='$disk'/>
       <target dev='vda' bus='virtio'/>
+      <serial>$name-d0</serial>
       <boot order='1'/>
       $ro
     </disk>
@@ -168,11 +175,26 @@ t.write(sys.stdout, encoding="unicode")' "$on" >"$dir/run/$name.xml"
   "${VIRSH[@]}" define "$dir/run/$name.xml" >/dev/null
 }
 
+swap_disk() {
+  local dir=$1 name=$2 disk serial=$4
+  disk=$(realpath "$3"); [ -f "$disk" ] || die "no disk $disk"
+  "${VIRSH[@]}" dumpxml --inactive "$name" | python3 -c '
+import sys, xml.etree.ElementTree as ET
+t = ET.parse(sys.stdin); d = t.find("./devices/disk[@device=\"disk\"]")
+d.find("source").set("file", sys.argv[1])
+s = d.find("serial")
+if s is None: s = ET.SubElement(d, "serial")
+s.text = sys.argv[2]
+t.write(sys.stdout, encoding="unicode")' "$disk" "$serial" >"$dir/run/$name.xml"
+  "${VIRSH[@]}" define "$dir/run/$name.xml" >/dev/null
+}
+
 case ${1:-} in
   disk) [ $# -ge 2 ] || die "usage: vm.sh disk PATH [SIZE]"; disk "$2" "${3:-2G}" ;;
   define) [ $# -ge 7 ] || die "usage: vm.sh define DIR NAME bios|uefi MAC TAP DISK [readonly]"; shift; define "$@" ;;
   check-disk) [ $# -eq 2 ] || die "usage: vm.sh check-disk PATH"; check_disk "$2" ;;
   set-readonly) [ $# -eq 4 ] && [[ $4 == on || $4 == off ]] || die "usage: vm.sh set-readonly DIR NAME on|off"
     set_readonly "$2" "$3" "$4" ;;
-  *) die "usage: vm.sh disk|check-disk|define|set-readonly ..." ;;
+  swap-disk) [ $# -eq 5 ] || die "usage: vm.sh swap-disk DIR NAME DISK SERIAL"; swap_disk "$2" "$3" "$4" "$5" ;;
+  *) die "usage: vm.sh disk|check-disk|define|set-readonly|swap-disk ..." ;;
 esac
