@@ -516,6 +516,34 @@ impl Tree {
         self.collection("/redfish/v1/Systems", &[p]);
     }
 
+    /// The system's `EthernetInterfaces`: one member per MAC, named
+    /// `{prefix}{n}` from 1; `permanent` repeats each MAC as the
+    /// `PermanentMACAddress`, `state` is the `Status.State` if given.
+    fn interfaces(
+        &mut self,
+        sys: &str,
+        prefix: &str,
+        macs: &[&str],
+        permanent: bool,
+        state: Option<&str>,
+    ) {
+        let list = format!("{sys}/EthernetInterfaces");
+        let paths: Vec<String> = (1..=macs.len())
+            .map(|i| format!("{list}/{prefix}{i}"))
+            .collect();
+        self.collection(&list, &paths.iter().map(String::as_str).collect::<Vec<_>>());
+        for (p, mac) in paths.iter().zip(macs) {
+            let mut v = json!({"MACAddress": mac});
+            if permanent {
+                v["PermanentMACAddress"] = json!(mac);
+            }
+            if let Some(state) = state {
+                v["Status"] = json!({"State": state});
+            }
+            self.put(p, v);
+        }
+    }
+
     /// A network adapter with its functions: (id, permanent MAC, boot mode).
     fn adapter(&mut self, p: &str, functions: &[(&str, &str, &str)]) {
         let list = format!("{p}/NetworkDeviceFunctions");
@@ -718,19 +746,7 @@ pub fn hpe_ilo5() -> Shape {
         "50:7c:6f:11:f2:a7",
         "88:e9:a4:87:42:c8",
     ];
-    let paths: Vec<String> = (1..=nics.len())
-        .map(|i| format!("{sys}/EthernetInterfaces/{i}"))
-        .collect();
-    t.collection(
-        &format!("{sys}/EthernetInterfaces"),
-        &paths.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
-    for (p, mac) in paths.iter().zip(nics) {
-        t.put(
-            p,
-            json!({"MACAddress": mac, "Status": {"State": "Enabled"}}),
-        );
-    }
+    t.interfaces(sys, "", &nics, false, Some("Enabled"));
     t.collection(&format!("{sys}/NetworkInterfaces"), &[]);
     t.put(
         ch,
@@ -792,16 +808,7 @@ pub fn supermicro_x13() -> Shape {
         }),
     );
     let nics = ["7c:c2:55:79:3f:8e", "7c:c2:55:79:3f:8f"];
-    let paths: Vec<String> = (1..=nics.len())
-        .map(|i| format!("{sys}/EthernetInterfaces/{i}"))
-        .collect();
-    t.collection(
-        &format!("{sys}/EthernetInterfaces"),
-        &paths.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
-    for (p, mac) in paths.iter().zip(nics) {
-        t.put(p, json!({"MACAddress": mac, "PermanentMACAddress": mac}));
-    }
+    t.interfaces(sys, "", &nics, true, None);
     let hba = format!("{sys}/Storage/HA-RAID.0.StorageEnclosure.0");
     t.collection(&format!("{sys}/Storage"), &[&hba]);
     t.storage(&hba, &[7_681_501_126_656; 4]);
@@ -854,16 +861,7 @@ pub fn lenovo_xcc() -> Shape {
         "Boot": {"BootSourceOverrideMode@Redfish.AllowableValues": ["UEFI"]},
     }));
     let nics = ["00:62:0b:4c:28:4e", "00:62:0b:4c:28:4f"];
-    let paths: Vec<String> = (1..=nics.len())
-        .map(|i| format!("{sys}/EthernetInterfaces/NIC{i}"))
-        .collect();
-    t.collection(
-        &format!("{sys}/EthernetInterfaces"),
-        &paths.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
-    for (p, mac) in paths.iter().zip(nics) {
-        t.put(p, json!({"MACAddress": mac}));
-    }
+    t.interfaces(sys, "NIC", &nics, false, None);
     t.put(
         ch,
         json!({"NetworkAdapters": link(&format!("{ch}/NetworkAdapters"))}),
