@@ -1163,8 +1163,8 @@ impl Redfish {
 
     /// The CD/DVD slot, or `unsupported` naming what the BMC offers.
     async fn cd(&self, sys: &ComputerSystem) -> Result<VirtualMedia, BmcError> {
-        let slots = self.media_slots(sys).await?;
-        let Some(slot) = cd_slot(&slots) else {
+        let mut slots = self.media_slots(sys).await?;
+        let Some(i) = cd_slot(&slots) else {
             let offered: Vec<&str> = slots
                 .iter()
                 .flat_map(|s| s.media_types.iter().map(String::as_str))
@@ -1179,7 +1179,7 @@ impl Redfish {
                 }
             )));
         };
-        self.get(&slot.odata_id).await
+        Ok(slots.swap_remove(i))
     }
 
     /// Inserts `image` (an http(s) URL the BMC fetches) into the CD/DVD
@@ -1295,10 +1295,9 @@ impl MediaState {
 /// An image a BMC is told to fetch: an http or https URL of at most 2048
 /// printable characters without spaces.
 fn check_media_url(image: &str) -> Result<(), BmcError> {
-    let ok = (image.starts_with("http://") || image.starts_with("https://"))
-        && image.len() <= 2048
-        && image.chars().all(|c| c.is_ascii_graphic());
-    if ok && reqwest::Url::parse(image).is_ok_and(|u| u.host().is_some()) {
+    let url_ok = reqwest::Url::parse(image)
+        .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+    if url_ok && image.len() <= 2048 && image.chars().all(|c| c.is_ascii_graphic()) {
         Ok(())
     } else {
         Err(BmcError::Invalid(format!(

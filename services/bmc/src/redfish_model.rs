@@ -224,12 +224,13 @@ impl VirtualMedia {
     }
 }
 
-/// The slot a CD image goes into: the first CD/DVD slot with an
-/// `InsertMedia` action, else the first CD/DVD slot (PATCHed).
-pub(crate) fn cd_slot(slots: &[VirtualMedia]) -> Option<&VirtualMedia> {
-    let cd = || slots.iter().filter(|s| s.takes_cd());
-    cd().find(|s| s.actions.insert.is_some())
+/// Which slot a CD image goes into (its index): the first CD/DVD slot
+/// with an `InsertMedia` action, else the first CD/DVD slot (PATCHed).
+pub(crate) fn cd_slot(slots: &[VirtualMedia]) -> Option<usize> {
+    let cd = || slots.iter().enumerate().filter(|(_, s)| s.takes_cd());
+    cd().find(|(_, s)| s.actions.insert.is_some())
         .or_else(|| cd().next())
+        .map(|(i, _)| i)
 }
 
 /// A system's `Storage` resource: its drives.
@@ -397,11 +398,9 @@ mod tests {
         let acted = slot(json!({"@odata.id": "/a", "MediaTypes": ["DVD"],
             "Actions": {"#VirtualMedia.InsertMedia": {"target": "/a/i"}}}));
         let slots = [usb, patched, acted];
-        assert_eq!(cd_slot(&slots).map(|s| s.odata_id.as_str()), Some("/a"));
-        assert_eq!(
-            cd_slot(&slots[..2]).map(|s| s.odata_id.as_str()),
-            Some("/p")
-        );
+        let id = |i: usize| slots[i].odata_id.as_str();
+        assert_eq!(cd_slot(&slots).map(id), Some("/a"));
+        assert_eq!(cd_slot(&slots[..2]).map(id), Some("/p"));
         assert!(cd_slot(&slots[..1]).is_none());
     }
 

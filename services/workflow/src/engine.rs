@@ -971,8 +971,9 @@ async fn check_command(
         step.due_at = step.deadline_at;
         return Ok(None);
     }
-    let recorded = match (&cmd.node_id, cmd.kind.as_str()) {
-        (Some(node), "disk.wipe") if cmd.status == bcm_core::workflow::CommandStatus::Succeeded => {
+    let is_wipe = CommandKind::parse(&cmd.kind).is_ok_and(|k| k == CommandKind::DiskWipe);
+    let recorded = match &cmd.node_id {
+        Some(node) if is_wipe && cmd.status == bcm_core::workflow::CommandStatus::Succeeded => {
             commands::recorded_disks(tx, node).await?
         }
         _ => None,
