@@ -24,14 +24,7 @@ pub struct NamedRequest {
     pub name: String,
 }
 
-bcm_core::wire_enum! {
-    /// Whether a pool's machines run the in-band agent: `bcd` or `none`
-    /// (agentless).
-    pub enum AgentMode "agent mode" {
-        Bcd = "bcd",
-        None = "none",
-    }
-}
+pub use bcm_core::agentless::{AgentMode, UnattestedRelease};
 
 /// A pool and its policy.
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
@@ -51,9 +44,17 @@ pub struct PoolRequest {
     /// (`GET /api/compute/hardwareProfiles`; another is `INVALID_CONFIG`).
     #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9._-]{1,64}$")]
     pub hardware_profile: String,
-    /// `bcd` by default.
+    /// `bcd` by default; `none`: agentless (every workflow out of band,
+    /// through the BMC; deploys hand the machine an installer ISO as
+    /// virtual media; no rescue, no adoption).
     #[serde(default)]
     pub agent_mode: Option<AgentMode>,
+    /// An agentless pool's release that ended without an attested erase
+    /// (the BMC offers none): `failed` (default) holds the node with
+    /// `UNVERIFIED_WIPE`; `ready` returns it. `node.release.unverified`
+    /// says so either way.
+    #[serde(default)]
+    pub unattested_release: Option<UnattestedRelease>,
     /// Commissioning accepts `diag.dcgm` answering `unsupported`.
     #[serde(default)]
     pub accept_unsupported_diag: bool,
@@ -137,6 +138,12 @@ pub fn check_pool_policy(p: &bcm_db::tenancy::Pool) -> Result<(), ApiError> {
             p.agent_mode
         )));
     }
+    if UnattestedRelease::parse(&p.unattested_release).is_none() {
+        return Err(ApiError::invalid(format!(
+            "unattestedRelease {:?} must be failed or ready",
+            p.unattested_release
+        )));
+    }
     if let Some(ids) = &p.deploy_profiles {
         if ids.len() > MAX_POOL_PROFILES {
             return Err(ApiError::invalid(format!(
@@ -187,6 +194,7 @@ pub struct PoolView {
     pub name: String,
     pub hardware_profile: String,
     pub agent_mode: AgentMode,
+    pub unattested_release: UnattestedRelease,
     pub accept_unsupported_diag: bool,
     /// Absent: every profile of the tenant.
     pub deploy_profiles: Option<Vec<String>>,
@@ -206,6 +214,8 @@ impl PoolView {
         let corrupt = |w: &str| ApiError::internal(format!("pool {} has a bad {w}", p.id));
         Ok(Self {
             agent_mode: AgentMode::parse(&p.agent_mode).ok_or_else(|| corrupt("agent mode"))?,
+            unattested_release: UnattestedRelease::parse(&p.unattested_release)
+                .ok_or_else(|| corrupt("unattested release"))?,
             release_wipe: bcm_core::WipeMode::parse(&p.release_wipe)
                 .ok_or_else(|| corrupt("release wipe"))?,
             commission_wipe: bcm_core::WipeMode::parse(&p.commission_wipe)
@@ -517,6 +527,11 @@ pub async fn put_pool(
         release_wipe: req.release_wipe.unwrap_or_default().as_str().to_owned(),
         commission_wipe: req.commission_wipe.unwrap_or_default().as_str().to_owned(),
         adopt_acceptance: req.adopt_acceptance,
+        unattested_release: req
+            .unattested_release
+            .unwrap_or_default()
+            .as_str()
+            .to_owned(),
     };
     check_pool_policy(&pool)?;
     app.inner

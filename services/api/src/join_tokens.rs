@@ -52,6 +52,15 @@ pub async fn create(
         return Err(ApiError::invalid("ttlSecs must be 60 to 604800"));
     }
     let pool = crate::verbs::pool_to_enroll_into(a, &who, &req.tenant_id, &req.pool_id).await?;
+    if pool.agent_mode == bcm_core::agentless::AgentMode::None.as_str() {
+        return Err(ApiError::new(
+            bcm_core::ErrorCode::InvalidConfig,
+            format!(
+                "pool {} is agentless (agentMode none): a machine is adopted by its own bcd joining, which an agentless pool's machines never run",
+                pool.id
+            ),
+        ));
+    }
     let expires_at = Utc::now() + chrono::Duration::seconds(ttl as i64);
     let mut tx = a.db.begin().await?;
     let token = bcm_metal::identity::mint_join_token_in_txn(

@@ -334,8 +334,13 @@ pub struct SeedPool {
     pub tenant: String,
     pub site: String,
     pub hardware_profile: String,
-    #[serde(default = "default_agent_mode")]
-    pub agent_mode: String,
+    /// `bcd` (the default) or `none` (agentless).
+    #[serde(default)]
+    pub agent_mode: bcm_core::agentless::AgentMode,
+    /// An agentless pool's release without an attested erase: `failed`
+    /// (the default) or `ready`.
+    #[serde(default)]
+    pub unattested_release: bcm_core::agentless::UnattestedRelease,
     /// Commissioning accepts `diag.dcgm` answering `unsupported` (a pool
     /// of machines without GPUs).
     #[serde(default)]
@@ -366,9 +371,6 @@ fn default_agent_db_connections() -> u32 {
 }
 fn default_lock_timeout_ms() -> u32 {
     2000
-}
-fn default_agent_mode() -> String {
-    "bcd".to_owned()
 }
 
 impl ApiConfig {
@@ -669,12 +671,13 @@ async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {
             site_id: p.site.parse().map_err(bad)?,
             name: p.id.clone(),
             hardware_profile: p.hardware_profile.clone(),
-            agent_mode: p.agent_mode.clone(),
+            agent_mode: p.agent_mode.as_str().to_owned(),
             accept_unsupported_diag: p.accept_unsupported_diag,
             deploy_profiles: p.deploy_profiles.clone(),
             release_wipe: p.release_wipe.as_str().to_owned(),
             commission_wipe: p.commission_wipe.as_str().to_owned(),
             adopt_acceptance: p.adopt_acceptance.clone(),
+            unattested_release: p.unattested_release.as_str().to_owned(),
         };
         admin::check_pool_policy(&pool)
             .map_err(|e| StartError::Config(format!("seed: pool {}: {}", p.id, e.message)))?;

@@ -336,7 +336,9 @@ pub async fn enroll(
             format!("hardware profile {hardware_profile} binds no BMC driver; a machine without one joins with a token (adopt)"),
         ));
     }
-    if let Some(concern) = bcm_core::hardware::unserved_by_chain(&drivers, Operation::Enroll) {
+    let agent = bcm_core::agentless::AgentMode::parse(&pool.agent_mode).unwrap_or_default();
+    if let Some(concern) = bcm_core::hardware::unserved_by_chain(&drivers, Operation::Enroll, agent)
+    {
         return Err(ApiError::new(
             ErrorCode::InvalidConfig,
             format!("hardware profile {hardware_profile} binds no {concern} driver, which enrollment needs"),
@@ -468,8 +470,19 @@ async fn run_verb(
     let t = apply(facts, Move::Verb(verb))?;
     // A chain whose workflows need a concern the node's hardware profile
     // leaves unbound cannot be served (nodes enrolled with a profile).
+    let agent = bcm_db::tenancy::pool_agent_policy_in_txn(&mut tx, node.pool_id.as_str())
+        .await?
+        .agent;
+    if let Some(why) =
+        Operation::for_verb(verb).and_then(|op| bcm_core::agentless::refuses(agent, op))
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidConfig,
+            format!("node {} is in pool {}: {why}", node.id, node.pool_id),
+        ));
+    }
     if let (Some(drivers), Some(op)) = (node.drivers, Operation::for_verb(verb)) {
-        if let Some(concern) = bcm_core::hardware::unserved_by_chain(&drivers, op) {
+        if let Some(concern) = bcm_core::hardware::unserved_by_chain(&drivers, op, agent) {
             return Err(ApiError::new(
                 ErrorCode::InvalidConfig,
                 format!(
@@ -568,6 +581,17 @@ async fn run_verb(
                         ));
                     }
                 }
+                bcm_core::agentless::deploy_fits(agent, definition.image.format).map_err(
+                    |why| {
+                        ApiError::new(
+                            ErrorCode::InvalidConfig,
+                            format!(
+                                "deploy profile {profile_id} v{profile_version} on pool {}: {why}",
+                                node.pool_id
+                            ),
+                        )
+                    },
+                )?;
                 let (bcd, os, arch) = bcm_contracts::downloads::INSTALLED_OS_BCD;
                 if definition.needs_bcd()
                     && bcm_db::downloads::download_latest_in_txn(&mut tx, bcd, os, arch)

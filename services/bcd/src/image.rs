@@ -25,6 +25,7 @@ fn format_name(f: Format) -> &'static str {
     match f {
         Format::Raw => "raw",
         Format::Qcow2 => "qcow2",
+        Format::Iso => "iso",
     }
 }
 
@@ -33,6 +34,8 @@ fn format_name(f: Format) -> &'static str {
 pub enum ImageError {
     #[error("the image manifest is not signed; nothing was written")]
     Unsigned,
+    #[error("an iso is an installer for an agentless pool's virtual media; bcd streams raw or qcow2 disk images; nothing was written")]
+    NotADiskImage,
     #[error("the image manifest's signature does not verify against any trusted key; nothing was written")]
     Untrusted,
     #[error("fetching {url}: {why}; nothing was written")]
@@ -50,6 +53,9 @@ pub use bcm_contracts::outputs::DeployReport;
 
 /// Checks the manifest's signature; the index of the key that signed it.
 pub fn verify_manifest(m: &Manifest, keys: &[VerifyingKey]) -> Result<usize, ImageError> {
+    if m.format == Format::Iso {
+        return Err(ImageError::NotADiskImage);
+    }
     let sig = m.signature.as_deref().ok_or(ImageError::Unsigned)?;
     bcm_pki::image::verify_manifest(
         keys,
@@ -296,6 +302,7 @@ impl<'a> Sink<'a> {
         match self.manifest.format {
             Format::Raw => self.feed_raw(data),
             Format::Qcow2 => self.feed_qcow2(data),
+            Format::Iso => Err(ImageError::NotADiskImage.to_string()),
         }
     }
 
@@ -371,6 +378,7 @@ impl<'a> Sink<'a> {
                 self.written.chunk = self.qcow_chunk;
                 h.virtual_size
             }
+            Format::Iso => return Err(ImageError::NotADiskImage.to_string()),
         };
         Ok((virtual_size, sha))
     }

@@ -55,6 +55,7 @@ async fn a_real_bcd_commissions_a_node_and_a_disk_that_lies_fails_the_release() 
             release_wipe: "quick".into(),
             commission_wipe: "quick".into(),
             adopt_acceptance: None,
+            unattested_release: "failed".into(),
         },
     )
     .await

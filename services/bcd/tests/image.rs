@@ -77,6 +77,7 @@ fn manifest(key: &SigningKey, url: &str, format: Format, bytes: &[u8]) -> Manife
     let fmt = match format {
         Format::Raw => "raw",
         Format::Qcow2 => "qcow2",
+        Format::Iso => "iso",
     };
     let sha = sha(bytes);
     Manifest {
@@ -256,14 +257,20 @@ fn tampered_images_and_bad_manifests_are_refused() {
     let unknown = manifest(&rogue, &m.url, Format::Qcow2, &good);
     let mut unsigned = manifest(&key, &m.url, Format::Qcow2, &good);
     unsigned.signature = None;
+    // A signed installer ISO is an agentless pool's, never streamed.
+    let iso = manifest(&key, &m.url, Format::Iso, &good);
     for (what, bad) in [
         ("wrong sha256", wrong_sha),
         ("unknown key", unknown),
         ("unsigned", unsigned),
+        ("an iso", iso),
     ] {
         let err = deploy(&bad, &keys, &t).expect_err(what);
         assert!(
-            matches!(err, ImageError::Untrusted | ImageError::Unsigned),
+            matches!(
+                err,
+                ImageError::Untrusted | ImageError::Unsigned | ImageError::NotADiskImage
+            ),
             "{what}: {err}"
         );
         assert!(

@@ -135,6 +135,24 @@ impl Driver {
         }
     }
 
+    /// Erases every drive through the BMC where it offers an erase
+    /// (Redfish `#Drive.SecureErase`). A plugin driver offers none: it
+    /// says so (`offered: false`) and sends nothing.
+    pub async fn erase_drives(&self) -> Result<bcm_contracts::outputs::DiskEraseReport, BmcError> {
+        match self {
+            Driver::Redfish(r) => r.erase_drives().await,
+            Driver::Plugin(p) => Ok(bcm_contracts::outputs::DiskEraseReport {
+                offered: false,
+                drives: vec![],
+                reason: Some(format!(
+                    "{} offers no drive erase (the plugin protocol has no such operation)",
+                    p.driver()
+                )),
+                sim: false,
+            }),
+        }
+    }
+
     /// Releases what the driver holds (a Redfish session).
     pub async fn close(&self) {
         if let Driver::Redfish(r) = self {

@@ -56,7 +56,7 @@ fn origin_of(url: &Url) -> String {
 
 use crate::redfish_model::{
     cd_slot, pxe_macs, Chassis, Drive, EthernetInterface, Link, Manager, NetworkAdapter,
-    NetworkDeviceFunction, NetworkInterface, NicFunction, Storage, VirtualMedia,
+    NetworkDeviceFunction, NetworkInterface, NicFunction, Storage, Task, VirtualMedia,
 };
 use crate::redfish_vendor::Vendor;
 
@@ -1250,6 +1250,110 @@ impl Redfish {
             });
         }
         Ok(MediaState::of(&after))
+    }
+
+    /// Erases every present drive of the system's `Storage` through the
+    /// BMC's `#Drive.SecureErase` (the drive picks the method). A drive
+    /// without the action is reported not erased; a BMC none of whose
+    /// drives offers it is reported `offered: false` and nothing is sent.
+    /// An erase answered with a `Task` is followed until the task ends.
+    pub async fn erase_drives(&self) -> Result<bcm_contracts::outputs::DiskEraseReport, BmcError> {
+        use bcm_contracts::outputs::{DiskEraseReport, DriveErase};
+        let sys = self.system().await?;
+        let mut drives: Vec<(String, Drive)> = vec![];
+        if let Some(link) = &sys.storage {
+            for controller in self.members(&link.id).await? {
+                let Some(storage) = self.get_optional::<Storage>(&controller.id).await? else {
+                    continue;
+                };
+                for d in storage.drives {
+                    if let Some(drive) = self.get_optional::<Drive>(&d.id).await? {
+                        if drive.summary(&d.id).is_some() {
+                            drives.push((d.id.clone(), drive));
+                        }
+                    }
+                }
+            }
+        }
+        if !drives.iter().any(|(_, d)| d.actions.secure_erase.is_some()) {
+            return Ok(DiskEraseReport {
+                offered: false,
+                drives: vec![],
+                reason: Some(if drives.is_empty() {
+                    "the BMC reports no drive".to_owned()
+                } else {
+                    format!(
+                        "none of the BMC's {} drives offers #Drive.SecureErase",
+                        drives.len()
+                    )
+                }),
+                sim: false,
+            });
+        }
+        let mut out = vec![];
+        for (path, drive) in drives {
+            let Some(summary) = drive.summary(&path) else {
+                continue;
+            };
+            let (erased, reason) = match &drive.actions.secure_erase {
+                None => (
+                    false,
+                    Some("the drive offers no #Drive.SecureErase".to_owned()),
+                ),
+                Some(action) => match self.secure_erase(&action.target).await {
+                    Ok(()) => (true, None),
+                    Err(e) => (false, Some(e.to_string())),
+                },
+            };
+            tracing::info!(address = %self.address, drive = %summary.id, erased, "BMC drive erase");
+            out.push(DriveErase {
+                id: summary.id,
+                serial: summary.serial,
+                erased,
+                reason,
+            });
+        }
+        Ok(DiskEraseReport {
+            offered: true,
+            drives: out,
+            reason: None,
+            sim: false,
+        })
+    }
+
+    /// One `#Drive.SecureErase`, followed to its end when the BMC answers
+    /// with a `Task` (polled every second, for up to an hour).
+    async fn secure_erase(&self, target: &str) -> Result<(), BmcError> {
+        let text = self
+            .request_text(Method::POST, target, Some(&json!({})))
+            .await?;
+        let Ok(mut task) = serde_json::from_str::<Task>(&text) else {
+            return Ok(());
+        };
+        let Some(monitor) = task.odata_id.clone() else {
+            return Ok(());
+        };
+        for _ in 0..3_600 {
+            if task.task_state.is_none() || task.ended() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            task = self.get(&monitor).await?;
+        }
+        if task.task_state.is_none() || task.completed() {
+            Ok(())
+        } else {
+            Err(BmcError::Refused {
+                driver: DRIVER,
+                address: self.address.clone(),
+                status: 200,
+                message: format!(
+                    "{monitor}: the erase task ended {:?} {}",
+                    task.task_state,
+                    serde_json::Value::Array(task.messages.clone())
+                ),
+            })
+        }
     }
 
     async fn eject_slot(&self, slot: &VirtualMedia, if_match: bool) -> Result<(), BmcError> {

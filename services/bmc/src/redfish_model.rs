@@ -252,6 +252,40 @@ pub(crate) struct Drive {
     pub serial_number: Option<String>,
     #[serde(default)]
     pub status: Status,
+    #[serde(default)]
+    pub actions: DriveActions,
+}
+
+/// A `Drive`'s actions: the erase a BMC offers, when it offers one.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct DriveActions {
+    #[serde(rename = "#Drive.SecureErase")]
+    pub secure_erase: Option<ActionTarget>,
+}
+
+/// A `Task` a BMC answers a long action with (`TaskState` until it ends).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct Task {
+    #[serde(rename = "@odata.id")]
+    pub odata_id: Option<String>,
+    pub task_state: Option<String>,
+    #[serde(default)]
+    pub messages: Vec<serde_json::Value>,
+}
+
+impl Task {
+    /// `Completed`, `Exception`, `Killed`, `Cancelled`: it ended.
+    pub fn ended(&self) -> bool {
+        matches!(
+            self.task_state.as_deref(),
+            Some("Completed" | "Exception" | "Killed" | "Cancelled" | "Interrupted")
+        )
+    }
+
+    pub fn completed(&self) -> bool {
+        self.task_state.as_deref() == Some("Completed")
+    }
 }
 
 impl Drive {

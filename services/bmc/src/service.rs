@@ -19,8 +19,8 @@ use base64::Engine as _;
 use bcm_bus::consumer::{ConsumerSpec, Disposition, Handler, Incoming};
 use bcm_bus::subjects::StreamKind;
 use bcm_bus::Bus;
-use bcm_contracts::commands::{BmcTarget, Command, Family, SealedValue};
-use bcm_contracts::outputs::{PowerChanged, PowerRead, RotationReport, RotationStep};
+use bcm_contracts::commands::{BmcTarget, Command, Family, MediaAction, SealedValue};
+use bcm_contracts::outputs::{MediaReport, PowerChanged, PowerRead, RotationReport, RotationStep};
 use bcm_contracts::{CloudEvent, CommandEnvelope, CommandKind, CommandResult, Output};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -70,7 +70,13 @@ enum Begun {
 
 /// Whether the command changes the machine, so must never run twice.
 fn changes_machine(command: &Command) -> bool {
-    matches!(command, Command::BmcPower(_) | Command::BmcBootDevice(_))
+    matches!(
+        command,
+        Command::BmcPower(_)
+            | Command::BmcBootDevice(_)
+            | Command::BmcVirtualMedia(_)
+            | Command::BmcDiskErase(_)
+    )
 }
 
 impl Ctx {
@@ -411,6 +417,24 @@ async fn run_on(driver: &Driver, command: &Command) -> Result<Output, BmcError> 
         Command::BmcBootDevice(p) => {
             Output::BmcBootDevice(driver.boot(p.device, p.persistent, p.mode).await?)
         }
+        Command::BmcVirtualMedia(p) => {
+            let state = match (p.action, p.image.as_deref()) {
+                (MediaAction::Insert, Some(image)) => driver.insert_media(image).await?,
+                (MediaAction::Insert, None) => {
+                    return Err(BmcError::Invalid(
+                        "bmc.virtualMedia insert names no image".into(),
+                    ))
+                }
+                (MediaAction::Eject, _) => driver.eject_media().await?,
+            };
+            Output::BmcVirtualMedia(MediaReport {
+                slot: state.slot,
+                inserted: state.inserted,
+                image: state.image,
+                sim: false,
+            })
+        }
+        Command::BmcDiskErase(_) => Output::BmcDiskErase(driver.erase_drives().await?),
         other => {
             return Err(BmcError::Unsupported(format!(
                 "command kind {}",

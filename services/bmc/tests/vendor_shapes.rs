@@ -4,8 +4,9 @@
 //! (CPUs, memory, drives, the PXE MACs in boot order), power read and
 //! actions read back, one-time and persistent boot overrides read back
 //! with the vendor's mode rules, virtual media in and out (where the slot
-//! is, actions or PATCH, an occupied slot), and a password change after
-//! which only the new password logs in.
+//! is, actions or PATCH, an occupied slot), the BMC's drive erase where
+//! the drives offer one (and none sent where they do not), and a password
+//! change after which only the new password logs in.
 
 mod peers;
 
@@ -189,6 +190,52 @@ async fn whole_surface(shape: Shape) {
             sim.patches()
         );
     }
+
+    // The BMC's drive erase: where the drives offer `#Drive.SecureErase`
+    // every one is erased (a Task followed to `Completed`) and reported by
+    // id and serial; elsewhere nothing is sent and it says it offers none.
+    let erase = d
+        .erase_drives()
+        .await
+        .unwrap_or_else(|e| panic!("{name}: erase: {e}"));
+    let posted = sim
+        .actions()
+        .iter()
+        .filter(|(target, _)| target.ends_with("/Actions/Drive.SecureErase"))
+        .count();
+    if erase.offered {
+        assert_eq!(
+            erase.drives.len(),
+            sim.shape.drive_bytes.len(),
+            "{name}: {erase:?}"
+        );
+        assert!(
+            erase.drives.iter().all(|e| e.erased && e.serial.is_some()),
+            "{name}: {erase:?}"
+        );
+        assert_eq!(posted, erase.drives.len(), "{name}: one erase per drive");
+        for i in 1..=posted {
+            let task = sim.resource(&format!("/redfish/v1/TaskService/Tasks/JID_{i}"));
+            assert_eq!(
+                task["TaskState"], "Completed",
+                "{name}: the erase's Task was followed to its end"
+            );
+        }
+    } else {
+        assert!(erase.drives.is_empty(), "{name}: {erase:?}");
+        let why = erase.reason.as_deref().unwrap_or("");
+        assert!(
+            why.contains("SecureErase")
+                || (why.contains("no drive") && sim.shape.drive_bytes.is_empty()),
+            "{name}: {erase:?}"
+        );
+        assert_eq!(posted, 0, "{name}: nothing sent");
+    }
+    assert_eq!(
+        erase.offered,
+        name == "dell-idrac9",
+        "{name}: which shapes offer an erase"
+    );
 
     // Password change: the BMC holds the new one; the old one is refused.
     d.set_password(&"N3w-Sim-pass".to_owned().into())

@@ -4,6 +4,7 @@
 
 use bcm_bus::Bus;
 use bcm_contracts::agent::{AgentPresence, AgentRole};
+use bcm_core::agentless::AgentMode;
 use bcm_core::deploy::DeployRole;
 use bcm_core::reconcile::{decide, ReconcileAction, WorkflowSummary};
 use bcm_core::table::{Move, NodeFacts};
@@ -111,6 +112,13 @@ async fn decide_for(tx: &mut Tx<'_>, node: &Node) -> Result<ReconcileAction, DbE
             machine.as_ref(),
         ));
     }
+    let agentless = if node.provision_state == ProvisionState::Releasing {
+        bcm_db::tenancy::pool_agent_policy_in_txn(tx, node.pool_id.as_str())
+            .await?
+            .agentless_release()
+    } else {
+        None
+    };
     let summary = match node.workflow_id {
         Some(w) => {
             let wf = bcm_db::workflows::workflow_fetch_in_txn(tx, &w.to_string()).await?;
@@ -123,7 +131,7 @@ async fn decide_for(tx: &mut Tx<'_>, node: &Node) -> Result<ReconcileAction, DbE
         }
         None => None,
     };
-    Ok(decide(facts(node), summary.as_ref()))
+    Ok(decide(facts(node), summary.as_ref(), agentless))
 }
 
 fn facts(node: &Node) -> NodeFacts {
@@ -150,6 +158,41 @@ async fn act(
             start_workflow(tx, bus, &node, pass).await?;
             Ok(Then::Stop)
         }
+        ReconcileAction::ReleaseUnattested {
+            mv,
+            reason,
+            last_error,
+        } => {
+            let workflow_id = node.workflow_id.map(|w| w.to_string()).unwrap_or_default();
+            match apply_move(tx, bus, &node, mv, last_error).await? {
+                Some((next, to)) => {
+                    tracing::warn!(node = %node.id, %reason, outcome = %to, "agentless release without an attested erase");
+                    bcm_db::outbox::outbox_insert_in_txn(
+                        tx,
+                        &[bcm_metal::outbox::event(
+                            bus.subjects(),
+                            &next,
+                            bcm_contracts::events::NodeReleaseUnverified {
+                                node_id: next.id,
+                                tenant_id: next.tenant_id.clone(),
+                                pool_id: next.pool_id.clone(),
+                                workflow_id,
+                                reason,
+                                outcome: to,
+                                version: next.version,
+                            },
+                        )],
+                    )
+                    .await?;
+                    metrics::counter!("bcm_reconciler_unattested_releases_total", "outcome" => to.as_str()).increment(1);
+                    pass.written = Some(next);
+                    pass.report.transitions += 1;
+                    pass.moved_to.push(to);
+                    Ok(Then::Decide)
+                }
+                None => Ok(Then::Stop),
+            }
+        }
         ReconcileAction::Apply { mv, last_error } => {
             match apply_move(tx, bus, &node, mv, last_error).await? {
                 Some((next, to)) => {
@@ -167,22 +210,26 @@ async fn act(
 /// The profile a workflow-driven state runs: the node's deploy profile
 /// snapshot for `deploying`, else the metal profile of the state (with its
 /// pool's commissioning wipe, or the release's wipe).
-fn profile_for(node: &Node, commission_wipe: WipeMode) -> Option<Profile> {
+fn profile_for(node: &Node, commission_wipe: WipeMode, agent: AgentMode) -> Option<Profile> {
     match node.provision_state {
         ProvisionState::Deploying => {
             let (id, version) = node
                 .deploy_profile
                 .as_ref()
                 .map_or(("deploy", 1), |p| (p.id.as_str(), p.version));
-            Some(workflow::tenant_deploy(id, version))
+            Some(workflow::tenant_deploy_for(id, version, agent))
         }
-        ProvisionState::Commissioning => {
-            workflow::metal_profile_for(ProvisionState::Commissioning, false, commission_wipe)
-        }
+        ProvisionState::Commissioning => workflow::metal_profile_for(
+            ProvisionState::Commissioning,
+            false,
+            commission_wipe,
+            agent,
+        ),
         s => workflow::metal_profile_for(
             s,
             node.unrescue_pending,
             node.release_wipe.unwrap_or(WipeMode::Quick),
+            agent,
         ),
     }
 }
@@ -202,7 +249,10 @@ async fn start_workflow(
     } else {
         WipeMode::Quick
     };
-    let Some(profile) = profile_for(node, commission_wipe) else {
+    let agent = bcm_db::tenancy::pool_agent_policy_in_txn(tx, node.pool_id.as_str())
+        .await?
+        .agent;
+    let Some(profile) = profile_for(node, commission_wipe, agent) else {
         return Ok(());
     };
     match bcm_metal::workflows::start_in_txn(tx, bus.subjects(), node, &profile).await {

@@ -8,10 +8,12 @@
 
 use bcm_contracts::commands::{
     BmcParams, BmcTarget, BootDevice, BootDeviceParams, BootEntryClearParams, BootEntrySetParams,
-    BootEntrySpec, Command, DcgmParams, DeployImageParams, NoParams, PowerParams, WipeParams,
+    BootEntrySpec, Command, DcgmParams, DeployImageParams, DiskEraseParams, MediaAction, NoParams,
+    PowerParams, VirtualMediaParams, WipeParams,
 };
-use bcm_contracts::outputs::{DcgmStatus, DiskInfo, Inventory, WipeOutcome};
+use bcm_contracts::outputs::{DcgmStatus, Inventory, OobInventory, WipeOutcome};
 use bcm_contracts::{CommandKind, Output};
+use bcm_core::agentless::{erase_verdict, ErasedDrive, UnattestedErase};
 use bcm_core::deploy::UserDataVars;
 use bcm_core::hardware::Concern;
 use bcm_core::workflow::{
@@ -139,9 +141,36 @@ pub async fn command_for(
             mode: *mode,
             verify: true,
         }),
+        StepKind::BmcBootCd { persistent } => {
+            boot_device(bmc(tx, node, kind).await?, BootDevice::Cd, *persistent)
+        }
+        StepKind::BmcErase { mode, .. } => Command::BmcDiskErase(DiskEraseParams {
+            bmc: bmc(tx, node, kind).await?,
+            mode: *mode,
+        }),
+        StepKind::MediaInsert => {
+            let profile = node
+                .deploy_profile
+                .as_ref()
+                .ok_or_else(|| ParamsError::Invalid("the node carries no deploy profile".into()))?;
+            Command::BmcVirtualMedia(VirtualMediaParams {
+                bmc: bmc(tx, node, kind).await?,
+                action: MediaAction::Insert,
+                image: Some(profile.image.url.clone()),
+            })
+        }
+        StepKind::MediaEject => Command::BmcVirtualMedia(VirtualMediaParams {
+            bmc: bmc(tx, node, kind).await?,
+            action: MediaAction::Eject,
+            image: None,
+        }),
+        StepKind::WaitPowerOff => Command::BmcPowerStatus(BmcParams {
+            bmc: bmc(tx, node, kind).await?,
+        }),
         StepKind::Inventory => Command::Inventory(NoParams {}),
         StepKind::DeployImage => Command::DeployImage(deploy_image(tx, cfg, node).await?),
         StepKind::StoreMacs
+        | StepKind::StoreInventory
         | StepKind::RevokeIdentity
         | StepKind::ForgetBmcCredentials
         | StepKind::WaitRamdiskJoin
@@ -247,12 +276,38 @@ pub struct StoredResult {
     pub error: Option<String>,
 }
 
-/// Judges a command row's result for a step. The output is read as its
-/// kind's contract says; an output that breaks it fails the step for good
-/// (it never counts as a success by default). `recorded_disks` are the
-/// disks of the node's recorded inventory, which a `disk.wipe` result must
-/// account for, every one (`None`: no inventory is recorded).
-pub fn judge(cmd: &bcm_db::commands::CommandRow, recorded_disks: Option<&[DiskInfo]>) -> Verdict {
+/// A disk of the node's recorded inventory: by name (the agent's) or the
+/// BMC's drive id (out of band), and its serial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedDisk {
+    pub name: String,
+    pub serial: String,
+}
+
+/// The node fact a wipe of `kind` is judged against: the agent's
+/// inventory for `disk.wipe`, the BMC's for `bmc.diskErase`.
+pub const fn inventory_fact(kind: CommandKind) -> Option<&'static str> {
+    match kind {
+        CommandKind::DiskWipe => Some("inventory"),
+        CommandKind::BmcDiskErase => Some(OOB_INVENTORY_FACT),
+        _ => None,
+    }
+}
+
+/// The node fact an agentless node's out-of-band inventory is kept in.
+pub const OOB_INVENTORY_FACT: &str = "inventory:oob";
+
+/// Judges a command row's result for a step of `step`. The output is read
+/// as its kind's contract says; an output that breaks it fails the step
+/// for good (it never counts as a success by default). `recorded` are the
+/// disks of the node's recorded inventory, which a `disk.wipe` or
+/// `bmc.diskErase` result must account for, every one (`None`: no
+/// inventory is recorded).
+pub fn judge(
+    cmd: &bcm_db::commands::CommandRow,
+    step: &StepKind,
+    recorded: Option<&[RecordedDisk]>,
+) -> Verdict {
     let stored: StoredResult = cmd
         .result
         .clone()
@@ -273,6 +328,14 @@ pub fn judge(cmd: &bcm_db::commands::CommandRow, recorded_disks: Option<&[DiskIn
             wipe_verified: false,
         };
     }
+    let recorded: Vec<DiskId<'_>> = recorded
+        .unwrap_or_default()
+        .iter()
+        .map(|d| DiskId {
+            name: &d.name,
+            serial: &d.serial,
+        })
+        .collect();
     let output = CommandKind::parse(&cmd.kind).and_then(|k| Output::decode(k, &stored.output));
     match output {
         Err(e) => Verdict::failed(
@@ -284,14 +347,6 @@ pub fn judge(cmd: &bcm_db::commands::CommandRow, recorded_disks: Option<&[DiskIn
                 .disks
                 .iter()
                 .map(|d| d.outcome == WipeOutcome::Verified)
-                .collect();
-            let recorded: Vec<DiskId<'_>> = recorded_disks
-                .unwrap_or_default()
-                .iter()
-                .map(|d| DiskId {
-                    name: &d.name,
-                    serial: &d.serial,
-                })
                 .collect();
             let reported: Vec<DiskId<'_>> = report
                 .disks
@@ -309,6 +364,43 @@ pub fn judge(cmd: &bcm_db::commands::CommandRow, recorded_disks: Option<&[DiskIn
                     raw,
                 ),
                 Err(why) => Verdict::failed(format!("UNVERIFIED_WIPE: {why}"), raw),
+            }
+        }
+        Ok(Output::BmcDiskErase(report)) => {
+            let required = matches!(step, StepKind::BmcErase { required: true, .. });
+            let drives: Vec<ErasedDrive<'_>> = report
+                .drives
+                .iter()
+                .map(|d| ErasedDrive {
+                    id: &d.id,
+                    serial: d.serial.as_deref().unwrap_or_default(),
+                    erased: d.erased,
+                })
+                .collect();
+            match erase_verdict(report.offered, &recorded, &drives) {
+                Ok(()) => Verdict::succeeded(raw, true),
+                // Nothing was erased and nothing was sent: the release is
+                // judged unattested (the pool's policy decides), a retire
+                // cannot go on.
+                Err(UnattestedErase::NotOffered) if !required => Verdict::succeeded(raw, false),
+                Err(why) => Verdict::failed(format!("UNVERIFIED_WIPE: {why}"), raw),
+            }
+        }
+        Ok(Output::BmcPowerStatus(read)) if *step == StepKind::WaitPowerOff => {
+            if read.power == bcm_core::PowerState::Off {
+                Verdict::succeeded(raw, false)
+            } else {
+                Verdict {
+                    outcome: StepOutcome::Failed {
+                        retryable: true,
+                        message: format!(
+                            "the machine is still powered {}: the installer has not handed it back (it powers the machine off when it is done)",
+                            read.power
+                        ),
+                    },
+                    output: raw,
+                    wipe_verified: false,
+                }
             }
         }
         Ok(Output::DiagDcgm(report)) => {
@@ -339,22 +431,50 @@ pub fn judge(cmd: &bcm_db::commands::CommandRow, recorded_disks: Option<&[DiskIn
     }
 }
 
-/// The disks of a node's recorded inventory (the `inventory` fact), which a
-/// wipe must account for. `None` when none is recorded or it does not read
-/// (logged): the wipe's own report then decides alone.
+/// The disks of a node's recorded inventory that a wipe of `kind` must
+/// account for: the agent's (`inventory`) for `disk.wipe`, the BMC's
+/// drives (`inventory:oob`) for `bmc.diskErase`. `None` when none is
+/// recorded or it does not read (logged): the wipe's own report then
+/// decides alone.
 pub async fn recorded_disks(
     tx: &mut Tx<'_>,
     node_id: &str,
-) -> Result<Option<Vec<DiskInfo>>, DbError> {
-    let Some(fact) = bcm_db::agents::node_fact_fetch_in_txn(tx, node_id, "inventory").await? else {
+    kind: CommandKind,
+) -> Result<Option<Vec<RecordedDisk>>, DbError> {
+    let Some(fact_name) = inventory_fact(kind) else {
+        return Ok(None);
+    };
+    let Some(fact) = bcm_db::agents::node_fact_fetch_in_txn(tx, node_id, fact_name).await? else {
         tracing::warn!(
             node = node_id,
+            fact = fact_name,
             "no inventory recorded: the wipe is judged on its own report"
         );
         return Ok(None);
     };
-    match serde_json::from_value::<Inventory>(fact) {
-        Ok(inv) => Ok(Some(inv.disks)),
+    let disks = if kind == CommandKind::DiskWipe {
+        serde_json::from_value::<Inventory>(fact).map(|inv| {
+            inv.disks
+                .into_iter()
+                .map(|d| RecordedDisk {
+                    name: d.name,
+                    serial: d.serial,
+                })
+                .collect()
+        })
+    } else {
+        serde_json::from_value::<OobInventory>(fact).map(|inv| {
+            inv.drives
+                .into_iter()
+                .map(|d| RecordedDisk {
+                    name: d.id,
+                    serial: d.serial.unwrap_or_default(),
+                })
+                .collect()
+        })
+    };
+    match disks {
+        Ok(d) => Ok(Some(d)),
         Err(e) => {
             tracing::warn!(node = node_id, error = %e, "the recorded inventory does not read: the wipe is judged on its own report");
             Ok(None)

@@ -787,9 +787,9 @@ async fn check_running(
         // in the transaction that starts them, so only damage leaves one):
         // run it again (each is idempotent).
         StepTarget::ControlPlane | StepTarget::Node => run_in_engine(tx, at, steps, pos).await,
-        StepTarget::Site => check_command(tx, &mut steps[pos], at.now, writes).await,
+        StepTarget::Site => check_command(tx, &at.def.kind, &mut steps[pos], at.now, writes).await,
         StepTarget::Ramdisk => {
-            let ended = check_command(tx, &mut steps[pos], at.now, writes).await?;
+            let ended = check_command(tx, &at.def.kind, &mut steps[pos], at.now, writes).await?;
             match ended {
                 Some(ended) => Ok(Some(ended)),
                 None => check_agent_alive(tx, at, &mut steps[pos]).await,
@@ -808,6 +808,7 @@ async fn run_in_engine(
     let node = at.node;
     match &at.def.kind {
         StepKind::StoreMacs => store_macs(tx, steps, node).await.map(Some),
+        StepKind::StoreInventory => store_inventory(tx, steps, node).await.map(Some),
         StepKind::RevokeIdentity => {
             let n = bcm_metal::identity::revoke_in_txn(tx, &node.id.to_string()).await?;
             Ok(Some(Ended::succeeded(Some(
@@ -876,6 +877,35 @@ async fn store_macs(tx: &mut Tx<'_>, steps: &[StepRow], node: &Node) -> Result<E
     }
     bcm_db::nodes::node_set_macs_in_txn(tx, &node.id.to_string(), &macs).await?;
     Ok(Ended::succeeded(Some(serde_json::json!({ "macs": macs }))))
+}
+
+/// `store-inventory`: the out-of-band inspection (`inspect-oob`) becomes
+/// the agentless node's recorded inventory, which its erases must account
+/// for.
+async fn store_inventory(
+    tx: &mut Tx<'_>,
+    steps: &[StepRow],
+    node: &Node,
+) -> Result<Ended, DbError> {
+    let inspected = steps
+        .iter()
+        .filter(|s| s.name == "inspect-oob")
+        .filter_map(|s| s.output.as_ref())
+        .find(|o| Output::decode(CommandKind::BmcInspect, o).is_ok());
+    let Some(inventory) = inspected else {
+        return Ok(Ended::failed(
+            false,
+            "no out-of-band inspection to record (inspect-oob has no readable output)",
+        ));
+    };
+    bcm_db::agents::node_fact_upsert_in_txn(
+        tx,
+        &node.id.to_string(),
+        commands::OOB_INVENTORY_FACT,
+        inventory,
+    )
+    .await?;
+    Ok(Ended::succeeded(None))
 }
 
 /// A step waiting for an agent to join: done once the agent of the
@@ -953,6 +983,7 @@ async fn check_join(
 /// result wakes it).
 async fn check_command(
     tx: &mut Tx<'_>,
+    kind: &StepKind,
     step: &mut StepRow,
     now: DateTime<Utc>,
     writes: &mut Writes,
@@ -971,14 +1002,16 @@ async fn check_command(
         step.due_at = step.deadline_at;
         return Ok(None);
     }
-    let is_wipe = CommandKind::parse(&cmd.kind).is_ok_and(|k| k == CommandKind::DiskWipe);
-    let recorded = match &cmd.node_id {
-        Some(node) if is_wipe && cmd.status == bcm_core::workflow::CommandStatus::Succeeded => {
-            commands::recorded_disks(tx, node).await?
+    let wipe = CommandKind::parse(&cmd.kind)
+        .ok()
+        .filter(|k| commands::inventory_fact(*k).is_some());
+    let recorded = match (&cmd.node_id, wipe) {
+        (Some(node), Some(kind)) if cmd.status == bcm_core::workflow::CommandStatus::Succeeded => {
+            commands::recorded_disks(tx, node, kind).await?
         }
         _ => None,
     };
-    let verdict = commands::judge(&cmd, recorded.as_deref());
+    let verdict = commands::judge(&cmd, kind, recorded.as_deref());
     Ok(Some(Ended {
         outcome: verdict.outcome,
         output: verdict.output,

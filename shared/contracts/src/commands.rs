@@ -73,6 +73,12 @@ command_kinds! {
     BmcBootDevice = "bmc.bootDevice" => Bmc,
     /// Two-phase password rotation.
     BmcRotateCredentials = "bmc.rotateCredentials" => Bmc,
+    /// Insert or eject the BMC's virtual CD (an agentless deploy's
+    /// installer).
+    BmcVirtualMedia = "bmc.virtualMedia" => Bmc,
+    /// Erase every drive through the BMC where it offers an erase (an
+    /// agentless machine's wipe).
+    BmcDiskErase = "bmc.diskErase" => Bmc,
     /// Create the boot entries of a node's MACs.
     BootEntrySet = "site.bootEntry.set" => Site,
     /// Remove the boot entries of a node's MACs.
@@ -130,6 +136,8 @@ impl CommandKind {
             CommandKind::BmcPower
                 | CommandKind::BmcBootDevice
                 | CommandKind::BmcRotateCredentials
+                | CommandKind::BmcVirtualMedia
+                | CommandKind::BmcDiskErase
                 | CommandKind::DiskWipe
                 | CommandKind::DeployImage
                 | CommandKind::BootKexec
@@ -271,6 +279,39 @@ pub struct BootDeviceParams {
 pub struct RotateParams {
     pub bmc: BmcTarget,
     pub pending_credentials: SealedValue,
+}
+
+/// What `bmc.virtualMedia` does with the virtual CD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum MediaAction {
+    /// Insert `image` (an occupied slot is ejected first; the same image
+    /// already inserted is left as it is).
+    Insert,
+    /// Eject whatever is inserted (an empty slot stays empty).
+    Eject,
+}
+
+/// `bmc.virtualMedia`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VirtualMediaParams {
+    pub bmc: BmcTarget,
+    pub action: MediaAction,
+    /// The image the BMC fetches (an `http(s)` URL with a host); only for
+    /// `insert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// `bmc.diskErase`: erase every drive the BMC reports, by the BMC.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DiskEraseParams {
+    pub bmc: BmcTarget,
+    /// The pool's wipe, which the BMC's erase stands in for (Redfish's
+    /// `Drive.SecureErase` takes no mode: the drive decides the method).
+    pub mode: WipeMode,
 }
 
 /// A boot entry as `site.bootEntry.set` asks for it.
@@ -420,6 +461,10 @@ pub enum Command {
     BmcBootDevice(BootDeviceParams),
     #[serde(rename = "bmc.rotateCredentials")]
     BmcRotateCredentials(RotateParams),
+    #[serde(rename = "bmc.virtualMedia")]
+    BmcVirtualMedia(VirtualMediaParams),
+    #[serde(rename = "bmc.diskErase")]
+    BmcDiskErase(DiskEraseParams),
     #[serde(rename = "site.bootEntry.set")]
     BootEntrySet(BootEntrySetParams),
     #[serde(rename = "site.bootEntry.clear")]
@@ -448,6 +493,8 @@ impl Command {
             Command::BmcPowerStatus(_) => CommandKind::BmcPowerStatus,
             Command::BmcBootDevice(_) => CommandKind::BmcBootDevice,
             Command::BmcRotateCredentials(_) => CommandKind::BmcRotateCredentials,
+            Command::BmcVirtualMedia(_) => CommandKind::BmcVirtualMedia,
+            Command::BmcDiskErase(_) => CommandKind::BmcDiskErase,
             Command::BootEntrySet(_) => CommandKind::BootEntrySet,
             Command::BootEntryClear(_) => CommandKind::BootEntryClear,
             Command::SiteHttpProxy(_) => CommandKind::SiteHttpProxy,
@@ -468,6 +515,8 @@ impl Command {
             Command::BmcPower(p) => Some(&p.bmc),
             Command::BmcBootDevice(p) => Some(&p.bmc),
             Command::BmcRotateCredentials(p) => Some(&p.bmc),
+            Command::BmcVirtualMedia(p) => Some(&p.bmc),
+            Command::BmcDiskErase(p) => Some(&p.bmc),
             _ => None,
         }
     }

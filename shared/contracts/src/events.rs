@@ -31,6 +31,8 @@ pub mod types {
     pub const NODE_POWER_CHANGED: &str = "node.power.changed";
     /// `node.credentials.rotation`.
     pub const NODE_CREDENTIALS_ROTATION: &str = "node.credentials.rotation";
+    /// `node.release.unverified`.
+    pub const NODE_RELEASE_UNVERIFIED: &str = "node.release.unverified";
     /// `node.workflow.stalled`.
     pub const NODE_WORKFLOW_STALLED: &str = "node.workflow.stalled";
     /// `bulk.created`.
@@ -97,6 +99,7 @@ event_types! {
     NodePowerRequested => |_| types::NODE_POWER_REQUESTED.to_owned(),
     NodePowerChanged => |_| types::NODE_POWER_CHANGED.to_owned(),
     NodeCredentialsRotation => |_| types::NODE_CREDENTIALS_ROTATION.to_owned(),
+    NodeReleaseUnverified => |_| types::NODE_RELEASE_UNVERIFIED.to_owned(),
     WorkflowStalled => |_| types::NODE_WORKFLOW_STALLED.to_owned(),
     WorkflowFinished => |e| types::workflow(e.status),
     StepFinished => |e| types::workflow_step(e.status),
@@ -231,6 +234,24 @@ pub struct NodeCredentialsRotation {
     pub version: i64,
 }
 
+/// `node.release.unverified`: an agentless pool's release ended without an
+/// attested erase (the BMC offers none, or its erase did not cover every
+/// recorded drive); the pool's policy sent the node to `outcome` (`ready`,
+/// or `failed` with `UNVERIFIED_WIPE`). Published in the transaction of
+/// that move, exactly once per such release.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeReleaseUnverified {
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub pool_id: PoolId,
+    pub workflow_id: String,
+    /// Why the erase attests nothing, e.g. `the BMC offers no drive erase`.
+    pub reason: String,
+    pub outcome: ProvisionState,
+    pub version: i64,
+}
+
 /// `workflow.<status>`: a workflow ended (`succeeded`, `failed` or
 /// `cancelled`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -354,6 +375,7 @@ pub enum Event {
     NodePowerRequested(NodePowerRequested),
     NodePowerChanged(NodePowerChanged),
     NodeCredentialsRotation(NodeCredentialsRotation),
+    NodeReleaseUnverified(NodeReleaseUnverified),
     WorkflowStalled(WorkflowStalled),
     Workflow(WorkflowFinished),
     Step(StepFinished),
@@ -384,6 +406,7 @@ impl Event {
             NODE_POWER_REQUESTED => Event::NodePowerRequested(data(ev)?),
             NODE_POWER_CHANGED => Event::NodePowerChanged(data(ev)?),
             NODE_CREDENTIALS_ROTATION => Event::NodeCredentialsRotation(data(ev)?),
+            NODE_RELEASE_UNVERIFIED => Event::NodeReleaseUnverified(data(ev)?),
             NODE_WORKFLOW_STALLED => Event::WorkflowStalled(data(ev)?),
             BULK_CREATED => Event::BulkCreated(data(ev)?),
             BULK_APPROVED => Event::BulkApproved(data(ev)?),
@@ -420,6 +443,7 @@ impl Event {
             Event::NodePowerRequested(e) => e.node_id,
             Event::NodePowerChanged(e) => e.node_id,
             Event::NodeCredentialsRotation(e) => e.node_id,
+            Event::NodeReleaseUnverified(e) => e.node_id,
             Event::WorkflowStalled(e) => e.node_id,
             Event::Workflow(e) => e.node_id,
             Event::Step(e) => e.node_id,

@@ -112,6 +112,49 @@ pub struct BootOverride {
     pub sim: bool,
 }
 
+/// `bmc.virtualMedia`: the virtual CD as read back after the action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MediaReport {
+    /// The slot used (its Redfish resource path, or the sim's name).
+    pub slot: String,
+    pub inserted: bool,
+    /// The image the slot holds, as read back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub sim: bool,
+}
+
+/// One drive of a BMC erase.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DriveErase {
+    /// The drive's resource id on the BMC.
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// The BMC reported the erase done.
+    pub erased: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `bmc.diskErase`: whether the BMC offers an erase, and each drive's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DiskEraseReport {
+    /// The BMC offers a drive erase (Redfish `#Drive.SecureErase` on its
+    /// drives). When it does not, nothing was sent and `drives` is empty.
+    pub offered: bool,
+    #[serde(default)]
+    pub drives: Vec<DriveErase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub sim: bool,
+}
+
 /// How a `bmc.rotateCredentials` ended at the BMC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
@@ -381,6 +424,8 @@ pub enum Output {
     BmcPowerStatus(PowerRead),
     BmcBootDevice(BootOverride),
     BmcRotateCredentials(RotationReport),
+    BmcVirtualMedia(MediaReport),
+    BmcDiskErase(DiskEraseReport),
     BootEntrySet(BootEntryStored),
     BootEntryClear(BootEntryCleared),
     SiteHttpProxy(ImageCached),
@@ -401,6 +446,8 @@ impl Output {
             Output::BmcPowerStatus(_) => CommandKind::BmcPowerStatus,
             Output::BmcBootDevice(_) => CommandKind::BmcBootDevice,
             Output::BmcRotateCredentials(_) => CommandKind::BmcRotateCredentials,
+            Output::BmcVirtualMedia(_) => CommandKind::BmcVirtualMedia,
+            Output::BmcDiskErase(_) => CommandKind::BmcDiskErase,
             Output::BootEntrySet(_) => CommandKind::BootEntrySet,
             Output::BootEntryClear(_) => CommandKind::BootEntryClear,
             Output::SiteHttpProxy(_) => CommandKind::SiteHttpProxy,
@@ -431,6 +478,8 @@ impl Output {
             K::BmcPowerStatus => Output::BmcPowerStatus(as_(kind, value)?),
             K::BmcBootDevice => Output::BmcBootDevice(as_(kind, value)?),
             K::BmcRotateCredentials => Output::BmcRotateCredentials(as_(kind, value)?),
+            K::BmcVirtualMedia => Output::BmcVirtualMedia(as_(kind, value)?),
+            K::BmcDiskErase => Output::BmcDiskErase(as_(kind, value)?),
             K::BootEntrySet => Output::BootEntrySet(as_(kind, value)?),
             K::BootEntryClear => Output::BootEntryClear(as_(kind, value)?),
             K::SiteHttpProxy => Output::SiteHttpProxy(as_(kind, value)?),

@@ -46,6 +46,10 @@ pub fn json_schemas() -> Vec<(&'static str, Value)> {
             s(schema_for!(CloudEvent<NodeCredentialsRotation>)),
         ),
         (
+            "node.release.unverified.json",
+            s(schema_for!(CloudEvent<NodeReleaseUnverified>)),
+        ),
+        (
             "node.workflow.stalled.json",
             s(schema_for!(CloudEvent<WorkflowStalled>)),
         ),

@@ -166,6 +166,15 @@ fn every_command() -> Vec<Command> {
             bmc: bmc(),
             pending_credentials: bmc().sealed_credentials.expect("sealed"),
         }),
+        Command::BmcVirtualMedia(VirtualMediaParams {
+            bmc: bmc(),
+            action: MediaAction::Insert,
+            image: Some("http://images.example/talos.iso".into()),
+        }),
+        Command::BmcDiskErase(DiskEraseParams {
+            bmc: bmc(),
+            mode: WipeMode::SecureErase,
+        }),
         Command::BootEntrySet(BootEntrySetParams {
             boot_entry: BootEntrySpec {
                 macs: vec!["52:54:00:00:00:01".into()],
@@ -275,6 +284,23 @@ fn every_output() -> Vec<Output> {
             outcome: RotationStep::Committed,
             recovered: true,
             sealed_credentials: bmc().sealed_credentials,
+        }),
+        Output::BmcVirtualMedia(MediaReport {
+            slot: "/redfish/v1/Managers/1/VirtualMedia/Cd".into(),
+            inserted: true,
+            image: Some("http://images.example/talos.iso".into()),
+            sim: false,
+        }),
+        Output::BmcDiskErase(DiskEraseReport {
+            offered: true,
+            drives: vec![DriveErase {
+                id: "Disk.Bay.0".into(),
+                serial: Some("S0".into()),
+                erased: true,
+                reason: None,
+            }],
+            reason: None,
+            sim: false,
         }),
         Output::BootEntrySet(BootEntryStored {
             macs: vec!["52:54:00:00:00:01".into()],
@@ -517,6 +543,21 @@ fn every_event_validates_against_its_schema_and_round_trips() {
                 command_id: "cmd_1".into(),
                 error: Some("refused".into()),
                 version: 5,
+            },
+        ),
+    ));
+    examples.push(holds(
+        "node.release.unverified.json",
+        &ev(
+            types::NODE_RELEASE_UNVERIFIED,
+            NodeReleaseUnverified {
+                node_id: node(),
+                tenant_id: t.clone(),
+                pool_id: "p".parse().expect("pool"),
+                workflow_id: "wf_1".into(),
+                reason: "the BMC offers no drive erase".into(),
+                outcome: ProvisionState::Ready,
+                version: 9,
             },
         ),
     ));

@@ -9,6 +9,7 @@
 //! cannot carry a `deploy.image`, and a `power-off` leaf carries nothing
 //! but a `bmc.power` that powers off.
 
+use crate::agentless::AgentMode;
 use crate::workflow::{self, Profile};
 use crate::{PowerAction, ProvisionState, WipeMode};
 
@@ -237,15 +238,16 @@ impl Operation {
     }
 }
 
-/// The profiles a workflow-driven state may run, with every wipe mode.
-pub(crate) fn profiles_of(state: ProvisionState) -> Vec<Profile> {
+/// The profiles a workflow-driven state may run on a pool of `agent`
+/// mode, with every wipe mode.
+pub(crate) fn profiles_of_mode(state: ProvisionState, agent: AgentMode) -> Vec<Profile> {
     if state == ProvisionState::Deploying {
-        return vec![workflow::tenant_deploy("any", 1)];
+        return vec![workflow::tenant_deploy_for("any", 1, agent)];
     }
     let mut out = vec![];
     for wipe in WipeMode::ALL {
         for unrescue in [false, true] {
-            if let Some(p) = workflow::metal_profile_for(state, unrescue, wipe) {
+            if let Some(p) = workflow::metal_profile_for(state, unrescue, wipe, agent) {
                 if !out.contains(&p) {
                     out.push(p);
                 }
@@ -253,6 +255,14 @@ pub(crate) fn profiles_of(state: ProvisionState) -> Vec<Profile> {
         }
     }
     out
+}
+
+/// The profiles a workflow-driven state may run on any pool.
+pub(crate) fn profiles_of(state: ProvisionState) -> Vec<Profile> {
+    AgentMode::ALL
+        .iter()
+        .flat_map(|a| profiles_of_mode(state, *a))
+        .collect()
 }
 
 /// The destructive command kinds (wire names) the operation's chain may

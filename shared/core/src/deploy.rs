@@ -52,6 +52,9 @@ impl DeployRole {
 pub enum ImageFormat {
     Raw,
     Qcow2,
+    /// An installer ISO for an agentless pool's virtual media: never
+    /// streamed to disk by the agent.
+    Iso,
 }
 
 /// The image a profile installs, checked by the ramdisk before and after it

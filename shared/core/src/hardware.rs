@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::agentless::AgentMode;
 use crate::batch::Operation;
 use crate::node::BmcDriver;
 use crate::workflow::{Profile, StepKind};
@@ -130,7 +131,12 @@ impl StepKind {
             StepKind::BmcVerify
             | StepKind::BmcInspect
             | StepKind::BmcBootPxe { .. }
-            | StepKind::BmcBootDisk { .. } => Concern::Management,
+            | StepKind::BmcBootDisk { .. }
+            | StepKind::BmcBootCd { .. }
+            | StepKind::BmcErase { .. }
+            | StepKind::MediaInsert
+            | StepKind::MediaEject => Concern::Management,
+            StepKind::WaitPowerOff => Concern::Power,
             // The ramdisk: its boot entry, its join, what runs in it.
             StepKind::BootEntrySet
             | StepKind::BootEntryClear
@@ -141,6 +147,7 @@ impl StepKind {
             StepKind::Inventory => Concern::Inspect,
             StepKind::DeployImage | StepKind::WaitOsJoin { .. } => Concern::Deploy,
             StepKind::StoreMacs
+            | StepKind::StoreInventory
             | StepKind::RevokeIdentity
             | StepKind::ForgetBmcCredentials
             | StepKind::WaitOsBack { .. } => return None,
@@ -159,11 +166,11 @@ pub fn unserved(drivers: &Drivers, profiles: &[Profile]) -> Option<Concern> {
 
 /// The first concern the chain `op` starts needs and `drivers` leaves
 /// unbound: the verb cannot be served (`INVALID_CONFIG`).
-pub fn unserved_by_chain(drivers: &Drivers, op: Operation) -> Option<Concern> {
+pub fn unserved_by_chain(drivers: &Drivers, op: Operation, agent: AgentMode) -> Option<Concern> {
     let profiles: Vec<Profile> = op
         .chain()
         .iter()
-        .flat_map(|s| crate::batch::profiles_of(*s))
+        .flat_map(|s| crate::batch::profiles_of_mode(*s, agent))
         .collect();
     unserved(drivers, &profiles)
 }
@@ -352,16 +359,25 @@ mod tests {
         let no_pxe = p.get("no-pxe").expect("no-pxe").drivers;
         // Enrolling runs on into inspection, which boots the ramdisk.
         assert_eq!(
-            unserved_by_chain(&no_pxe, Operation::Manage),
+            unserved_by_chain(&no_pxe, Operation::Manage, AgentMode::Bcd),
             Some(Concern::Boot)
         );
         assert_eq!(
-            unserved_by_chain(&no_pxe, Operation::Undeploy),
+            unserved_by_chain(&no_pxe, Operation::Undeploy, AgentMode::Bcd),
             Some(Concern::Boot)
         );
         let full = p.get("gpu-redfish").expect("gpu").drivers;
         for op in Operation::ALL {
-            assert_eq!(unserved_by_chain(&full, op), None, "{op}");
+            assert_eq!(unserved_by_chain(&full, op, AgentMode::Bcd), None, "{op}");
+        }
+        // An agentless pool never boots the ramdisk: a BMC-only profile
+        // serves every chain there, and none where machines run bcd.
+        for op in Operation::ALL {
+            assert_eq!(
+                unserved_by_chain(&no_pxe, op, AgentMode::None),
+                None,
+                "{op}"
+            );
         }
         assert!(Profiles::builtin()
             .insert("Bad Name", p.get("sim").expect("sim").clone())

@@ -5,6 +5,7 @@
 //! authorization decisions ([`authz`]). Everything that asks "is this move
 //! legal" reads [`table::apply`]; no other crate decides it.
 
+pub mod agentless;
 pub mod authz;
 pub mod batch;
 pub mod bmc;

@@ -3,6 +3,7 @@
 //! Level-triggered: the same inputs always give the same action, so a
 //! missed or repeated wake-up is harmless.
 
+use crate::agentless::UnattestedRelease;
 use crate::state::ProvisionState;
 use crate::table::{Move, NodeFacts};
 use crate::workflow::WorkflowPhase;
@@ -33,7 +34,21 @@ pub enum ReconcileAction {
         mv: Move,
         last_error: Option<String>,
     },
+    /// An agentless pool's release ended without an attested erase:
+    /// publish `node.release.unverified` saying `reason`, in the
+    /// transaction that applies `mv` (the pool's policy: `ready`, or
+    /// `fail` recording `last_error`).
+    ReleaseUnattested {
+        mv: Move,
+        reason: String,
+        last_error: Option<String>,
+    },
 }
+
+/// What a succeeded agentless release without a verified wipe means: its
+/// erase step succeeds unattested only when the BMC offers no erase (an
+/// erase that missed or failed a drive fails the step).
+pub const NO_BMC_ERASE: &str = "the BMC offers no drive erase";
 
 /// The profile id of `metal-unrescue`.
 pub const UNRESCUE_PROFILE: &str = "metal-unrescue";
@@ -186,14 +201,53 @@ pub fn decide_adoption(
     }
 }
 
-/// Decides what to do for a node with `facts` whose current workflow is `wf`.
-pub fn decide(facts: NodeFacts, wf: Option<&WorkflowSummary>) -> ReconcileAction {
+/// Decides what to do for a node with `facts` whose current workflow is
+/// `wf`. `agentless` is the node's pool's policy for a release without an
+/// attested erase when the pool is agentless (`None`: its machines run
+/// `bcd`, whose release must be verified).
+pub fn decide(
+    facts: NodeFacts,
+    wf: Option<&WorkflowSummary>,
+    agentless: Option<UnattestedRelease>,
+) -> ReconcileAction {
     if !facts.state.is_workflow_driven() {
         return ReconcileAction::Idle;
     }
     let Some(wf) = wf else {
         return ReconcileAction::StartWorkflow;
     };
+    if let (Some(policy), ProvisionState::Releasing) = (agentless, facts.state) {
+        let unattested = match wf.phase {
+            WorkflowPhase::Succeeded if !wf.wipe_verified => Some(NO_BMC_ERASE.to_owned()),
+            WorkflowPhase::Failed => wf
+                .error
+                .as_deref()
+                .filter(|e| e.starts_with("UNVERIFIED_WIPE"))
+                .map(str::to_owned),
+            _ => None,
+        };
+        if let Some(reason) = unattested {
+            let ready = policy == UnattestedRelease::Ready && wf.phase == WorkflowPhase::Succeeded;
+            return if ready {
+                ReconcileAction::ReleaseUnattested {
+                    mv: Move::ReleasedUnattested,
+                    reason,
+                    last_error: None,
+                }
+            } else {
+                let last_error = if reason.starts_with("UNVERIFIED_WIPE") {
+                    reason.clone()
+                } else {
+                    format!("UNVERIFIED_WIPE: agentless release without an attested erase: {reason}; the pool's policy (unattestedRelease: failed) holds the node for an operator")
+                };
+                ReconcileAction::ReleaseUnattested {
+                    mv: Move::Fail,
+                    reason,
+                    last_error: Some(last_error),
+                }
+            };
+        }
+    }
     match wf.phase {
         WorkflowPhase::Running | WorkflowPhase::FailingCleanup | WorkflowPhase::CancellingCleanup => ReconcileAction::Wait,
         WorkflowPhase::Succeeded if facts.state == ProvisionState::Rescue => {
@@ -317,7 +371,7 @@ mod tests {
     #[test]
     fn idle_outside_workflow_states_and_start_when_none_runs() {
         for s in ProvisionState::ALL {
-            let got = decide(NodeFacts::at(s), None);
+            let got = decide(NodeFacts::at(s), None, None);
             if s.is_workflow_driven() {
                 assert_eq!(got, ReconcileAction::StartWorkflow, "{s}");
             } else {
@@ -326,12 +380,12 @@ mod tests {
         }
         let running = wf("metal-enroll", WorkflowPhase::Running, false);
         assert_eq!(
-            decide(NodeFacts::at(Enrolling), Some(&running)),
+            decide(NodeFacts::at(Enrolling), Some(&running), None),
             ReconcileAction::Wait
         );
         let cleaning = wf("metal-inspect", WorkflowPhase::CancellingCleanup, false);
         assert_eq!(
-            decide(NodeFacts::at(Inspecting), Some(&cleaning)),
+            decide(NodeFacts::at(Inspecting), Some(&cleaning), None),
             ReconcileAction::Wait
         );
     }
@@ -344,16 +398,18 @@ mod tests {
             ("metal-inspect", Commissioning),
             ("metal-commission", Ready),
         ] {
-            let ReconcileAction::Apply { mv, .. } =
-                decide(facts, Some(&wf(profile, WorkflowPhase::Succeeded, false)))
-            else {
+            let ReconcileAction::Apply { mv, .. } = decide(
+                facts,
+                Some(&wf(profile, WorkflowPhase::Succeeded, false)),
+                None,
+            ) else {
                 panic!("{profile} succeeded: apply complete");
             };
             let t = apply(facts, mv).expect("legal");
             assert_eq!(t.to, next);
             facts = NodeFacts::at(t.to);
         }
-        assert_eq!(decide(facts, None), ReconcileAction::Idle);
+        assert_eq!(decide(facts, None, None), ReconcileAction::Idle);
     }
 
     #[test]
@@ -361,6 +417,7 @@ mod tests {
         let ok = decide(
             NodeFacts::at(Releasing),
             Some(&wf("metal-release", WorkflowPhase::Succeeded, true)),
+            None,
         );
         assert_eq!(
             ok,
@@ -374,6 +431,7 @@ mod tests {
         match decide(
             NodeFacts::at(Releasing),
             Some(&wf("metal-release", WorkflowPhase::Succeeded, false)),
+            None,
         ) {
             ReconcileAction::Apply {
                 mv: Move::Fail,
@@ -384,11 +442,71 @@ mod tests {
     }
 
     #[test]
+    fn an_agentless_release_without_an_attested_erase_says_so_and_follows_the_pool() {
+        let unattested = wf("metal-release-oob", WorkflowPhase::Succeeded, false);
+        let at = NodeFacts::at(Releasing);
+        // Policy ready: back to ready, announced.
+        let ReconcileAction::ReleaseUnattested {
+            mv,
+            reason,
+            last_error,
+        } = decide(at, Some(&unattested), Some(UnattestedRelease::Ready))
+        else {
+            panic!("expected an unattested release");
+        };
+        assert_eq!(reason, NO_BMC_ERASE);
+        assert_eq!(last_error, None);
+        assert_eq!(apply(at, mv).expect("legal").to, Ready);
+        // Policy failed: failed with UNVERIFIED_WIPE, announced.
+        let ReconcileAction::ReleaseUnattested {
+            mv,
+            last_error: Some(e),
+            ..
+        } = decide(at, Some(&unattested), Some(UnattestedRelease::Failed))
+        else {
+            panic!("expected an unattested release");
+        };
+        assert!(e.starts_with("UNVERIFIED_WIPE"), "{e}");
+        assert_eq!(apply(at, mv).expect("legal").to, Failed);
+        // An erase that missed a drive failed the workflow: announced,
+        // failed whatever the policy.
+        let mut missed = wf("metal-release-oob", WorkflowPhase::Failed, false);
+        missed.error = Some("UNVERIFIED_WIPE: the BMC did not erase every drive: Disk.1".into());
+        let ReconcileAction::ReleaseUnattested { mv, reason, .. } =
+            decide(at, Some(&missed), Some(UnattestedRelease::Ready))
+        else {
+            panic!("expected an unattested release");
+        };
+        assert_eq!(mv, Move::Fail);
+        assert!(reason.contains("Disk.1"));
+        // An attested erase is an ordinary release; a power-off that failed
+        // is an ordinary failure: no announcement.
+        let attested = wf("metal-release-oob", WorkflowPhase::Succeeded, true);
+        assert!(matches!(
+            decide(at, Some(&attested), Some(UnattestedRelease::Failed)),
+            ReconcileAction::Apply {
+                mv: Move::Complete {
+                    wipe_verified: true
+                },
+                ..
+            }
+        ));
+        let mut power = wf("metal-release-oob", WorkflowPhase::Failed, false);
+        power.error = Some("bmc.power: 503".into());
+        assert!(matches!(
+            decide(at, Some(&power), Some(UnattestedRelease::Ready)),
+            ReconcileAction::Apply { mv: Move::Fail, .. }
+        ));
+        // Only a release may go to ready unattested.
+        assert!(apply(NodeFacts::at(Deploying), Move::ReleasedUnattested).is_err());
+    }
+
+    #[test]
     fn failures_and_cancels_fail_the_node_with_the_error() {
         let mut failed = wf("metal-enroll", WorkflowPhase::Failed, false);
         failed.error = Some("bmc.verify: 401 from the BMC".into());
         assert_eq!(
-            decide(NodeFacts::at(Enrolling), Some(&failed)),
+            decide(NodeFacts::at(Enrolling), Some(&failed), None),
             ReconcileAction::Apply {
                 mv: Move::Fail,
                 last_error: Some("bmc.verify: 401 from the BMC".into())
@@ -397,7 +515,8 @@ mod tests {
         assert!(matches!(
             decide(
                 NodeFacts::at(Commissioning),
-                Some(&wf("metal-commission", WorkflowPhase::Cancelled, false))
+                Some(&wf("metal-commission", WorkflowPhase::Cancelled, false)),
+                None
             ),
             ReconcileAction::Apply { mv: Move::Fail, .. }
         ));
@@ -407,7 +526,7 @@ mod tests {
     fn rescue_then_unrescue() {
         let rescued = wf("metal-rescue", WorkflowPhase::Succeeded, false);
         assert_eq!(
-            decide(NodeFacts::at(Rescue), Some(&rescued)),
+            decide(NodeFacts::at(Rescue), Some(&rescued), None),
             ReconcileAction::Idle,
             "the rescue ramdisk stays up"
         );
@@ -416,16 +535,16 @@ mod tests {
             ..NodeFacts::at(Rescue)
         };
         assert_eq!(
-            decide(pending, Some(&rescued)),
+            decide(pending, Some(&rescued), None),
             ReconcileAction::StartWorkflow
         );
         let back = wf(UNRESCUE_PROFILE, WorkflowPhase::Succeeded, false);
-        let ReconcileAction::Apply { mv, .. } = decide(pending, Some(&back)) else {
+        let ReconcileAction::Apply { mv, .. } = decide(pending, Some(&back), None) else {
             panic!("apply unrescue")
         };
         assert_eq!(apply(pending, mv).map(|t| t.to), Ok(Deployed));
         let broken = wf(UNRESCUE_PROFILE, WorkflowPhase::Failed, false);
-        let ReconcileAction::Apply { mv, .. } = decide(pending, Some(&broken)) else {
+        let ReconcileAction::Apply { mv, .. } = decide(pending, Some(&broken), None) else {
             panic!("apply fail")
         };
         let t = apply(pending, mv).expect("fail from rescue");

@@ -94,6 +94,10 @@ pub enum Move {
     Fail,
     /// The `metal-unrescue` workflow succeeded: the installed OS is back.
     Unrescued,
+    /// An agentless pool's release succeeded without an attested erase,
+    /// and the pool's policy (`unattestedRelease: ready`) lets the node
+    /// return to `ready` all the same. Legal from `releasing` only.
+    ReleasedUnattested,
 }
 
 /// What the table needs to know of a node to decide a move.
@@ -192,6 +196,7 @@ impl Move {
             Move::Complete { .. } => MoveName("complete"),
             Move::Fail => MoveName("fail"),
             Move::Unrescued => MoveName("unrescue (workflow succeeded)"),
+            Move::ReleasedUnattested => MoveName("complete (unattested release)"),
         }
     }
 }
@@ -287,6 +292,13 @@ pub fn apply(facts: NodeFacts, mv: Move) -> Result<Transition, MoveError> {
                 return Ok(unchanged(facts));
             }
             Ok(moved(facts, to))
+        }
+        Move::ReleasedUnattested => {
+            if from == Releasing {
+                Ok(moved(facts, Ready))
+            } else {
+                Err(invalid)
+            }
         }
         Move::Fail => {
             if from.is_workflow_driven() || from == Adopting {

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::agentless::AgentMode;
 use crate::state::ProvisionState;
 use crate::{PowerAction, WipeMode};
 
@@ -78,6 +79,24 @@ pub enum StepKind {
     RevokeIdentity,
     /// Forget the sealed BMC credentials.
     ForgetBmcCredentials,
+    /// Erase every drive through the BMC (Redfish `Drive.SecureErase`),
+    /// an agentless machine's wipe. `required`: a BMC that offers no erase
+    /// fails the step (retire); otherwise the step records that none was
+    /// offered and the release is judged unattested.
+    BmcErase { mode: WipeMode, required: bool },
+    /// Insert the deploy profile's installer image as the BMC's virtual CD.
+    MediaInsert,
+    /// Eject the BMC's virtual CD (an empty slot reads back empty).
+    MediaEject,
+    /// Boot from the virtual CD, once or persistently.
+    BmcBootCd { persistent: bool },
+    /// Read the BMC's power state until the machine is off: an agentless
+    /// installer hands the machine back by powering it off. Each attempt is
+    /// one read; the retry policy is the poll.
+    WaitPowerOff,
+    /// Record the out-of-band inspection (`inspect-oob`) as the node's
+    /// inventory, which an agentless release's erase must account for.
+    StoreInventory,
     /// Profile v1's one-step `metal.ensureRamdisk`, which no site service
     /// executes; kept only so workflows stored before v2 still load. The
     /// engine fails it for good (the node goes to `failed`; `recover` runs
@@ -96,11 +115,17 @@ impl StepKind {
     pub const fn target(&self) -> StepTarget {
         match self {
             StepKind::StoreMacs
+            | StepKind::StoreInventory
             | StepKind::RevokeIdentity
             | StepKind::ForgetBmcCredentials
             | StepKind::WaitRamdiskJoin
             | StepKind::RetiredEnsureRamdisk => StepTarget::ControlPlane,
-            StepKind::BmcVerify
+            StepKind::BmcErase { .. }
+            | StepKind::MediaInsert
+            | StepKind::MediaEject
+            | StepKind::BmcBootCd { .. }
+            | StepKind::WaitPowerOff
+            | StepKind::BmcVerify
             | StepKind::BmcInspect
             | StepKind::BootEntrySet
             | StepKind::BootEntryClear
@@ -125,7 +150,13 @@ impl StepKind {
             StepKind::StoreMacs => "metal.storeMacs",
             StepKind::BootEntrySet => "site.bootEntry.set",
             StepKind::BootEntryClear => "site.bootEntry.clear",
-            StepKind::BmcBootPxe { .. } | StepKind::BmcBootDisk { .. } => "bmc.bootDevice",
+            StepKind::BmcBootPxe { .. }
+            | StepKind::BmcBootDisk { .. }
+            | StepKind::BmcBootCd { .. } => "bmc.bootDevice",
+            StepKind::BmcErase { .. } => "bmc.diskErase",
+            StepKind::MediaInsert | StepKind::MediaEject => "bmc.virtualMedia",
+            StepKind::WaitPowerOff => "bmc.powerStatus",
+            StepKind::StoreInventory => "metal.storeInventory",
             StepKind::BmcPower { .. } | StepKind::BmcPowerOff => "bmc.power",
             StepKind::WaitRamdiskJoin => "metal.waitRamdiskJoin",
             StepKind::Inventory => "inventory",
@@ -151,6 +182,10 @@ impl StepKind {
                 | StepKind::BmcPowerOff
                 | StepKind::BmcBootPxe { .. }
                 | StepKind::BmcBootDisk { .. }
+                | StepKind::BmcBootCd { .. }
+                | StepKind::BmcErase { .. }
+                | StepKind::MediaInsert
+                | StepKind::MediaEject
         )
     }
 }
@@ -171,6 +206,13 @@ impl RetryPolicy {
         max_attempts: 5,
         initial_backoff_ms: 1_000,
         max_backoff_ms: 60_000,
+    };
+    /// A poll, not a retry: one read every 2.5–5 s for up to about 50
+    /// minutes (an agentless installer's run, `wait-installer`).
+    pub const POLL_INSTALLER: RetryPolicy = RetryPolicy {
+        max_attempts: 800,
+        initial_backoff_ms: 5_000,
+        max_backoff_ms: 5_000,
     };
     /// One attempt only, for steps whose failure is final (a wipe that failed read-back).
     pub const ONCE: RetryPolicy = RetryPolicy {
@@ -439,12 +481,148 @@ pub fn tenant_deploy(id: &str, version: u32) -> Profile {
     }
 }
 
+/// `metal-inspect-oob` v1 (agentless): the BMC's inventory — systems,
+/// processors, memory, storage, network interfaces — recorded as the
+/// node's; nothing boots.
+pub fn metal_inspect_oob() -> Profile {
+    Profile {
+        id: "metal-inspect-oob".into(),
+        version: 1,
+        steps: vec![
+            step("verify-bmc", StepKind::BmcVerify, 120),
+            step("inspect-oob", StepKind::BmcInspect, 300),
+            step("store-inventory", StepKind::StoreInventory, 30),
+        ],
+        cleanup: vec![],
+    }
+}
+
+/// The BMC drive erase of an agentless profile, once (an erase is never
+/// sent twice).
+fn bmc_erase(mode: WipeMode, required: bool) -> StepDef {
+    once("bmc-erase", StepKind::BmcErase { mode, required }, 86_400)
+}
+
+/// `metal-commission-oob` v1 (agentless): the BMC answers with the
+/// inventory recorded, the pool's wipe as a BMC drive erase where the BMC
+/// offers one, power off.
+pub fn metal_commission_oob(mode: WipeMode) -> Profile {
+    let mut steps = vec![
+        step("verify-bmc", StepKind::BmcVerify, 120),
+        step("inspect-oob", StepKind::BmcInspect, 300),
+    ];
+    if mode != WipeMode::None {
+        steps.push(bmc_erase(mode, false));
+    }
+    steps.push(power_off());
+    Profile {
+        id: "metal-commission-oob".into(),
+        version: 1,
+        steps,
+        cleanup: vec![power_off()],
+    }
+}
+
+/// `metal-release-oob` v1 (agentless): eject what a deploy left in the
+/// virtual CD, erase through the BMC where it offers one (the release is
+/// attested only if it covered every recorded drive), power off.
+pub fn metal_release_oob(mode: WipeMode) -> Profile {
+    Profile {
+        id: "metal-release-oob".into(),
+        version: 1,
+        steps: vec![
+            step("eject-media", StepKind::MediaEject, 120),
+            bmc_erase(mode, false),
+            power_off(),
+        ],
+        cleanup: vec![power_off()],
+    }
+}
+
+/// `metal-retire-oob` v1 (agentless): a crypto-erase the BMC must offer
+/// (a BMC without one fails the retire: nothing else can erase), power off,
+/// revoke identity, forget BMC credentials.
+pub fn metal_retire_oob() -> Profile {
+    Profile {
+        id: "metal-retire-oob".into(),
+        version: 1,
+        steps: vec![
+            step("eject-media", StepKind::MediaEject, 120),
+            bmc_erase(WipeMode::CryptoErase, true),
+            power_off(),
+            step("revoke-identity", StepKind::RevokeIdentity, 60),
+            step("forget-bmc-credentials", StepKind::ForgetBmcCredentials, 60),
+        ],
+        cleanup: vec![power_off()],
+    }
+}
+
+/// A tenant deploy on an agentless pool: the profile's installer image as
+/// the BMC's virtual CD, a one-time CD boot, a power cycle, then the
+/// installer's run until it powers the machine off (its hand-off: no agent
+/// reports), eject, disk persistently, power on into the installed OS.
+pub fn tenant_deploy_oob(id: &str, version: u32) -> Profile {
+    Profile {
+        id: id.to_owned(),
+        version,
+        steps: vec![
+            once("insert-media", StepKind::MediaInsert, 600),
+            step("cd-once", StepKind::BmcBootCd { persistent: false }, 120),
+            step(
+                "power-cycle",
+                StepKind::BmcPower {
+                    action: PowerAction::Cycle,
+                },
+                300,
+            ),
+            StepDef {
+                retry: RetryPolicy::POLL_INSTALLER,
+                ..step("wait-installer", StepKind::WaitPowerOff, 60)
+            },
+            step("eject-media", StepKind::MediaEject, 120),
+            step("boot-disk", StepKind::BmcBootDisk { persistent: true }, 120),
+            step(
+                "power-on",
+                StepKind::BmcPower {
+                    action: PowerAction::On,
+                },
+                300,
+            ),
+        ],
+        cleanup: vec![step("eject-media", StepKind::MediaEject, 120), power_off()],
+    }
+}
+
+/// The deploy profile a tenant's deploy runs on a pool of `agent` mode.
+pub fn tenant_deploy_for(id: &str, version: u32, agent: AgentMode) -> Profile {
+    match agent {
+        AgentMode::Bcd => tenant_deploy(id, version),
+        AgentMode::None => tenant_deploy_oob(id, version),
+    }
+}
+
 /// The metal profile a workflow-driven state runs. `deploying` runs the
 /// tenant's profile and is not decided here. `wipe` is the state's wipe:
 /// the release's for `releasing`, the pool's commissioning wipe for
-/// `commissioning`.
-pub fn metal_profile_for(state: ProvisionState, unrescue: bool, wipe: WipeMode) -> Option<Profile> {
+/// `commissioning`. An agentless pool (`agent` `none`) runs the
+/// out-of-band variants and has no rescue (nothing boots an agent).
+pub fn metal_profile_for(
+    state: ProvisionState,
+    unrescue: bool,
+    wipe: WipeMode,
+    agent: AgentMode,
+) -> Option<Profile> {
     use ProvisionState::*;
+    if agent.is_agentless() {
+        return Some(match state {
+            Enrolling => metal_enroll(),
+            Inspecting => metal_inspect_oob(),
+            Commissioning => metal_commission_oob(wipe),
+            Releasing => metal_release_oob(wipe),
+            Retiring => metal_retire_oob(),
+            _ => return None,
+        });
+    }
     Some(match state {
         Enrolling => metal_enroll(),
         Inspecting => metal_inspect(),

@@ -38,6 +38,7 @@ impl TryFrom<ImageRow> for StoredImage {
         let format = match r.format.as_str() {
             "raw" => ImageFormat::Raw,
             "qcow2" => ImageFormat::Qcow2,
+            "iso" => ImageFormat::Iso,
             other => return Err(DbError::Corrupt(format!("image {} format {other}", r.name))),
         };
         Ok(StoredImage {
@@ -61,6 +62,7 @@ fn format_str(f: ImageFormat) -> &'static str {
     match f {
         ImageFormat::Raw => "raw",
         ImageFormat::Qcow2 => "qcow2",
+        ImageFormat::Iso => "iso",
     }
 }
 

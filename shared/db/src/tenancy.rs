@@ -26,6 +26,25 @@ pub struct Pool {
     /// Adoption's acceptance checks (`None`: any machine whose agent
     /// joined).
     pub adopt_acceptance: Option<bcm_core::reconcile::AdoptAcceptance>,
+    /// An agentless pool's release without an attested erase: `failed` or
+    /// `ready`.
+    pub unattested_release: String,
+}
+
+/// What a pool says of its machines' agent, as the reconciler and the
+/// verbs read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentPolicy {
+    pub agent: bcm_core::agentless::AgentMode,
+    pub unattested_release: bcm_core::agentless::UnattestedRelease,
+}
+
+impl AgentPolicy {
+    /// The release policy when the pool is agentless; `None` when its
+    /// machines run bcd.
+    pub fn agentless_release(&self) -> Option<bcm_core::agentless::UnattestedRelease> {
+        self.agent.is_agentless().then_some(self.unattested_release)
+    }
 }
 
 /// What a verb reads of its node's pool.
@@ -62,10 +81,10 @@ pub async fn site_upsert(db: &Db, id: &SiteId, name: &str) -> Result<(), DbError
 /// Creates a pool or updates its policy. A pool never changes tenant.
 pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
     let n = sqlx::query(
-        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe, adopt_acceptance) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe, adopt_acceptance, unattested_release) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
          ON CONFLICT (id) DO UPDATE SET site_id = $3, name = $4, hardware_profile = $5, agent_mode = $6, accept_unsupported_diag = $7, \
-         deploy_profiles = $8, release_wipe = $9, commission_wipe = $10, adopt_acceptance = $11 \
+         deploy_profiles = $8, release_wipe = $9, commission_wipe = $10, adopt_acceptance = $11, unattested_release = $12 \
          WHERE pools.tenant_id = $2",
     )
     .bind(p.id.as_str())
@@ -84,6 +103,7 @@ pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
             .filter(|a| !a.is_empty())
             .map(|a| serde_json::to_value(a).unwrap_or_default()),
     )
+    .bind(&p.unattested_release)
     .execute(db.pool())
     .await?
     .rows_affected();
@@ -108,9 +128,10 @@ struct PoolRow {
     release_wipe: String,
     commission_wipe: String,
     adopt_acceptance: Option<serde_json::Value>,
+    unattested_release: String,
 }
 
-const POOL_COLUMNS: &str = "id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe, adopt_acceptance";
+const POOL_COLUMNS: &str = "id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe, adopt_acceptance, unattested_release";
 
 impl TryFrom<PoolRow> for Pool {
     type Error = DbError;
@@ -133,6 +154,7 @@ impl TryFrom<PoolRow> for Pool {
                 .map(serde_json::from_value)
                 .transpose()
                 .map_err(|_| bad("adopt acceptance"))?,
+            unattested_release: r.unattested_release,
         })
     }
 }
@@ -168,6 +190,31 @@ pub async fn pool_verb_policy_in_txn(
             .fetch_one(&mut **tx)
             .await?,
     )
+}
+
+/// A pool's agent mode and unattested-release policy (a pool that is gone
+/// reads as one whose machines run bcd).
+pub async fn pool_agent_policy_in_txn(
+    tx: &mut crate::Tx<'_>,
+    id: &str,
+) -> Result<AgentPolicy, DbError> {
+    let row: Option<(String, String)> =
+        sqlx::query_as("SELECT agent_mode, unattested_release FROM pools WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    let Some((agent, unattested)) = row else {
+        return Ok(AgentPolicy {
+            agent: bcm_core::agentless::AgentMode::Bcd,
+            unattested_release: Default::default(),
+        });
+    };
+    let bad = |w: &str| DbError::Corrupt(format!("pool {id} {w}"));
+    Ok(AgentPolicy {
+        agent: bcm_core::agentless::AgentMode::parse(&agent).ok_or_else(|| bad("agent mode"))?,
+        unattested_release: bcm_core::agentless::UnattestedRelease::parse(&unattested)
+            .ok_or_else(|| bad("unattested release"))?,
+    })
 }
 
 /// Whether a pool accepts `diag.dcgm` answering `unsupported`.

@@ -63,6 +63,9 @@ pub enum Fault {
     /// but the answer is lost (a retryable failure): the machine booted,
     /// and the retry must not assume it did not.
     PowerAnswerLost,
+    /// The BMC offers no drive erase (no `#Drive.SecureErase`): an
+    /// agentless machine's release cannot be attested.
+    BmcNoErase,
 }
 
 /// Settings of the simulated site.

@@ -4,10 +4,10 @@
 use bcm_bus::consumer::{ConsumerSpec, Disposition, Handler, Incoming};
 use bcm_bus::subjects::StreamKind;
 use bcm_bus::Bus;
-use bcm_contracts::commands::{BootDevice, BootDeviceParams, Command, Family};
+use bcm_contracts::commands::{BootDevice, BootDeviceParams, Command, Family, MediaAction};
 use bcm_contracts::outputs::{
-    BootEntryCleared, BootEntryStored, BootOverride, OobInventory, PowerChanged, PowerRead,
-    Verified,
+    BootEntryCleared, BootEntryStored, BootOverride, DiskEraseReport, DriveErase, MediaReport,
+    OobDrive, OobInventory, PowerChanged, PowerRead, Verified,
 };
 use bcm_contracts::{CloudEvent, CommandEnvelope, CommandKind, CommandResult, Output};
 use bcm_core::PowerAction;
@@ -729,18 +729,67 @@ fn execute_on_machine(
                 manufacturer: Some(format!("Better Compute Sim{pad}")),
                 model: Some("sim-1".to_owned()),
                 serial: Some(format!("SIM{:08X}{pad}", fnv(&address))),
+                cpus: Some(16),
+                memory_gib: Some(64.0),
                 macs: vec![mac_of(&address)],
+                drives: vec![sim_drive(&address)],
                 sim: true,
                 ..Default::default()
             })
         }
         Command::BmcBootDevice(p) => {
             let pxe = p.device == BootDevice::Pxe;
+            let cd = p.device == BootDevice::Cd;
             m.with(&address, |mm| {
                 mm.rec.pxe = pxe;
                 mm.rec.pxe_persistent = pxe && p.persistent;
+                mm.rec.cd = cd;
+                mm.rec.cd_persistent = cd && p.persistent;
             });
             Output::BmcBootDevice(boot_override(p))
+        }
+        Command::BmcVirtualMedia(p) => {
+            let image = match p.action {
+                MediaAction::Insert => match &p.image {
+                    Some(url) => Some(url.clone()),
+                    None => return err(cmd, false, "sim BMC: an insert names no image"),
+                },
+                MediaAction::Eject => None,
+            };
+            m.with(&address, |mm| mm.rec.media = image.clone());
+            Output::BmcVirtualMedia(MediaReport {
+                slot: "sim/VirtualMedia/Cd".to_owned(),
+                inserted: image.is_some(),
+                image,
+                sim: true,
+            })
+        }
+        Command::BmcDiskErase(_) => {
+            if site.faults.has(&address, Fault::BmcNoErase) {
+                Output::BmcDiskErase(DiskEraseReport {
+                    offered: false,
+                    drives: vec![],
+                    reason: Some("sim BMC: no drive offers #Drive.SecureErase (fault)".into()),
+                    sim: true,
+                })
+            } else {
+                m.with(&address, |mm| {
+                    mm.rec.disk = None;
+                    mm.rec.installed = None;
+                });
+                let drive = sim_drive(&address);
+                Output::BmcDiskErase(DiskEraseReport {
+                    offered: true,
+                    drives: vec![DriveErase {
+                        id: drive.id,
+                        serial: drive.serial,
+                        erased: true,
+                        reason: None,
+                    }],
+                    reason: None,
+                    sim: true,
+                })
+            }
         }
         Command::BmcPower(p) => {
             match p.action {
@@ -795,6 +844,20 @@ fn power_off(site: &Arc<Site>, address: &str) {
     });
 }
 
+/// How long a simulated agentless installer runs before it powers off.
+const INSTALLER_MILLIS: u64 = 300;
+
+/// The one drive a simulated machine's BMC reports.
+fn sim_drive(address: &str) -> OobDrive {
+    OobDrive {
+        id: "Disk.Bay.0".to_owned(),
+        capacity_bytes: Some(480_000_000_000),
+        media_type: Some("SSD".to_owned()),
+        protocol: Some("NVMe".to_owned()),
+        serial: Some(format!("SIMD{:08X}", fnv(address))),
+    }
+}
+
 /// Powers a machine on (or resets it) and boots what its boot device says.
 fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
     let stop = shutdown.child_token();
@@ -808,8 +871,18 @@ fn power_on(site: &Arc<Site>, address: &str, shutdown: &CancellationToken) {
         if pxe && !m.rec.pxe_persistent {
             m.rec.pxe = false; // a one-time PXE boot falls back to disk next time
         }
-        let boot = if !pxe {
-            m.rec.disk.is_some().then_some(Booted::Os)
+        let cd = m.rec.cd && m.rec.media.is_some();
+        if m.rec.cd && !m.rec.cd_persistent {
+            m.rec.cd = false;
+        }
+        let boot = if cd {
+            m.rec.media.clone().map(|image| Booted::Installer { image })
+        } else if !pxe {
+            if m.rec.disk.is_some() {
+                Some(Booted::Os)
+            } else {
+                m.rec.installed.is_some().then_some(Booted::AgentlessOs)
+            }
         } else {
             // With a real boot service every PXE boot asks it, as a real
             // machine's firmware does.
@@ -903,6 +976,27 @@ fn start_boot(site: &Arc<Site>, address: &str, boot: Booted, stop: CancellationT
         }
         Booted::Os => {
             tokio::spawn(agent::os(http, faults, machines, address, stop));
+        }
+        Booted::Installer { image } => {
+            // The installer writes its image and powers the machine off:
+            // its hand-off, which the deploy's `wait-installer` sees.
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(INSTALLER_MILLIS + cfg.latency_ms)) => {}
+                }
+                machines.with(&address, |m| {
+                    m.rec.installed = Some(image.clone());
+                    m.rec.power_on = false;
+                    m.rec.booted = None;
+                    m.running = None;
+                });
+                machines.save(&address).await;
+                tracing::info!(%address, %image, "sim machine: the installer wrote its image and powered off");
+            });
+        }
+        Booted::AgentlessOs => {
+            tracing::info!(%address, "sim machine: booted what an agentless installer wrote (no agent runs)");
         }
     }
 }

@@ -57,6 +57,12 @@ pub enum Booted {
     AskBootService { dhcp: std::net::SocketAddr },
     /// The installed OS.
     Os,
+    /// An agentless deploy's installer, booted from the virtual CD: it
+    /// writes `image` to the disk and powers the machine off (its
+    /// hand-off; it runs no agent).
+    Installer { image: String },
+    /// What an agentless installer wrote: an OS that runs no agent.
+    AgentlessOs,
 }
 
 /// One machine as kept.
@@ -70,6 +76,17 @@ pub struct MachineRecord {
     /// The node the control plane knows this machine as.
     pub node: Option<String>,
     pub booted: Option<Booted>,
+    /// The image in the BMC's virtual CD.
+    #[serde(default)]
+    pub media: Option<String>,
+    /// The next boot is from the virtual CD (`cd_persistent`: every boot).
+    #[serde(default)]
+    pub cd: bool,
+    #[serde(default)]
+    pub cd_persistent: bool,
+    /// The image an agentless installer wrote to the disk.
+    #[serde(default)]
+    pub installed: Option<String>,
 }
 
 /// A site command's run, recorded before it runs.

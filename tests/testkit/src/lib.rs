@@ -170,10 +170,12 @@ impl TestEnv {
     }
 
     /// Starts the api on a fresh database and namespace, seeded with
-    /// tenants `a` and `b`, site `s1`, pools `a-pool` and `b-pool`, and the
-    /// deploy profiles `p` v1 (both tenants), `ubuntu-24.04` v1,
-    /// `ubuntu-24.04-gpu-host` v1 and `dedicated-ubuntu` v1 (role
-    /// `dedicated`) of tenant `a`, `b-only` v1 of tenant `b`.
+    /// tenants `a` and `b`, site `s1`, pools `a-pool` and `b-pool`, the
+    /// agentless pool `a-agentless` of tenant `a` (agent mode `none`, an
+    /// unattested release returns to `ready`), and the deploy profiles `p`
+    /// v1 (both tenants), `ubuntu-24.04` v1, `ubuntu-24.04-gpu-host` v1,
+    /// `dedicated-ubuntu` v1 (role `dedicated`) and `talos-iso` v1 (an
+    /// installer ISO) of tenant `a`, `b-only` v1 of tenant `b`.
     pub async fn start_with(opts: Options) -> anyhow::Result<Self> {
         let _ = bcm_telemetry::init("bcm-test", &Default::default());
         let database_url = fresh_database().await?;
@@ -192,13 +194,18 @@ impl TestEnv {
             "sites": [{"id": "s1", "name": "Site 1"}],
             "pools": [
                 {"id": "a-pool", "tenant": "a", "site": "s1", "hardware_profile": "gpu-redfish"},
-                {"id": "b-pool", "tenant": "b", "site": "s1", "hardware_profile": "gpu-redfish"}
+                {"id": "b-pool", "tenant": "b", "site": "s1", "hardware_profile": "gpu-redfish"},
+                {"id": "a-agentless", "tenant": "a", "site": "s1", "hardware_profile": "sim",
+                 "agent_mode": "none", "unattested_release": "ready"}
             ],
             "deploy_profiles": [
                 {"tenant": "a", "profile": sim_profile("p", 1, "host")},
                 {"tenant": "a", "profile": sim_profile("ubuntu-24.04", 1, "host")},
                 {"tenant": "a", "profile": sim_profile("ubuntu-24.04-gpu-host", 1, "host")},
                 {"tenant": "a", "profile": sim_profile("dedicated-ubuntu", 1, "dedicated")},
+                {"tenant": "a", "profile": {"id": "talos-iso", "version": 1, "role": "host",
+                    "image": {"url": "http://images.invalid/talos-amd64.iso", "format": "iso",
+                              "sha256": "7a".repeat(32), "sizeBytes": 100u64 << 20}}},
                 {"tenant": "b", "profile": sim_profile("p", 1, "host")},
                 {"tenant": "b", "profile": sim_profile("b-only", 1, "host")}
             ]
@@ -648,6 +655,25 @@ impl TestEnv {
                 "/api/compute/metal/enroll",
                 Some(&self.admin_token),
                 &json!({"tenantId": "a", "poolId": "a-pool",
+                    "hardwareProfile": "sim", "bmc": {"driver": "sim", "address": format!("sim://{name}"), "username": "admin", "password": "pw"}}),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("enroll {name}: {e}"));
+        assert_eq!(s, 200, "enroll {name}: {b}");
+        b["nodeId"]
+            .as_str()
+            .and_then(|i| i.parse().ok())
+            .unwrap_or_else(|| panic!("enroll {name}: {b}"))
+    }
+
+    /// Enrolls the simulated machine `sim://<name>` in tenant `a`'s pool
+    /// `pool`.
+    pub async fn enroll_sim_in(&self, name: &str, pool: &str) -> NodeId {
+        let (s, b) = self
+            .post(
+                "/api/compute/metal/enroll",
+                Some(&self.admin_token),
+                &json!({"tenantId": "a", "poolId": pool,
                     "hardwareProfile": "sim", "bmc": {"driver": "sim", "address": format!("sim://{name}"), "username": "admin", "password": "pw"}}),
             )
             .await

@@ -8,7 +8,7 @@
 //!
 //! | shape | firmware | what it does |
 //! |---|---|---|
-//! | `dell_idrac9` | iDRAC 9 (15G) | `EthernetInterfaces` empty; NICs only under `NetworkInterfaces` → `NetworkAdapters` → `NetworkDeviceFunctions`, the PXE port last in the collection; virtual media on the system, a USB slot before the CD slot; an occupied slot refuses `InsertMedia` |
+//! | `dell_idrac9` | iDRAC 9 (15G) | `EthernetInterfaces` empty; NICs only under `NetworkInterfaces` → `NetworkAdapters` → `NetworkDeviceFunctions`, the PXE port last in the collection; virtual media on the system, a USB slot before the CD slot; an occupied slot refuses `InsertMedia`; its drives offer `#Drive.SecureErase`, answered with a `Task` that runs before it completes (the other shapes offer no drive erase) |
 //! | `hpe_ilo5` | iLO 5 (Gen10 Plus) | `Oem.Hpe` root; `NetworkInterfaces` empty, adapters under the chassis; links end in `/`; a PATCH without `If-Match` is `428`; virtual media only under the manager (`Links.ManagedBy`), an empty slot's `Image` is `""` |
 //! | `supermicro_x13` | X13 BMC | a boot PATCH that omits `BootSourceOverrideMode` resets the mode to `Legacy`; drives under a backplane's storage; virtual media under the manager, `EjectMedia` listed only while inserted |
 //! | `lenovo_xcc` | XCC (SR670 V2) | `BootSourceOverrideMode` allows `UEFI` only; PATCH needs `If-Match`; virtual media slots without actions (PATCHed) |
@@ -258,6 +258,16 @@ fn route(
             "The request requires authentication.",
         );
     }
+    if *method == Method::GET && path.starts_with("/redfish/v1/TaskService/Tasks/") {
+        if let Some(t) = st.tree.get_mut(path) {
+            let left = t["Oem"]["Sim"]["PollsLeft"].as_u64().unwrap_or(0);
+            if left == 0 {
+                t["TaskState"] = json!("Completed");
+            } else {
+                t["Oem"]["Sim"]["PollsLeft"] = json!(left - 1);
+            }
+        }
+    }
     match *method {
         Method::GET => match st.tree.get(path) {
             Some(v) => {
@@ -336,6 +346,9 @@ fn route(
         }
         Method::POST => {
             st.actions.push((path.to_owned(), json_body()));
+            if let Some(drive) = path.strip_suffix("/Actions/Drive.SecureErase") {
+                return secure_erase(st, drive);
+            }
             if let Some(slot) = path.strip_suffix("/Actions/VirtualMedia.InsertMedia") {
                 return insert_media(st, slot, &json_body());
             }
@@ -402,6 +415,36 @@ fn insert_media(st: &mut State, slot: &str, body: &Value) -> Response {
     }
     *st.etags.entry(slot.to_owned()).or_insert(1) += 1;
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// `Drive.SecureErase`: accepted with a `Task` (iDRAC's job), which reads
+/// `Running` once and then `Completed`; the drive is marked erased.
+fn secure_erase(st: &mut State, drive: &str) -> Response {
+    if !st.tree.contains_key(drive) {
+        return error(StatusCode::NOT_FOUND, "No such drive.");
+    }
+    let id = st
+        .tree
+        .keys()
+        .filter(|k| k.starts_with("/redfish/v1/TaskService/Tasks/"))
+        .count()
+        + 1;
+    let task = format!("/redfish/v1/TaskService/Tasks/JID_{id}");
+    let body = json!({"@odata.id": task, "Id": format!("JID_{id}"), "TaskState": "Running",
+                      "Oem": {"Sim": {"Drive": drive, "PollsLeft": 1}}});
+    st.tree.insert(task.clone(), body.clone());
+    if let Some(d) = st.tree.get_mut(drive) {
+        d["Oem"]["Sim"]["Erased"] = json!(true);
+    }
+    (
+        StatusCode::ACCEPTED,
+        [
+            ("Content-Type", "application/json"),
+            ("Location", task.as_str()),
+        ],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 fn eject_media(st: &mut State, slot: &str) -> Response {
@@ -606,6 +649,22 @@ impl Tree {
         self.put(manager, json!({"Id": "1", "VirtualMedia": l}));
     }
 
+    /// The drives of the storage controller `p` offer `#Drive.SecureErase`.
+    fn erasable(&mut self, p: &str) {
+        let drives: Vec<String> = self
+            .t
+            .keys()
+            .filter(|k| k.starts_with(&format!("{p}/Drives/")))
+            .cloned()
+            .collect();
+        for d in drives {
+            let target = format!("{d}/Actions/Drive.SecureErase");
+            if let Some(v) = self.t.get_mut(&d) {
+                v["Actions"] = json!({"#Drive.SecureErase": {"target": target}});
+            }
+        }
+    }
+
     /// One storage controller with drives of these sizes.
     fn storage(&mut self, p: &str, drives: &[u64]) {
         let members: Vec<String> = (0..drives.len())
@@ -686,6 +745,7 @@ pub fn dell_idrac9() -> Shape {
         &format!("{sys}/Storage/RAID.SL.3-1"),
         &[1_920_383_410_176, 1_920_383_410_176],
     );
+    t.erasable(&format!("{sys}/Storage/RAID.SL.3-1"));
     let media = format!("{sys}/VirtualMedia");
     t.system_media(sys, &media);
     t.media(

@@ -15,7 +15,7 @@ fn every_workflow_state_has_its_profile() {
         Retiring,
     ]
     .into_iter()
-    .map(|s| metal_profile_for(s, false, WipeMode::Quick).map(|p| p.id))
+    .map(|s| metal_profile_for(s, false, WipeMode::Quick, AgentMode::Bcd).map(|p| p.id))
     .collect();
     assert_eq!(
         ids,
@@ -30,21 +30,95 @@ fn every_workflow_state_has_its_profile() {
         .map(|s| Some(s.to_owned()))
     );
     assert_eq!(
-        metal_profile_for(Rescue, true, WipeMode::Quick).map(|p| p.id),
+        metal_profile_for(Rescue, true, WipeMode::Quick, AgentMode::Bcd).map(|p| p.id),
         Some("metal-unrescue".into())
     );
     for s in [Ready, Deployed, Failed, Retired, Deploying, Adopted] {
         assert!(
-            metal_profile_for(s, false, WipeMode::Quick).is_none(),
+            metal_profile_for(s, false, WipeMode::Quick, AgentMode::Bcd).is_none(),
             "{s}"
         );
     }
 }
 
 #[test]
+fn an_agentless_pool_runs_out_of_band_profiles_only() {
+    use ProvisionState::*;
+    let agentless = |s, unrescue| metal_profile_for(s, unrescue, WipeMode::Quick, AgentMode::None);
+    let ids: Vec<_> = [Enrolling, Inspecting, Commissioning, Releasing, Retiring]
+        .into_iter()
+        .map(|s| agentless(s, false).map(|p| p.id))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "metal-enroll",
+            "metal-inspect-oob",
+            "metal-commission-oob",
+            "metal-release-oob",
+            "metal-retire-oob"
+        ]
+        .map(|s| Some(s.to_owned()))
+    );
+    // Nothing boots an agent: no rescue at all.
+    assert!(agentless(Rescue, false).is_none());
+    assert!(agentless(Rescue, true).is_none());
+    let mut profiles: Vec<Profile> = [Enrolling, Inspecting, Commissioning, Releasing, Retiring]
+        .into_iter()
+        .filter_map(|s| agentless(s, false))
+        .collect();
+    profiles.push(tenant_deploy_for("t", 1, AgentMode::None));
+    for p in &profiles {
+        for s in p.steps.iter().chain(&p.cleanup) {
+            assert!(
+                !matches!(s.kind.target(), StepTarget::Ramdisk | StepTarget::Node)
+                    && !matches!(s.kind, StepKind::BootEntrySet | StepKind::WaitRamdiskJoin),
+                "{}: {} needs an agent or a network boot",
+                p.id,
+                s.name
+            );
+        }
+    }
+    // Retire's erase is required; a release's is judged after.
+    let erase = |p: Profile| {
+        p.steps.into_iter().find_map(|s| match s.kind {
+            StepKind::BmcErase { mode, required } => Some((mode, required, s.retry)),
+            _ => None,
+        })
+    };
+    assert_eq!(
+        erase(agentless(Retiring, false).expect("retire")),
+        Some((WipeMode::CryptoErase, true, RetryPolicy::ONCE))
+    );
+    assert_eq!(
+        erase(agentless(Releasing, false).expect("release")),
+        Some((WipeMode::Quick, false, RetryPolicy::ONCE))
+    );
+    // The deploy hands the machine to the installer and takes it back
+    // when the installer powers it off.
+    let deploy: Vec<_> = tenant_deploy_for("t", 1, AgentMode::None)
+        .steps
+        .into_iter()
+        .map(|s| s.kind.command_kind())
+        .collect();
+    assert_eq!(
+        deploy,
+        [
+            "bmc.virtualMedia",
+            "bmc.bootDevice",
+            "bmc.power",
+            "bmc.powerStatus",
+            "bmc.virtualMedia",
+            "bmc.bootDevice",
+            "bmc.power"
+        ]
+    );
+}
+
+#[test]
 fn commissioning_wipes_as_the_pool_says() {
     let wipes = |m| {
-        metal_profile_for(ProvisionState::Commissioning, false, m)
+        metal_profile_for(ProvisionState::Commissioning, false, m, AgentMode::Bcd)
             .expect("a profile")
             .steps
             .into_iter()

@@ -65,6 +65,7 @@ pub async fn tenancy(db: &Db) -> (TenantId, SiteId, PoolId) {
             release_wipe: "quick".into(),
             commission_wipe: "quick".into(),
             adopt_acceptance: None,
+            unattested_release: "failed".into(),
         },
     )
     .await
