@@ -9,6 +9,8 @@
 #     NATS, the test driver and sushy-emulator share its loopback;
 #   - virtlogd + libvirtd started by hand (no systemd), the `default` libvirt
 #     network left stopped;
+#   - the libvirt storage pool `bcme2e` (DIR/run/pool), where sushy-tools'
+#     libvirt driver uploads virtual media;
 #   - sushy-emulator (libvirt driver, basic auth admin/e2e-password) on
 #     127.0.0.1:8000 inside bcme2e-ctl (libvirt's unix socket is reachable
 #     from any netns), through tests/peers/sushy_accounts.py (+AccountService);
@@ -24,6 +26,7 @@ LAN=bcme2e-lan DHCP=bcme2e-dhcp CTL=bcme2e-ctl
 MARK="bcm-e2e-lab"                       # <description> of every domain vm.sh defines
 LAST=/run/bcme2e-lab.dir
 SUSHY_PORT=8000 SUSHY_USER=admin SUSHY_PASSWORD=e2e-password
+POOL=bcme2e                              # libvirt storage pool for virtual media
 venv="$root/.bcm/venv-sushy"
 VIRSH=(virsh -q -c qemu:///system)
 
@@ -86,6 +89,10 @@ down() {
     if [ -n "$qpid" ] && alive "$qpid" && grep -q "guest=$d," "/proc/$qpid/cmdline"; then kill -9 "$qpid"; fi
   done
   rm -f "$dir/run/domains"
+  if libvirt_up; then
+    "${VIRSH[@]}" pool-destroy "$POOL" >/dev/null 2>&1 || true
+    "${VIRSH[@]}" pool-undefine "$POOL" >/dev/null 2>&1 || true
+  fi
   stop libvirtd libvirtd
   stop virtlogd virtlogd
   stop dnsmasq dnsmasq
@@ -165,6 +172,13 @@ EOF
   log "libvirtd answered (QEMU probed) after $((SECONDS - t1)) s"
   for d in $(our_domains); do "${VIRSH[@]}" destroy "$d" >/dev/null 2>&1 || true
     "${VIRSH[@]}" undefine --nvram "$d" >/dev/null 2>&1 || true; done
+  # Where sushy-tools' libvirt driver uploads a virtual media image: a pool
+  # of the lab's own (never the host's `default`).
+  "${VIRSH[@]}" pool-destroy "$POOL" >/dev/null 2>&1 || true
+  "${VIRSH[@]}" pool-undefine "$POOL" >/dev/null 2>&1 || true
+  mkdir -p "$dir/run/pool"
+  "${VIRSH[@]}" pool-define-as "$POOL" dir --target "$dir/run/pool" >/dev/null
+  "${VIRSH[@]}" pool-start "$POOL" >/dev/null
 
   # sushy-emulator (libvirt driver, basic auth), inside bcme2e-ctl.
   # bcrypt at 4 rounds: sushy checks the hash on every request (0.3 s at 12).
@@ -176,6 +190,7 @@ SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'
 SUSHY_EMULATOR_LISTEN_PORT = $SUSHY_PORT
 SUSHY_EMULATOR_LIBVIRT_URI = 'qemu:///system'
 SUSHY_EMULATOR_IGNORE_BOOT_DEVICE = False
+SUSHY_EMULATOR_STORAGE_POOL = '$POOL'
 SUSHY_EMULATOR_STATE_DIR = '$dir/run/sushy-state'
 SUSHY_EMULATOR_AUTH_FILE = '$dir/run/sushy.htpasswd'
 # A PATCH with BootSourceOverrideMode rewrites <loader>/<nvram> from these:

@@ -8,6 +8,12 @@
 # turned read-only before a release, and the UEFI VM's disk swapped for
 # another (another serial) before a release, must each end in `failed` with
 # UNVERIFIED_WIPE (the second naming the recorded disk that did not report).
+# Beside them an agentless machine (pool agentMode none, BIOS) goes the same
+# way through its BMC alone: out-of-band inspection, an installer ISO
+# inserted as sushy-tools' virtual media and booted once, which writes the
+# OS and powers the machine off, the eject and the disk boot into what it
+# wrote; its release cannot be attested (sushy-tools offers no drive erase),
+# so it publishes node.release.unverified and the pool's policy returns it.
 #
 #   tests/e2e/run.sh [DIR]      (root; default DIR .bcm/e2e/<time>)
 #
@@ -16,7 +22,8 @@
 # sushy-tools, events, the API's node records) in DIR/logs. Everything it
 # started is stopped and every namespace deleted, also on failure.
 # E2E_FIRMWARE="uefi bios" picks the VMs; E2E_NEGATIVE=0 skips the
-# negative run; E2E_KEEP=1 leaves the lab up.
+# negative run; E2E_AGENTLESS=0 the agentless machine; E2E_KEEP=1 leaves the
+# lab up.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -30,6 +37,8 @@ IP=10.78.0.3
 API="https://$IP:8080"
 TOKEN="e2e-admin-token-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 FIRMWARE="${E2E_FIRMWARE:-uefi bios}"
+AGENTLESS="${E2E_AGENTLESS:-1}"
+ISO_PORT=8099                  # the installer ISO's server, on the control namespace's loopback
 T0=$(date +%s.%N)
 phase_name=""
 
@@ -157,6 +166,11 @@ images() {
   # the BIOS machine gets one, the UEFI machine the other.
   qemu-img convert -f raw -O qcow2 "$dir/img/os.raw" "$dir/img/os.qcow2"
   local f
+  # The agentless machine's installer: an ISO that writes os.raw and
+  # powers off; its sha256 and size go into the profile.
+  local iso; iso=$("$here/installer-iso.sh" "$dir/ramdisk" "$dir/img/os.raw" "$dir/iso")
+  ISO_SHA256=${iso% *} ISO_SIZE=${iso#* }
+  say "  installer ISO: sha256 $ISO_SHA256, $ISO_SIZE bytes"
   for f in raw qcow2; do
     ctl image sign --key-file "$dir/img/publisher.key" --url "http://$IP:8081/images/os/e2e-os.$f" \
       --format "$f" "$dir/img/os.$f" > "$dir/img/os.$f.ref.json"
@@ -209,6 +223,19 @@ accept_unsupported_diag = true
 [[api.seed.deploy_profiles]]
 tenant = "root"
 profile = { id = "e2e-os-raw", version = 1, role = "host", image = $(toml_ref raw) }
+[api.hardware_profiles.qemu-oob]
+description = "QEMU behind sushy-tools' Redfish, nothing in band: virtual media, no agent"
+drivers = { power = "redfish", management = "redfish", boot = "none", deploy = "none", inspect = "none" }
+[[api.seed.pools]]
+id = "e2e-oob"
+tenant = "root"
+site = "lab"
+hardware_profile = "qemu-oob"
+agent_mode = "none"
+unattested_release = "ready"
+[[api.seed.deploy_profiles]]
+tenant = "root"
+profile = { id = "e2e-installer", version = 1, role = "host", image = { url = "http://127.0.0.1:$ISO_PORT/installer.iso", format = "iso", sha256 = "$ISO_SHA256", sizeBytes = $ISO_SIZE } }
 [engine]
 control_plane_url = "$API"
 [reconciler]
@@ -261,6 +288,8 @@ control_plane_up() {
     "$root/target/debug/bcm" --services api,relay,workflow,reconciler,attestation
   start bmc "$root/target/debug/bcm-bmc" --config "$dir/run/bmc.toml"
   start boot "$root/target/debug/bcm-boot" --config "$dir/run/boot.toml"
+  # The installer ISO, where sushy-tools (on this loopback) fetches it.
+  start iso python3 -m http.server "$ISO_PORT" --bind 127.0.0.1 --directory "$dir/iso"
   for _ in $(seq 1 120); do
     in_ctl curl -fsS --cacert "$dir/tls/ca.crt" "$API/healthz" >/dev/null 2>&1 && return 0
     sleep 0.5
@@ -299,7 +328,13 @@ define_vms() {
     echo "$mac" > "$dir/run/mac-$name"
     i=$((i + 1))
   done
-  say "  defined: $FIRMWARE"
+  if [ "$AGENTLESS" = 1 ]; then
+    local mac=52:54:00:78:00:10
+    "$here/vm.sh" disk "$dir/img/e2e-oob.qcow2" 2G >/dev/null
+    "$here/vm.sh" define "$lab" e2e-oob bios "$mac" tap2 "$dir/img/e2e-oob.qcow2" >/dev/null
+    echo "$mac" > "$dir/run/mac-e2e-oob"
+  fi
+  say "  defined: $FIRMWARE$([ "$AGENTLESS" = 1 ] && echo " oob")"
 }
 
 # disk_raw NAME OUT: the VM's disk as the host reads it.
@@ -308,8 +343,8 @@ disk_raw() { qemu-img convert -U -f qcow2 -O raw "$dir/img/$1.qcow2" "$2"; }
 # No driver named: the pool's hardware profile (qemu-virtio, from the
 # configuration) binds Redfish.
 enroll() {
-  local name=$1 uuid view; uuid=$(virsh -q -c qemu:///system domuuid "$name")
-  view=$(ctl -o json enroll --pool e2e \
+  local name=$1 pool=${2:-e2e} uuid view; uuid=$(virsh -q -c qemu:///system domuuid "$name")
+  view=$(ctl -o json enroll --pool "$pool" \
     --address "http://127.0.0.1:8000/redfish/v1/Systems/$uuid" \
     --username admin --password e2e-password)
   jq -e '.bmc.driver == "redfish"' <<<"$view" >/dev/null \
@@ -455,6 +490,55 @@ scenario() {
   check_attested "$name"
 }
 
+# The agentless machine: no ramdisk, no agent, nothing signed. Its BMC
+# (sushy-tools, libvirt) inspects it, the deploy inserts the installer ISO
+# as virtual media and boots it once; the installer writes the OS image and
+# powers off, and the machine then boots from disk what it wrote. The
+# release has no attested erase: node.release.unverified, and the pool's
+# policy (ready) returns it.
+agentless() {
+  local name=e2e-oob node serial="$lab/logs/e2e-oob.serial"
+  enroll "$name" e2e-oob; node=$(cat "$dir/run/node-$name")
+  wait_state "$name" "$node" ready 600
+  local kinds
+  kinds=$(psql_ctl -At -c "SELECT string_agg(DISTINCT kind, ' ' ORDER BY kind) FROM commands WHERE node_id = '$node'")
+  say "  $name: commands so far: $kinds"
+  if grep -Eq 'inventory|disk\.wipe|diag\.dcgm|bootEntry' <<<"$kinds"; then
+    echo "an agentless node was sent an agent or network-boot command: $kinds" >&2; return 1
+  fi
+  ctl deploy "$node" --profile e2e-installer --profile-version 1 >/dev/null
+  wait_state "$name" "$node" deployed 900
+  grep -q "bcm-installer: wrote the OS image $(sha256sum < "$dir/img/os.raw" | cut -d' ' -f1)" "$serial" \
+    || { echo "the installer did not write the image (logs/lab/e2e-oob.serial)" >&2; return 1; }
+  # Then the disk boot: the image's syslinux and kernel come up from disk
+  # (no join on its command line, no seed: nothing to do).
+  local i
+  for i in $(seq 1 120); do
+    sed -n '/bcm-installer: wrote/,$p' "$serial" | grep -q "nothing to do" && break
+    sleep 2
+  done
+  sed -n '/bcm-installer: wrote/,$p' "$serial" | grep -q "nothing to do" \
+    || { echo "the machine did not boot what the installer wrote (logs/lab/e2e-oob.serial)" >&2; return 1; }
+  local part_offset part_size size raw="$dir/img/$name.check.raw"
+  # shellcheck disable=SC1091
+  . "$dir/img/os.layout"
+  disk_raw "$name" "$raw"
+  cmp -n "$size" "$dir/img/os.raw" "$raw" \
+    || { echo "the disk is not the image the installer wrote" >&2; return 1; }
+  rm -f "$raw"
+  local media
+  media=$(psql_ctl -At -c "SELECT string_agg(params->>'action', ' ' ORDER BY created_at) FROM commands WHERE node_id = '$node' AND kind = 'bmc.virtualMedia' AND status = 'succeeded'")
+  say "  $name: installed through virtual media ($media), booted from disk"
+  ctl undeploy "$node" >/dev/null
+  wait_state "$name" "$node" ready 600
+  check_events "$name" $SEQ_POSITIVE
+  local unverified
+  unverified=$(jq -c 'select(.type == "node.release.unverified") | .data | {outcome, reason}' "$dir/logs/events-$name.jsonl")
+  say "  $name: $unverified"
+  [ "$(wc -l <<<"$unverified")" = 1 ] && jq -e '.outcome == "ready"' <<<"$unverified" >/dev/null \
+    || { echo "want exactly one node.release.unverified (outcome ready): $unverified" >&2; return 1; }
+}
+
 # The negative run: the disk turns read-only under a deployed machine; the
 # release's wipe cannot take effect and must not reach ready.
 negative() {
@@ -509,6 +593,10 @@ scenarios() {
     ( scenario "e2e-$fw" ) > >(sed -u "s/^/[$fw] /") 2>&1 &
     pids+=($!); fws[$!]=$fw
   done
+  if [ "$AGENTLESS" = 1 ]; then
+    ( agentless ) > >(sed -u "s/^/[oob] /") 2>&1 &
+    pids+=($!); fws[$!]=oob
+  fi
   # The first failure stops the other machines' runs: no waiting out their
   # timeouts.
   local left=("${pids[@]}") done_pid rc p
@@ -560,7 +648,7 @@ publish_profiles() {
 }
 phase "catalog image registered and pre-warmed at the site; deploy profile published through the API; hardware profiles" publish_profiles
 phase "define VMs" define_vms
-phase "scenario: enroll → ready → deploy → release → ready ($FIRMWARE)" scenarios
+phase "scenario: enroll → ready → deploy → release → ready ($FIRMWARE$([ "$AGENTLESS" = 1 ] && echo ", agentless oob"))" scenarios
 if [ "${E2E_NEGATIVE:-1}" = 1 ]; then
   neg=e2e-bios; grep -qw bios <<<"$FIRMWARE" || neg="e2e-$(awk '{print $1}' <<<"$FIRMWARE")"
   swap=$(tr ' ' '\n' <<<"$FIRMWARE" | grep -vx "${neg#e2e-}" | head -n1 || true)

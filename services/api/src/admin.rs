@@ -82,6 +82,12 @@ pub struct PoolRequest {
     /// `ACCEPTANCE:` error naming what it lacks.
     #[serde(default, deserialize_with = "object_only")]
     pub adopt_acceptance: Option<bcm_core::reconcile::AdoptAcceptance>,
+    /// How many dedicated-root leases (deploys of a `dedicated` profile)
+    /// the pool holds at once; absent: no limit, `0`: none. A deploy past
+    /// it is refused (`node.tenant-root.refused`, with the reason).
+    #[serde(default, deserialize_with = "crate::whole_number::optional")]
+    #[schema(minimum = 0, maximum = 1000000)]
+    pub max_dedicated_leases: Option<u32>,
 }
 
 /// An optional JSON object field: serde would also read a struct from an
@@ -203,6 +209,9 @@ pub struct PoolView {
     /// Absent: any machine whose agent joins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopt_acceptance: Option<bcm_core::reconcile::AdoptAcceptance>,
+    /// Absent: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_dedicated_leases: Option<u32>,
     pub quorum: PoolQuorum,
 }
 
@@ -234,6 +243,7 @@ impl PoolView {
             accept_unsupported_diag: p.accept_unsupported_diag,
             deploy_profiles: p.deploy_profiles,
             adopt_acceptance: p.adopt_acceptance,
+            max_dedicated_leases: None,
         })
     }
 }
@@ -242,7 +252,11 @@ async fn pool_view(app: &AppState, p: bcm_db::tenancy::Pool) -> Result<PoolView,
     let mut tx = app.inner.db.begin().await?;
     let q = bcm_db::batches::pool_policy_in_txn(&mut tx, p.id.as_str()).await?;
     tx.rollback().await.map_err(bcm_db::DbError::from)?;
-    PoolView::from_parts(p, q)
+    let max = bcm_db::tenant_leases::pool_max_leases(&app.inner.db, p.id.as_str()).await?;
+    Ok(PoolView {
+        max_dedicated_leases: max,
+        ..PoolView::from_parts(p, q)?
+    })
 }
 
 /// `GET /api/compute/admin/pools/{id}`.
@@ -505,6 +519,9 @@ pub async fn put_pool(
     who.require_admin()?;
     let id = parse::<PoolId>(&id)?;
     let agent_mode = req.agent_mode.unwrap_or(AgentMode::Bcd).as_str().to_owned();
+    if req.max_dedicated_leases.is_some_and(|m| m > 1_000_000) {
+        return Err(ApiError::invalid("maxDedicatedLeases must be 0 to 1000000"));
+    }
     if let Some(q) = &req.quorum {
         if !(1..=16).contains(&q.required) {
             return Err(ApiError::invalid("quorum.required must be 1 to 16"));
@@ -547,6 +564,12 @@ pub async fn put_pool(
             ),
             other => other.into(),
         })?;
+    bcm_db::tenant_leases::pool_set_max_leases(
+        &app.inner.db,
+        pool.id.as_str(),
+        req.max_dedicated_leases,
+    )
+    .await?;
     if let Some(q) = req.quorum {
         bcm_db::batches::pool_policy_set(
             &app.inner.db,

@@ -13,7 +13,9 @@ pub mod downloads;
 pub mod error;
 pub mod extract;
 pub mod images;
+
 pub mod join_tokens;
+pub mod leases;
 pub mod limits;
 pub mod openapi;
 pub mod profiles;
@@ -358,6 +360,10 @@ pub struct SeedPool {
     /// Adoption's acceptance checks.
     #[serde(default)]
     pub adopt_acceptance: Option<bcm_core::reconcile::AdoptAcceptance>,
+    /// How many dedicated-root leases the pool holds at once (absent: no
+    /// limit).
+    #[serde(default)]
+    pub max_dedicated_leases: Option<u32>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -530,6 +536,7 @@ pub fn router(state: AppState) -> Router {
             get(profiles::get),
         )
         .route("/api/compute/images", post(images::register).get(images::list))
+        .route("/api/compute/metal/leases", get(leases::list))
         .route("/api/compute/images/{tenant_id}/{name}", get(images::get))
         .route(
             "/api/compute/images/{tenant_id}/{name}/prewarm",
@@ -682,6 +689,8 @@ async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {
         admin::check_pool_policy(&pool)
             .map_err(|e| StartError::Config(format!("seed: pool {}: {}", p.id, e.message)))?;
         bcm_db::tenancy::pool_upsert(db, &pool).await?;
+        bcm_db::tenant_leases::pool_set_max_leases(db, pool.id.as_str(), p.max_dedicated_leases)
+            .await?;
     }
     for d in &seed.deploy_profiles {
         let p = &d.profile;

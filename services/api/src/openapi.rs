@@ -139,6 +139,7 @@ impl Modify for OperationIdsAndLinks {
         agent::join, agent::heartbeat, agent::commands, agent::results,
         profiles::publish, profiles::list, profiles::get,
         images::register, images::list, images::get, images::prewarm,
+        crate::leases::list,
         downloads::list, downloads::get,
     ),
     components(schemas(crate::error::ApiErrorBody)),

@@ -605,25 +605,51 @@ async fn run_verb(
                         ),
                     ));
                 }
+                if definition.role == bcm_core::deploy::DeployRole::Dedicated {
+                    // A dedicated-root lease is asked for: the pool's policy
+                    // and capacity decide; a refusal is recorded (and
+                    // announced) with its reason, and the node is left as
+                    // it was.
+                    let (held, max) = bcm_db::tenant_leases::pool_open_leases_in_txn(
+                        &mut tx,
+                        node.pool_id.as_str(),
+                    )
+                    .await?;
+                    if let Err((code, why)) =
+                        bcm_core::dedicated::admit(node.pool_id.as_str(), max, held)
+                    {
+                        bcm_metal::tenant_root::refuse_in_txn(
+                            &mut tx,
+                            s,
+                            &node,
+                            &format!("{profile_id}@{profile_version}"),
+                            &why,
+                            Some(&who.name),
+                        )
+                        .await?;
+                        tx.commit().await.map_err(bcm_db::DbError::from)?;
+                        return Err(ApiError::new(
+                            code,
+                            format!(
+                                "the dedicated-root lease of node {} is refused: {why}",
+                                node.id
+                            ),
+                        ));
+                    }
+                }
                 next.deploy_profile = Some(definition);
             }
             Extra::Release { wipe } => {
-                let wipe = match wipe {
-                    Some(w) => w,
-                    None => {
-                        let policy = bcm_db::tenancy::pool_verb_policy_in_txn(
-                            &mut tx,
-                            node.pool_id.as_str(),
-                        )
+                let policy =
+                    bcm_db::tenancy::pool_verb_policy_in_txn(&mut tx, node.pool_id.as_str())
                         .await?;
-                        WipeMode::parse(&policy.release_wipe).ok_or_else(|| {
-                            ApiError::internal(format!(
-                                "pool {} has a bad release wipe",
-                                node.pool_id
-                            ))
-                        })?
-                    }
-                };
+                let pool_wipe = WipeMode::parse(&policy.release_wipe).ok_or_else(|| {
+                    ApiError::internal(format!("pool {} has a bad release wipe", node.pool_id))
+                })?;
+                // A dedicated node's tenant was root: never a quick wipe.
+                let role = node.deploy_profile.as_ref().map(|p| p.role);
+                let wipe = bcm_core::dedicated::release_wipe(role, wipe, pool_wipe)
+                    .map_err(|why| ApiError::new(ErrorCode::InvalidArgument, why))?;
                 next.release_wipe = Some(wipe);
             }
             Extra::Abort { reason } => {

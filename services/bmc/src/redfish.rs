@@ -1260,21 +1260,20 @@ impl Redfish {
     pub async fn erase_drives(&self) -> Result<bcm_contracts::outputs::DiskEraseReport, BmcError> {
         use bcm_contracts::outputs::{DiskEraseReport, DriveErase};
         let sys = self.system().await?;
-        let mut drives: Vec<(String, Drive)> = vec![];
-        if let Some(link) = &sys.storage {
-            for controller in self.members(&link.id).await? {
-                let Some(storage) = self.get_optional::<Storage>(&controller.id).await? else {
-                    continue;
-                };
-                for d in storage.drives {
-                    if let Some(drive) = self.get_optional::<Drive>(&d.id).await? {
-                        if drive.summary(&d.id).is_some() {
-                            drives.push((d.id.clone(), drive));
-                        }
-                    }
-                }
+        // Nothing is sent until every drive is known: a Storage tree the
+        // BMC cannot serve (sushy-tools without storage configured answers
+        // 500) is a BMC that offers no erase, said with the reason.
+        let drives = match self.erasable_drives(&sys).await {
+            Ok(d) => d,
+            Err(e) => {
+                return Ok(DiskEraseReport {
+                    offered: false,
+                    drives: vec![],
+                    reason: Some(format!("the BMC's Storage cannot be read: {e}")),
+                    sim: false,
+                })
             }
-        }
+        };
         if !drives.iter().any(|(_, d)| d.actions.secure_erase.is_some()) {
             return Ok(DiskEraseReport {
                 offered: false,
@@ -1319,6 +1318,30 @@ impl Redfish {
             reason: None,
             sim: false,
         })
+    }
+
+    /// The present drives of the system's `Storage`, with their paths.
+    async fn erasable_drives(
+        &self,
+        sys: &ComputerSystem,
+    ) -> Result<Vec<(String, Drive)>, BmcError> {
+        let mut drives = vec![];
+        let Some(link) = &sys.storage else {
+            return Ok(drives);
+        };
+        for controller in self.members(&link.id).await? {
+            let Some(storage) = self.get_optional::<Storage>(&controller.id).await? else {
+                continue;
+            };
+            for d in storage.drives {
+                if let Some(drive) = self.get_optional::<Drive>(&d.id).await? {
+                    if drive.summary(&d.id).is_some() {
+                        drives.push((d.id.clone(), drive));
+                    }
+                }
+            }
+        }
+        Ok(drives)
     }
 
     /// One `#Drive.SecureErase`, followed to its end when the BMC answers

@@ -298,3 +298,31 @@ async fn a_mode_the_bmc_does_not_allow_is_unsupported_and_patches_nothing() {
     assert!(sim.patches().is_empty(), "{:?}", sim.patches());
     d.close().await;
 }
+
+/// A BMC whose `Storage` it cannot serve (sushy-tools without storage
+/// answers 500; here the collection is gone) offers no erase: the report
+/// says why and no erase is sent, even where the drives had the action.
+#[tokio::test]
+async fn a_storage_tree_the_bmc_cannot_serve_offers_no_erase_and_sends_nothing() {
+    let mut shape = vendor_sim::dell_idrac9();
+    let storage = format!("{}/Storage", shape.system_path);
+    shape.tree.remove(&storage);
+    let sim = VendorSim::start(shape).await;
+    let d = open(&sim, PASSWORD);
+    let erase = d.erase_drives().await.expect("a report, not an error");
+    assert!(!erase.offered, "{erase:?}");
+    assert!(
+        erase
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("Storage cannot be read"),
+        "{erase:?}"
+    );
+    assert!(
+        sim.actions()
+            .iter()
+            .all(|(target, _)| !target.ends_with("Drive.SecureErase")),
+        "nothing sent"
+    );
+}

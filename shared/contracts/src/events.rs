@@ -33,6 +33,9 @@ pub mod types {
     pub const NODE_CREDENTIALS_ROTATION: &str = "node.credentials.rotation";
     /// `node.release.unverified`.
     pub const NODE_RELEASE_UNVERIFIED: &str = "node.release.unverified";
+    /// The prefix of `node.tenant-root.<state>` (`leased`, `bound`,
+    /// `ending`, `refused`).
+    pub const NODE_TENANT_ROOT_PREFIX: &str = "node.tenant-root.";
     /// `node.workflow.stalled`.
     pub const NODE_WORKFLOW_STALLED: &str = "node.workflow.stalled";
     /// `bulk.created`.
@@ -100,6 +103,7 @@ event_types! {
     NodePowerChanged => |_| types::NODE_POWER_CHANGED.to_owned(),
     NodeCredentialsRotation => |_| types::NODE_CREDENTIALS_ROTATION.to_owned(),
     NodeReleaseUnverified => |_| types::NODE_RELEASE_UNVERIFIED.to_owned(),
+    NodeTenantRootLease => |e| format!("{}{}", types::NODE_TENANT_ROOT_PREFIX, e.state),
     WorkflowStalled => |_| types::NODE_WORKFLOW_STALLED.to_owned(),
     WorkflowFinished => |e| types::workflow(e.status),
     StepFinished => |e| types::workflow_step(e.status),
@@ -252,6 +256,27 @@ pub struct NodeReleaseUnverified {
     pub version: i64,
 }
 
+/// `node.tenant-root.<state>`: a dedicated-root lease moved on —
+/// `leased` (a dedicated deploy was admitted), `bound` (the tenant's OS
+/// runs on the node), `ending` (its teardown started), or `refused` (the
+/// pool's policy or capacity said no; `reason` says why, and the node did
+/// not change). Published on the tenant's subject only: another tenant
+/// never sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeTenantRootLease {
+    pub lease_id: String,
+    pub node_id: NodeId,
+    pub tenant_id: TenantId,
+    pub pool_id: PoolId,
+    pub state: bcm_core::dedicated::LeaseState,
+    /// The deploy profile the lease is for, `id@version`.
+    pub deploy_profile: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub version: i64,
+}
+
 /// `workflow.<status>`: a workflow ended (`succeeded`, `failed` or
 /// `cancelled`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -376,6 +401,7 @@ pub enum Event {
     NodePowerChanged(NodePowerChanged),
     NodeCredentialsRotation(NodeCredentialsRotation),
     NodeReleaseUnverified(NodeReleaseUnverified),
+    NodeTenantRootLease(NodeTenantRootLease),
     WorkflowStalled(WorkflowStalled),
     Workflow(WorkflowFinished),
     Step(StepFinished),
@@ -412,6 +438,16 @@ impl Event {
             BULK_APPROVED => Event::BulkApproved(data(ev)?),
             BULK_PROGRESS => Event::BulkProgress(data(ev)?),
             BULK_FINISHED => Event::BulkFinished(data(ev)?),
+            _ if ty.starts_with(NODE_TENANT_ROOT_PREFIX) => {
+                let lease: NodeTenantRootLease = data(ev)?;
+                if ty != format!("{NODE_TENANT_ROOT_PREFIX}{}", lease.state) {
+                    return Err(ContractError::Undecodable {
+                        what: "event",
+                        why: format!("{ty} carries lease state {}", lease.state),
+                    });
+                }
+                Event::NodeTenantRootLease(lease)
+            }
             _ if ty.starts_with(WORKFLOW_STEP_PREFIX) => Event::Step(data(ev)?),
             _ if ty.starts_with(WORKFLOW_PREFIX) => Event::Workflow(data(ev)?),
             _ if ty.starts_with(NODE_PROVISION_PREFIX) => {
@@ -444,6 +480,7 @@ impl Event {
             Event::NodePowerChanged(e) => e.node_id,
             Event::NodeCredentialsRotation(e) => e.node_id,
             Event::NodeReleaseUnverified(e) => e.node_id,
+            Event::NodeTenantRootLease(e) => e.node_id,
             Event::WorkflowStalled(e) => e.node_id,
             Event::Workflow(e) => e.node_id,
             Event::Step(e) => e.node_id,

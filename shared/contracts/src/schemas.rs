@@ -50,6 +50,10 @@ pub fn json_schemas() -> Vec<(&'static str, Value)> {
             s(schema_for!(CloudEvent<NodeReleaseUnverified>)),
         ),
         (
+            "node.tenant-root.lease.json",
+            s(schema_for!(CloudEvent<NodeTenantRootLease>)),
+        ),
+        (
             "node.workflow.stalled.json",
             s(schema_for!(CloudEvent<WorkflowStalled>)),
         ),

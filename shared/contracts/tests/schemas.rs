@@ -562,6 +562,22 @@ fn every_event_validates_against_its_schema_and_round_trips() {
         ),
     ));
     examples.push(holds(
+        "node.tenant-root.lease.json",
+        &ev(
+            "node.tenant-root.bound",
+            NodeTenantRootLease {
+                lease_id: "lease_1".into(),
+                node_id: node(),
+                tenant_id: t.clone(),
+                pool_id: "p".parse().expect("pool"),
+                state: bcm_core::dedicated::LeaseState::Bound,
+                deploy_profile: "dedicated-ubuntu@1".into(),
+                reason: None,
+                version: 7,
+            },
+        ),
+    ));
+    examples.push(holds(
         "node.workflow.stalled.json",
         &ev(
             types::NODE_WORKFLOW_STALLED,

@@ -9,6 +9,7 @@ pub mod agentless;
 pub mod authz;
 pub mod batch;
 pub mod bmc;
+pub mod dedicated;
 pub mod deploy;
 pub mod error;
 pub mod hardware;

@@ -19,6 +19,7 @@ pub mod nodes;
 pub mod outbox;
 pub mod secrets;
 pub mod tenancy;
+pub mod tenant_leases;
 pub mod tokens;
 pub mod workflows;
 

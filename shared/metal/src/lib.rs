@@ -15,4 +15,5 @@ pub mod bmc;
 pub mod identity;
 pub mod moves;
 pub mod outbox;
+pub mod tenant_root;
 pub mod workflows;

@@ -88,6 +88,7 @@ pub async fn commit_in_txn(
         )),
         None => {}
     }
+    rows.extend(crate::tenant_root::on_move_in_txn(tx, subjects, &next, t, actor).await?);
     if follow_up == FollowUp::Reconcile {
         rows.push(outbox::reconcile(subjects, &next, move_name));
     }

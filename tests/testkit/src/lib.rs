@@ -650,20 +650,7 @@ impl TestEnv {
 
     /// Enrolls the simulated machine `sim://<name>` in tenant `a`, pool `a-pool`.
     pub async fn enroll_sim(&self, name: &str) -> NodeId {
-        let (s, b) = self
-            .post(
-                "/api/compute/metal/enroll",
-                Some(&self.admin_token),
-                &json!({"tenantId": "a", "poolId": "a-pool",
-                    "hardwareProfile": "sim", "bmc": {"driver": "sim", "address": format!("sim://{name}"), "username": "admin", "password": "pw"}}),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("enroll {name}: {e}"));
-        assert_eq!(s, 200, "enroll {name}: {b}");
-        b["nodeId"]
-            .as_str()
-            .and_then(|i| i.parse().ok())
-            .unwrap_or_else(|| panic!("enroll {name}: {b}"))
+        self.enroll_sim_in(name, "a-pool").await
     }
 
     /// Enrolls the simulated machine `sim://<name>` in tenant `a`'s pool
