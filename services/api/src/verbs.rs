@@ -665,6 +665,16 @@ async fn run_verb(
             }
             Extra::None | Extra::Power { .. } | Extra::Rotate { .. } => {}
         }
+        // A dedicated node's teardown rotates its BMC password: the new one
+        // is recorded (sealed) now, before anything is sent; one recorded
+        // by an earlier attempt is kept (the BMC may hold it already).
+        if t.to == bcm_core::ProvisionState::Releasing
+            && !agent.is_agentless()
+            && bcm_metal::tenant_root::is_dedicated(&next)
+            && next.bmc_secret_id.is_some()
+        {
+            record_teardown_password(a, &mut tx, &next).await?;
+        }
         // The chain the verb starts runs under a one-node batch of its own
         // (abort's cleanup runs under the batch it stops).
         if let Some(op) = Operation::for_verb(verb).filter(|op| !op.chain().is_empty()) {
@@ -705,6 +715,42 @@ async fn run_verb(
 /// pending beside the current one, and a `bmc.rotateCredentials` command
 /// carrying both (sealed) is queued. An unresolved earlier rotation is
 /// resumed with its pending password instead.
+/// Records a dedicated node's teardown password, sealed for the node,
+/// unless one is recorded already.
+async fn record_teardown_password(
+    a: &crate::Inner,
+    tx: &mut bcm_db::Tx<'_>,
+    node: &Node,
+) -> Result<(), ApiError> {
+    let owner = node.id.to_string();
+    let purpose = bcm_core::dedicated::TEARDOWN_PASSWORD_PURPOSE;
+    if bcm_db::secrets::secret_of_owner_in_txn(tx, &owner, purpose)
+        .await?
+        .is_some()
+    {
+        return Ok(());
+    }
+    // Only the password is new; the bmc service keeps the username.
+    let creds = bcm_seal::BmcCredentials {
+        username: SecretString::from(String::new()),
+        password: bcm_seal::generate_password(16),
+    };
+    let sealed = a.sealer.seal_credentials(&creds, &owner)?;
+    bcm_db::secrets::secret_insert_in_txn(
+        tx,
+        &bcm_db::secrets::SealedSecretRow {
+            id: format!("sec_{}", ulid::Ulid::new().to_string().to_lowercase()),
+            owner,
+            purpose: purpose.to_owned(),
+            key_id: sealed.key_id,
+            nonce: sealed.nonce,
+            ciphertext: sealed.ciphertext,
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 async fn begin_rotation(
     a: &crate::Inner,
     tx: &mut bcm_db::Tx<'_>,

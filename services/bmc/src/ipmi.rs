@@ -292,6 +292,8 @@ impl Ipmi {
             memory_gib: None,
             macs: vec![],
             drives: vec![],
+            bios_version: None,
+            bmc_firmware: field(&info, "Firmware Revision"),
             sim: false,
         })
     }

@@ -142,7 +142,7 @@ impl PluginDriver {
             )));
         }
         match serde_json::from_slice::<PluginResponse>(&answer) {
-            Ok(PluginResponse::Ok(out)) => Ok(out),
+            Ok(PluginResponse::Ok(out)) => Ok(*out),
             Ok(PluginResponse::Error(e)) => Err(self.error(e)),
             Err(e) => Err(self.failed(format!(
                 "{name} answered what the protocol does not allow: {e}"

@@ -122,6 +122,7 @@ struct ComputerSystem {
     links: Option<SystemLinks>,
     processor_summary: Option<ProcessorSummary>,
     memory_summary: Option<MemorySummary>,
+    bios_version: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -724,6 +725,7 @@ impl Redfish {
             tracing::warn!(address = %self.address, error = %e, "drives unreadable out of band");
             vec![]
         });
+        let bmc_firmware = self.bmc_firmware(&sys).await;
         Ok(Inventory {
             manufacturer: sys.manufacturer,
             model: sys.model,
@@ -734,8 +736,28 @@ impl Redfish {
             memory_gib: sys.memory_summary.and_then(|m| m.total_gib),
             macs,
             drives,
+            bios_version: sys.bios_version,
+            bmc_firmware,
             sim: false,
         })
+    }
+
+    /// The firmware version of the system's first manager that reports
+    /// one (`Links.ManagedBy`); `None`, logged, when none can be read.
+    async fn bmc_firmware(&self, sys: &ComputerSystem) -> Option<String> {
+        for m in sys.links.iter().flat_map(|l| &l.managed_by) {
+            match self.get_optional::<Manager>(&m.id).await {
+                Ok(Some(Manager {
+                    firmware_version: Some(v),
+                    ..
+                })) => return Some(v),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(address = %self.address, manager = %m.id, error = %e, "the BMC's firmware version is unreadable");
+                }
+            }
+        }
+        None
     }
 
     /// A collection's members.

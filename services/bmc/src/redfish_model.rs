@@ -173,6 +173,7 @@ pub fn pxe_macs(interfaces: &[String], functions: &[NicFunction]) -> Vec<String>
 #[serde(rename_all = "PascalCase")]
 pub(crate) struct Manager {
     pub virtual_media: Option<Link>,
+    pub firmware_version: Option<String>,
 }
 
 /// An action's target.

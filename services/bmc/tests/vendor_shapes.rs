@@ -65,6 +65,17 @@ async fn whole_surface(shape: Shape) {
         "{name}: {:?}",
         inv.drives
     );
+    // Firmware versions, which a dedicated teardown compares: the system's
+    // BiosVersion, the managing BMC's FirmwareVersion (where the tree has
+    // them).
+    assert_eq!(
+        inv.bios_version.as_deref(),
+        sim.system()["BiosVersion"].as_str(),
+        "{name}"
+    );
+    if sim.system()["Links"]["ManagedBy"].is_array() {
+        assert_eq!(inv.bmc_firmware.as_deref(), Some("2.72"), "{name}");
+    }
 
     // Power: an action, then the state read back from the BMC.
     assert_eq!(

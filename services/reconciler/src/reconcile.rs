@@ -225,6 +225,15 @@ fn profile_for(node: &Node, commission_wipe: WipeMode, agent: AgentMode) -> Opti
             commission_wipe,
             agent,
         ),
+        // A node its tenant had root on is torn down as such (an agentless
+        // one has no ramdisk: its out-of-band release stands).
+        ProvisionState::Releasing
+            if agent == AgentMode::Bcd && bcm_metal::tenant_root::is_dedicated(node) =>
+        {
+            Some(workflow::metal_release_dedicated(
+                node.release_wipe.unwrap_or(WipeMode::SecureErase),
+            ))
+        }
         s => workflow::metal_profile_for(
             s,
             node.unrescue_pending,

@@ -4,7 +4,8 @@
 //! tenant sees neither the node, nor its lease, nor its events; a pool at
 //! its maximum refuses the next lease, saying why, and the node does not
 //! change; the release of a dedicated node is a full erase (`quick` is
-//! refused).
+//! refused), then resets the boot override and rotates the BMC password
+//! (the tenant was root: it could reach the BMC from the host).
 
 use bcm_core::ProvisionState;
 use bcm_testkit::{tenant_a, Options, TestEnv};
@@ -63,17 +64,71 @@ async fn a_dedicated_lease_is_leased_bound_and_ending_seen_by_its_tenant_only() 
     assert_eq!(env.node(&id).await.expect("node"), before, "unchanged");
 
     // No wipe named: the pool's (quick) becomes a secure erase.
+    let rotations = env
+        .events_consumer(
+            "rotations",
+            &env.subjects()
+                .event(&tenant_a(), "node.credentials.rotation"),
+        )
+        .await
+        .expect("consumer");
+    let old_secret = before.bmc_secret_id.clone().expect("credentials on record");
     env.verb_ok("undeploy", &id, json!({})).await;
-    env.wait_state(&id, ProvisionState::Ready, T)
+    let back = env
+        .wait_state(&id, ProvisionState::Ready, T)
         .await
         .expect("ready again");
-    let wipe = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+    let commands = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
         .await
-        .expect("commands")
-        .into_iter()
-        .rfind(|c| c.kind == "disk.wipe")
+        .expect("commands");
+    let wipe = commands
+        .iter()
+        .rposition(|c| c.kind == "disk.wipe")
         .expect("the release's wipe");
-    assert_eq!(wipe.params["mode"], "secure-erase");
+    assert_eq!(commands[wipe].params["mode"], "secure-erase");
+    // After the wipe: the firmware read (and compared), the boot override
+    // reset to the disk, then the BMC password rotated to the teardown
+    // password recorded at the verb.
+    let after: Vec<&str> = commands[wipe + 1..]
+        .iter()
+        .map(|c| c.kind.as_str())
+        .filter(|k| k.starts_with("bmc."))
+        .collect();
+    assert_eq!(
+        after,
+        [
+            "bmc.power",
+            "bmc.inspect",
+            "bmc.bootDevice",
+            "bmc.rotateCredentials"
+        ],
+        "{after:?}"
+    );
+    let reset = commands[wipe + 1..]
+        .iter()
+        .find(|c| c.kind == "bmc.bootDevice")
+        .expect("reset-boot");
+    assert_eq!(
+        (&reset.params["device"], &reset.params["persistent"]),
+        (&json!("disk"), &json!(true))
+    );
+    let new_secret = back.bmc_secret_id.clone().expect("credentials on record");
+    assert_ne!(new_secret, old_secret, "the credentials on record are new");
+    assert!(
+        bcm_db::secrets::secret_fetch(&env.db, &old_secret)
+            .await
+            .is_err(),
+        "the old credentials are forgotten"
+    );
+    let dump = bcm_testkit::dump_database(&env.database_url);
+    assert!(
+        !dump.contains("bmc-teardown-password"),
+        "the teardown password is not kept once it is the node's"
+    );
+    let rotated = rotations.read(1, T).await.expect("rotation event");
+    assert_eq!(rotated.len(), 1);
+    assert_eq!(rotated[0].event.data["outcome"], "committed");
+    assert!(rotated[0].event.data.get("password").is_none());
 
     let events = leases_a.read(3, T).await.expect("lease events");
     let states: Vec<&str> = events
@@ -264,4 +319,48 @@ async fn a_pool_at_its_maximum_refuses_the_next_lease_saying_why() {
         (422, Some("INVALID_CONFIG")),
         "{b}"
     );
+}
+
+/// A root tenant may have flashed the machine: the firmware the BMC reports
+/// at the teardown is compared with what commissioning recorded, and a
+/// change fails the release for an operator, naming it; the BMC password
+/// is then not rotated (the release stopped before).
+#[tokio::test]
+async fn a_firmware_change_under_a_dedicated_lease_fails_its_teardown() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let id = env.enroll_sim("flashed").await;
+    env.wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("ready");
+    let recorded = bcm_db::agents::node_fact_fetch(&env.db, &id.to_string(), "firmware")
+        .await
+        .expect("fact")
+        .expect("commissioning recorded the firmware");
+    assert_eq!(recorded["bios"], "SIM-BIOS-1.0", "{recorded}");
+    env.verb_ok(
+        "deploy",
+        &id,
+        json!({"profileId": "dedicated-ubuntu", "profileVersion": 1}),
+    )
+    .await;
+    env.wait_state(&id, ProvisionState::Deployed, T)
+        .await
+        .expect("deployed");
+    env.faults
+        .set("sim://flashed", bcm_sim::Fault::FirmwareChanged);
+    let secret = env.node(&id).await.expect("node").bmc_secret_id;
+    env.verb_ok("undeploy", &id, json!({"wipe": "crypto-erase"}))
+        .await;
+    let failed = env
+        .wait_state(&id, ProvisionState::Failed, T)
+        .await
+        .expect("failed");
+    let error = failed.last_error.unwrap_or_default();
+    assert!(
+        error.contains("FIRMWARE_CHANGED") && error.contains("bios SIM-BIOS-1.0 → SIM-BIOS-1.1"),
+        "{error}"
+    );
+    assert_eq!(failed.bmc_secret_id, secret, "not rotated");
 }

@@ -78,8 +78,10 @@ async fn a_deploy_installs_its_profile_and_takes_its_role() {
     assert!(!user_data.contains("bcmj_"), "no token: {user_data}");
     assert!(!user_data.contains("{{"), "every placeholder rendered");
 
-    // Released and deployed again with a host profile: the role follows.
-    env.verb_ok("undeploy", &id, json!({"wipe": "quick"})).await;
+    // Released (a dedicated node's release is never quick) and deployed
+    // again with a host profile: the role follows.
+    env.verb_ok("undeploy", &id, json!({"wipe": "secure-erase"}))
+        .await;
     env.wait_state(&id, ProvisionState::Ready, T)
         .await
         .expect("ready");

@@ -9,7 +9,7 @@
 use bcm_contracts::commands::{
     BmcParams, BmcTarget, BootDevice, BootDeviceParams, BootEntryClearParams, BootEntrySetParams,
     BootEntrySpec, Command, DcgmParams, DeployImageParams, DiskEraseParams, MediaAction, NoParams,
-    PowerParams, VirtualMediaParams, WipeParams,
+    PowerParams, RotateParams, VirtualMediaParams, WipeParams,
 };
 use bcm_contracts::outputs::{DcgmStatus, Inventory, OobInventory, WipeOutcome};
 use bcm_contracts::{CommandKind, Output};
@@ -106,7 +106,7 @@ pub async fn command_for(
         StepKind::BmcVerify => Command::BmcVerify(BmcParams {
             bmc: bmc(tx, node, kind).await?,
         }),
-        StepKind::BmcInspect => Command::BmcInspect(BmcParams {
+        StepKind::BmcInspect | StepKind::BmcFirmware { .. } => Command::BmcInspect(BmcParams {
             bmc: bmc(tx, node, kind).await?,
         }),
         StepKind::BmcPowerOff => Command::BmcPower(PowerParams {
@@ -164,6 +164,23 @@ pub async fn command_for(
             action: MediaAction::Eject,
             image: None,
         }),
+        StepKind::RotateBmcPassword => {
+            let pending = bcm_db::secrets::secret_of_owner_in_txn(
+                tx,
+                &node.id.to_string(),
+                crate::rotation::TEARDOWN_PURPOSE,
+            )
+            .await?
+            .ok_or_else(|| {
+                ParamsError::Invalid(
+                    "no teardown password is recorded for this dedicated node (the release verb records one)".into(),
+                )
+            })?;
+            Command::BmcRotateCredentials(RotateParams {
+                bmc: bmc(tx, node, kind).await?,
+                pending_credentials: bcm_metal::bmc::sealed_in_txn(tx, &pending.id).await?,
+            })
+        }
         StepKind::WaitPowerOff => Command::BmcPowerStatus(BmcParams {
             bmc: bmc(tx, node, kind).await?,
         }),

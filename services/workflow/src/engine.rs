@@ -787,7 +787,59 @@ async fn check_running(
         // in the transaction that starts them, so only damage leaves one):
         // run it again (each is idempotent).
         StepTarget::ControlPlane | StepTarget::Node => run_in_engine(tx, at, steps, pos).await,
-        StepTarget::Site => check_command(tx, &at.def.kind, &mut steps[pos], at.now, writes).await,
+        StepTarget::Site => {
+            let ended = check_command(tx, &at.def.kind, &mut steps[pos], at.now, writes).await?;
+            match ended {
+                // A dedicated teardown's rotation committed at the BMC: the
+                // new credentials become the only ones on record, here.
+                Some(e)
+                    if at.def.kind == StepKind::RotateBmcPassword
+                        && e.outcome == StepOutcome::Succeeded =>
+                {
+                    let command_id = steps[pos].command_id.clone().unwrap_or_default();
+                    match crate::rotation::commit_teardown(
+                        tx,
+                        at.ctx,
+                        at.node,
+                        &command_id,
+                        e.output.as_ref(),
+                        &mut writes.events,
+                    )
+                    .await?
+                    {
+                        Ok(()) => Ok(Some(e)),
+                        Err(why) => Ok(Some(Ended {
+                            outcome: StepOutcome::Failed {
+                                retryable: true,
+                                message: why,
+                            },
+                            ..e
+                        })),
+                    }
+                }
+                // Firmware: recorded at commissioning, compared at a
+                // dedicated teardown.
+                Some(e)
+                    if matches!(at.def.kind, StepKind::BmcFirmware { .. })
+                        && e.outcome == StepOutcome::Succeeded =>
+                {
+                    let StepKind::BmcFirmware { check } = at.def.kind else {
+                        return Ok(Some(e));
+                    };
+                    match firmware_step(tx, at.node, check, e.output.as_ref()).await? {
+                        Ok(()) => Ok(Some(e)),
+                        Err(message) => Ok(Some(Ended {
+                            outcome: StepOutcome::Failed {
+                                retryable: false,
+                                message,
+                            },
+                            ..e
+                        })),
+                    }
+                }
+                other => Ok(other),
+            }
+        }
         StepTarget::Ramdisk => {
             let ended = check_command(tx, &at.def.kind, &mut steps[pos], at.now, writes).await?;
             match ended {
@@ -877,6 +929,49 @@ async fn store_macs(tx: &mut Tx<'_>, steps: &[StepRow], node: &Node) -> Result<E
     }
     bcm_db::nodes::node_set_macs_in_txn(tx, &node.id.to_string(), &macs).await?;
     Ok(Ended::succeeded(Some(serde_json::json!({ "macs": macs }))))
+}
+
+/// The node fact commissioning's firmware versions are kept in.
+const FIRMWARE_FACT: &str = "firmware";
+
+/// `record-firmware` (`check` false) keeps the versions the BMC reported;
+/// `check-firmware` compares them with the kept ones: a change is the
+/// step's failure (`FIRMWARE_CHANGED: …`), for an operator to look at.
+async fn firmware_step(
+    tx: &mut Tx<'_>,
+    node: &Node,
+    check: bool,
+    output: Option<&serde_json::Value>,
+) -> Result<Result<(), String>, DbError> {
+    let now = match output.map(|o| Output::decode(CommandKind::BmcInspect, o)) {
+        Some(Ok(Output::BmcInspect(i))) => bcm_core::dedicated::Firmware {
+            bios: i.bios_version,
+            bmc: i.bmc_firmware,
+        },
+        _ => return Ok(Err("the BMC's inspection does not read".to_owned())),
+    };
+    let id = node.id.to_string();
+    if !check {
+        let value = serde_json::to_value(&now).unwrap_or_default();
+        bcm_db::agents::node_fact_upsert_in_txn(tx, &id, FIRMWARE_FACT, &value).await?;
+        return Ok(Ok(()));
+    }
+    let recorded = match bcm_db::agents::node_fact_fetch_in_txn(tx, &id, FIRMWARE_FACT).await? {
+        Some(v) => serde_json::from_value::<bcm_core::dedicated::Firmware>(v).unwrap_or_default(),
+        None => {
+            tracing::warn!(node = %node.id, "no firmware recorded at commissioning: nothing to compare");
+            return Ok(Ok(()));
+        }
+    };
+    let changes = bcm_core::dedicated::firmware_changes(&recorded, &now);
+    if changes.is_empty() {
+        Ok(Ok(()))
+    } else {
+        Ok(Err(format!(
+            "FIRMWARE_CHANGED: {} since commissioning; an operator must look at the machine before it is leased again",
+            changes.join(", ")
+        )))
+    }
 }
 
 /// `store-inventory`: the out-of-band inspection (`inspect-oob`) becomes

@@ -94,8 +94,10 @@ pub async fn record_many(
                 .instrument(span.clone())
                 .await?;
         }
-        if let (Some(node), bcm_contracts::CommandKind::BmcRotateCredentials) =
-            (&done.node_id, r.kind)
+        // A rotation `metal.rotateCredentials` started (a workflow's — a
+        // dedicated teardown's — is its step's to judge).
+        if let (Some(node), bcm_contracts::CommandKind::BmcRotateCredentials, None) =
+            (&done.node_id, r.kind, &done.step)
         {
             crate::rotation::finish(&mut tx, ctx, node, r, &mut writes.events)
                 .instrument(span.clone())

@@ -110,3 +110,60 @@ pub async fn finish(
     ));
     Ok(())
 }
+
+/// The purpose of a dedicated node's teardown password: recorded sealed by
+/// the verb that started its release, before anything is sent, so a retry
+/// resumes with the same one (never a second, unknown one).
+pub const TEARDOWN_PURPOSE: &str = bcm_core::dedicated::TEARDOWN_PASSWORD_PURPOSE;
+
+/// A dedicated teardown's `rotate-bmc-password` succeeded at the BMC: its
+/// new credentials (returned sealed) become the node's only ones, the old
+/// ones and the teardown password are forgotten, and
+/// `node.credentials.rotation` says so. `Err` (the step then retries with
+/// the same teardown password): the result carried no usable credentials.
+pub async fn commit_teardown(
+    tx: &mut Tx<'_>,
+    ctx: &Ctx,
+    node: &bcm_db::nodes::Node,
+    command_id: &str,
+    output: Option<&serde_json::Value>,
+    events: &mut Vec<NewOutboxMessage>,
+) -> Result<Result<(), String>, DbError> {
+    let node_id = node.id.to_string();
+    let report = output
+        .and_then(|o| Output::decode(bcm_contracts::CommandKind::BmcRotateCredentials, o).ok());
+    let row = match &report {
+        Some(Output::BmcRotateCredentials(RotationReport {
+            outcome: RotationStep::Committed,
+            sealed_credentials: Some(sealed),
+            ..
+        })) => sealed_row(sealed, &node_id),
+        _ => None,
+    };
+    let Some(row) = row else {
+        return Ok(Err(
+            "the rotation's result carried no usable sealed credentials".to_owned(),
+        ));
+    };
+    bcm_db::secrets::secret_insert_in_txn(tx, &row).await?;
+    let version = bcm_db::nodes::node_replace_bmc_secret_in_txn(tx, &node_id, &row.id).await?;
+    bcm_db::secrets::secrets_delete_of_owner_in_txn(tx, &node_id, TEARDOWN_PURPOSE).await?;
+    tracing::info!(node = %node.id, command = %command_id, "BMC password rotated at the dedicated teardown");
+    let next = bcm_db::nodes::Node {
+        version,
+        ..node.clone()
+    };
+    events.push(bcm_metal::outbox::event(
+        ctx.bus.subjects(),
+        &next,
+        bcm_contracts::events::NodeCredentialsRotation {
+            node_id: next.id,
+            tenant_id: next.tenant_id.clone(),
+            outcome: RotationOutcome::Committed,
+            command_id: command_id.to_owned(),
+            error: None,
+            version,
+        },
+    ));
+    Ok(Ok(()))
+}

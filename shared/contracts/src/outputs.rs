@@ -53,6 +53,12 @@ pub struct OobInventory {
     /// The drives the BMC reports (Redfish `Storage`; IPMI sees none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drives: Vec<OobDrive>,
+    /// The system firmware's version (Redfish `BiosVersion`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bios_version: Option<String>,
+    /// The BMC's own firmware version (its manager's `FirmwareVersion`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmc_firmware: Option<String>,
     #[serde(default, skip_serializing_if = "is_false")]
     pub sim: bool,
 }

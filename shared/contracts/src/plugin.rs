@@ -104,7 +104,8 @@ impl PluginOperation {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum PluginResponse {
-    Ok(PluginOutput),
+    /// Boxed: an inventory is far larger than an error.
+    Ok(Box<PluginOutput>),
     Error(PluginError),
 }
 
@@ -183,7 +184,7 @@ mod tests {
             req
         );
         assert!(!format!("{req:?}").contains("s3cret-pw"));
-        let ok = PluginResponse::Ok(PluginOutput::Power(PowerState::On));
+        let ok = PluginResponse::Ok(Box::new(PluginOutput::Power(PowerState::On)));
         let text = serde_json::to_string(&ok).expect("json");
         assert_eq!(text, r#"{"ok":{"op":"power","output":"on"}}"#);
         assert_eq!(

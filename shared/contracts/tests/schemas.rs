@@ -862,9 +862,9 @@ fn plugin_requests_and_answers_validate_against_proto_plugin_and_round_trip() {
         );
     }
     for answer in [
-        PluginResponse::Ok(PluginOutput::PowerState(PowerState::Off)),
-        PluginResponse::Ok(PluginOutput::SetPassword),
-        PluginResponse::Ok(PluginOutput::Inspect(OobInventory::default())),
+        PluginResponse::Ok(Box::new(PluginOutput::PowerState(PowerState::Off))),
+        PluginResponse::Ok(Box::new(PluginOutput::SetPassword)),
+        PluginResponse::Ok(Box::new(PluginOutput::Inspect(OobInventory::default()))),
         PluginResponse::Error(PluginError {
             kind: PluginErrorKind::Refused,
             message: "0xcc".into(),

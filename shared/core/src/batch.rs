@@ -246,11 +246,15 @@ pub(crate) fn profiles_of_mode(state: ProvisionState, agent: AgentMode) -> Vec<P
     }
     let mut out = vec![];
     for wipe in WipeMode::ALL {
-        for unrescue in [false, true] {
-            if let Some(p) = workflow::metal_profile_for(state, unrescue, wipe, agent) {
-                if !out.contains(&p) {
-                    out.push(p);
-                }
+        let dedicated = (state == ProvisionState::Releasing && agent == AgentMode::Bcd)
+            .then(|| workflow::metal_release_dedicated(wipe));
+        for p in [false, true]
+            .into_iter()
+            .filter_map(|unrescue| workflow::metal_profile_for(state, unrescue, wipe, agent))
+            .chain(dedicated)
+        {
+            if !out.contains(&p) {
+                out.push(p);
             }
         }
     }
@@ -338,6 +342,13 @@ mod tests {
         let undeploy = destructive_kinds(Operation::Undeploy);
         assert!(undeploy.contains(&"disk.wipe"));
         assert!(!undeploy.contains(&"deploy.image"));
+        // A dedicated teardown rotates the BMC password; an agentless
+        // release erases through the BMC; an agentless deploy inserts media.
+        assert!(undeploy.contains(&"bmc.rotateCredentials"));
+        assert!(undeploy.contains(&"bmc.diskErase"));
+        assert!(deploy.contains(&"bmc.virtualMedia"));
+        assert!(!inspect.contains(&"bmc.rotateCredentials"));
+        assert!(!deploy.contains(&"bmc.rotateCredentials"));
         assert_eq!(destructive_kinds(Operation::PowerOff), vec!["bmc.power"]);
         assert!(allows(Operation::PowerOff, None, "disk.wipe", None, None).is_err());
         assert!(allows(Operation::Inspect, None, "deploy.image", None, None).is_err());

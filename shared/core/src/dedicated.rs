@@ -9,6 +9,12 @@ use crate::deploy::DeployRole;
 use crate::state::ProvisionState;
 use crate::{ErrorCode, WipeMode};
 
+/// The sealed-secret purpose of a dedicated node's teardown password: the
+/// BMC password its release rotates to (its tenant was root and could reach
+/// the BMC through the host interface). Recorded before anything is sent,
+/// kept until the rotation committed, so a retry resumes with it.
+pub const TEARDOWN_PASSWORD_PURPOSE: &str = "bmc-teardown-password";
+
 crate::wire_enum! {
     /// Where a dedicated-root lease is.
     pub enum LeaseState "lease state" {
@@ -116,6 +122,36 @@ pub fn release_wipe(
     }
 }
 
+/// Firmware versions as the BMC reports them: what commissioning records,
+/// and what a dedicated teardown compares with it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Firmware {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bios: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmc: Option<String>,
+}
+
+/// What changed between the firmware recorded at commissioning and what
+/// the BMC reports now, one entry per component (`bios SIM-1.0 → SIM-1.1`;
+/// a version recorded and no longer readable counts as changed). A root
+/// tenant may have flashed the machine: a change fails the teardown for an
+/// operator to look at.
+pub fn firmware_changes(recorded: &Firmware, now: &Firmware) -> Vec<String> {
+    [
+        ("bios", &recorded.bios, &now.bios),
+        ("bmc", &recorded.bmc, &now.bmc),
+    ]
+    .into_iter()
+    .filter_map(|(what, was, is)| match (was, is) {
+        (Some(was), Some(is)) if was != is => Some(format!("{what} {was} → {is}")),
+        (Some(was), None) => Some(format!("{what} {was} → unreadable")),
+        _ => None,
+    })
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +219,26 @@ mod tests {
         let (code, none) = admit("p", Some(0), 0).expect_err("none");
         assert_eq!(code, ErrorCode::InvalidConfig);
         assert!(none.contains("admits no"), "{none}");
+    }
+
+    #[test]
+    fn firmware_changes_name_each_component() {
+        let at = |b: Option<&str>, m: Option<&str>| Firmware {
+            bios: b.map(str::to_owned),
+            bmc: m.map(str::to_owned),
+        };
+        let recorded = at(Some("1.0"), Some("2.0"));
+        assert!(firmware_changes(&recorded, &recorded).is_empty());
+        assert_eq!(
+            firmware_changes(&recorded, &at(Some("1.1"), Some("2.0"))),
+            ["bios 1.0 → 1.1"]
+        );
+        assert_eq!(
+            firmware_changes(&recorded, &at(Some("1.0"), None)),
+            ["bmc 2.0 → unreadable"]
+        );
+        // Nothing recorded for a component: nothing to compare.
+        assert!(firmware_changes(&at(None, None), &at(Some("9"), Some("9"))).is_empty());
     }
 
     #[test]

@@ -134,6 +134,8 @@ impl StepKind {
             | StepKind::BmcBootDisk { .. }
             | StepKind::BmcBootCd { .. }
             | StepKind::BmcErase { .. }
+            | StepKind::RotateBmcPassword
+            | StepKind::BmcFirmware { .. }
             | StepKind::MediaInsert
             | StepKind::MediaEject => Concern::Management,
             StepKind::WaitPowerOff => Concern::Power,

@@ -97,6 +97,16 @@ pub enum StepKind {
     /// Record the out-of-band inspection (`inspect-oob`) as the node's
     /// inventory, which an agentless release's erase must account for.
     StoreInventory,
+    /// Rotate the BMC password to the teardown password the release verb
+    /// recorded (sealed) for a dedicated node: its root tenant could reach
+    /// the BMC through the host interface. Two-phase, as
+    /// `metal.rotateCredentials`; committed, the new credentials are the
+    /// only ones on record.
+    RotateBmcPassword,
+    /// Read the firmware versions out of band: record them (`check`
+    /// false: commissioning) or compare them with the recorded ones
+    /// (`check`: a dedicated teardown; a change fails the step for good).
+    BmcFirmware { check: bool },
     /// Profile v1's one-step `metal.ensureRamdisk`, which no site service
     /// executes; kept only so workflows stored before v2 still load. The
     /// engine fails it for good (the node goes to `failed`; `recover` runs
@@ -108,7 +118,10 @@ pub enum StepKind {
 impl StepKind {
     /// Whether the step writes the node row (the engine re-reads it after).
     pub fn writes_node(&self) -> bool {
-        matches!(self, StepKind::StoreMacs | StepKind::ForgetBmcCredentials)
+        matches!(
+            self,
+            StepKind::StoreMacs | StepKind::ForgetBmcCredentials | StepKind::RotateBmcPassword
+        )
     }
 
     /// Where the step runs.
@@ -121,6 +134,8 @@ impl StepKind {
             | StepKind::WaitRamdiskJoin
             | StepKind::RetiredEnsureRamdisk => StepTarget::ControlPlane,
             StepKind::BmcErase { .. }
+            | StepKind::RotateBmcPassword
+            | StepKind::BmcFirmware { .. }
             | StepKind::MediaInsert
             | StepKind::MediaEject
             | StepKind::BmcBootCd { .. }
@@ -157,6 +172,8 @@ impl StepKind {
             StepKind::MediaInsert | StepKind::MediaEject => "bmc.virtualMedia",
             StepKind::WaitPowerOff => "bmc.powerStatus",
             StepKind::StoreInventory => "metal.storeInventory",
+            StepKind::RotateBmcPassword => "bmc.rotateCredentials",
+            StepKind::BmcFirmware { .. } => "bmc.inspect",
             StepKind::BmcPower { .. } | StepKind::BmcPowerOff => "bmc.power",
             StepKind::WaitRamdiskJoin => "metal.waitRamdiskJoin",
             StepKind::Inventory => "inventory",
@@ -186,6 +203,7 @@ impl StepKind {
                 | StepKind::BmcErase { .. }
                 | StepKind::MediaInsert
                 | StepKind::MediaEject
+                | StepKind::RotateBmcPassword
         )
     }
 }
@@ -283,6 +301,16 @@ fn power_off() -> StepDef {
     step("power-off", StepKind::BmcPowerOff, 300)
 }
 
+/// The firmware versions commissioning records, which a dedicated
+/// teardown compares with.
+fn record_firmware() -> StepDef {
+    step(
+        "record-firmware",
+        StepKind::BmcFirmware { check: false },
+        300,
+    )
+}
+
 fn boot_cleanup() -> Vec<StepDef> {
     vec![
         step("clear-boot-entry", StepKind::BootEntryClear, 60),
@@ -342,10 +370,12 @@ pub fn metal_inspect() -> Profile {
     }
 }
 
-/// `metal-commission` v2: ramdisk, DCGM level 2, the pool's wipe
-/// (`quick` unless its policy says more), power off.
+/// `metal-commission` v3: the firmware versions recorded (v2 had no such
+/// step), ramdisk, DCGM level 2, the pool's wipe (`quick` unless its policy
+/// says more), power off.
 pub fn metal_commission(mode: WipeMode) -> Profile {
-    let mut steps = ensure_ramdisk();
+    let mut steps = vec![record_firmware()];
+    steps.extend(ensure_ramdisk());
     steps.push(once("dcgm-diag", StepKind::DiagDcgm { level: 2 }, 3_600));
     if mode != WipeMode::None {
         let (name, secs) = match mode {
@@ -360,7 +390,7 @@ pub fn metal_commission(mode: WipeMode) -> Profile {
     ]);
     Profile {
         id: "metal-commission".into(),
-        version: 2,
+        version: 3,
         steps,
         cleanup: boot_cleanup(),
     }
@@ -377,6 +407,37 @@ pub fn metal_release(mode: WipeMode) -> Profile {
     Profile {
         id: "metal-release".into(),
         version: 2,
+        steps,
+        cleanup: boot_cleanup(),
+    }
+}
+
+/// `metal-release-dedicated` v1: the release of a node its tenant had
+/// root on — the ramdisk's wipe (never `quick`: the release verb sees to
+/// it) of every recorded disk, the firmware compared with what
+/// commissioning recorded (a change fails the release for an operator),
+/// then the boot override the control plane manages reset to the disk and
+/// read back, and the BMC password rotated to the teardown password the
+/// verb recorded, before the machine goes back.
+pub fn metal_release_dedicated(mode: WipeMode) -> Profile {
+    let mut steps = ensure_ramdisk();
+    if mode != WipeMode::None {
+        steps.push(once("wipe", StepKind::DiskWipe { mode }, 86_400));
+    }
+    steps.extend([
+        power_off(),
+        once("check-firmware", StepKind::BmcFirmware { check: true }, 300),
+        step(
+            "reset-boot",
+            StepKind::BmcBootDisk { persistent: true },
+            120,
+        ),
+        step("rotate-bmc-password", StepKind::RotateBmcPassword, 300),
+        step("clear-boot-entry", StepKind::BootEntryClear, 60),
+    ]);
+    Profile {
+        id: "metal-release-dedicated".into(),
+        version: 1,
         steps,
         cleanup: boot_cleanup(),
     }
@@ -509,7 +570,7 @@ fn bmc_erase(mode: WipeMode, required: bool) -> StepDef {
 pub fn metal_commission_oob(mode: WipeMode) -> Profile {
     let mut steps = vec![
         step("verify-bmc", StepKind::BmcVerify, 120),
-        step("inspect-oob", StepKind::BmcInspect, 300),
+        record_firmware(),
     ];
     if mode != WipeMode::None {
         steps.push(bmc_erase(mode, false));

@@ -449,6 +449,39 @@ pub async fn node_forget_bmc_secret_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<
     Ok(())
 }
 
+/// Makes `secret_id` the node's BMC credentials and forgets the ones it
+/// replaces (a committed rotation inside a workflow); the new version.
+pub async fn node_replace_bmc_secret_in_txn(
+    tx: &mut Tx<'_>,
+    id: &str,
+    secret_id: &str,
+) -> Result<i64, DbError> {
+    let old: Option<Option<String>> =
+        sqlx::query_scalar("SELECT bmc_secret_id FROM nodes WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    let version: i64 = sqlx::query_scalar(
+        "UPDATE nodes SET bmc_secret_id = $2, version = version + 1, updated_at = now() WHERE id = $1 RETURNING version",
+    )
+    .bind(id)
+    .bind(secret_id)
+    .fetch_one(&mut **tx)
+    .await?;
+    // The projection follows the version (a verb that read the node before
+    // finds it stale and reads it again, so it never writes the old
+    // credentials back).
+    sqlx::query("UPDATE node_placements SET version = $2 WHERE node_id = $1")
+        .bind(id)
+        .bind(version)
+        .execute(&mut **tx)
+        .await?;
+    if let Some(Some(s)) = old.filter(|o| o.as_deref() != Some(secret_id)) {
+        crate::secrets::secret_delete_in_txn(tx, &s).await?;
+    }
+    Ok(version)
+}
+
 /// Ids of nodes in any of `states` (the reconciler's periodic look).
 pub async fn node_ids_in_states(
     db: &crate::Db,

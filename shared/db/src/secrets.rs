@@ -64,3 +64,34 @@ pub async fn secret_fetch_in_txn(tx: &mut Tx<'_>, id: &str) -> Result<SealedSecr
     .fetch_one(&mut **tx)
     .await?)
 }
+
+/// The owner's sealed value of `purpose` (the newest), e.g. a dedicated
+/// node's teardown password.
+pub async fn secret_of_owner_in_txn(
+    tx: &mut Tx<'_>,
+    owner: &str,
+    purpose: &str,
+) -> Result<Option<SealedSecretRow>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT id, owner, purpose, key_id, nonce, ciphertext FROM sealed_secrets \
+         WHERE owner = $1 AND purpose = $2 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(owner)
+    .bind(purpose)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
+/// Forgets the owner's sealed values of `purpose`.
+pub async fn secrets_delete_of_owner_in_txn(
+    tx: &mut Tx<'_>,
+    owner: &str,
+    purpose: &str,
+) -> Result<(), DbError> {
+    sqlx::query("DELETE FROM sealed_secrets WHERE owner = $1 AND purpose = $2")
+        .bind(owner)
+        .bind(purpose)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

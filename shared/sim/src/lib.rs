@@ -66,6 +66,9 @@ pub enum Fault {
     /// The BMC offers no drive erase (no `#Drive.SecureErase`): an
     /// agentless machine's release cannot be attested.
     BmcNoErase,
+    /// The system firmware reports another version than the one recorded
+    /// at commissioning (a tenant flashed it): a dedicated teardown fails.
+    FirmwareChanged,
 }
 
 /// Settings of the simulated site.

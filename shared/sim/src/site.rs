@@ -7,7 +7,7 @@ use bcm_bus::Bus;
 use bcm_contracts::commands::{BootDevice, BootDeviceParams, Command, Family, MediaAction};
 use bcm_contracts::outputs::{
     BootEntryCleared, BootEntryStored, BootOverride, DiskEraseReport, DriveErase, MediaReport,
-    OobDrive, OobInventory, PowerChanged, PowerRead, Verified,
+    OobDrive, OobInventory, PowerChanged, PowerRead, RotationReport, RotationStep, Verified,
 };
 use bcm_contracts::{CloudEvent, CommandEnvelope, CommandKind, CommandResult, Output};
 use bcm_core::PowerAction;
@@ -733,6 +733,15 @@ fn execute_on_machine(
                 memory_gib: Some(64.0),
                 macs: vec![mac_of(&address)],
                 drives: vec![sim_drive(&address)],
+                bios_version: Some(
+                    if site.faults.has(&address, Fault::FirmwareChanged) {
+                        "SIM-BIOS-1.1"
+                    } else {
+                        "SIM-BIOS-1.0"
+                    }
+                    .to_owned(),
+                ),
+                bmc_firmware: Some("sim-bmc-2.0".to_owned()),
                 sim: true,
                 ..Default::default()
             })
@@ -762,6 +771,17 @@ fn execute_on_machine(
                 inserted: image.is_some(),
                 image,
                 sim: true,
+            })
+        }
+        Command::BmcRotateCredentials(p) => {
+            // The simulated BMC has no accounts and takes any password: the
+            // pending credentials (sealed for the node; the sim cannot open
+            // them) come back as the new ones, as a real bmc service's
+            // committed rotation returns them.
+            Output::BmcRotateCredentials(RotationReport {
+                outcome: RotationStep::Committed,
+                recovered: false,
+                sealed_credentials: Some(p.pending_credentials.clone()),
             })
         }
         Command::BmcDiskErase(_) => {

@@ -84,7 +84,7 @@ async fn answer(input: &[u8]) -> PluginResponse {
             .map(|()| PluginOutput::SetPassword),
     };
     match out {
-        Ok(o) => PluginResponse::Ok(o),
+        Ok(o) => PluginResponse::Ok(Box::new(o)),
         Err(e) => PluginResponse::Error(plugin_error(&e)),
     }
 }

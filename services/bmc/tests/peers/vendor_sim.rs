@@ -646,7 +646,10 @@ impl Tree {
         if let Some(s) = self.t.get_mut(sys) {
             s["Links"]["ManagedBy"] = json!([m]);
         }
-        self.put(manager, json!({"Id": "1", "VirtualMedia": l}));
+        self.put(
+            manager,
+            json!({"Id": "1", "VirtualMedia": l, "FirmwareVersion": "2.72"}),
+        );
     }
 
     /// The drives of the storage controller `p` offer `#Drive.SecureErase`.
@@ -689,7 +692,7 @@ pub fn dell_idrac9() -> Shape {
     let ch = "/redfish/v1/Chassis/System.Embedded.1";
     let mut t = Tree::new(json!({"Vendor": "Dell", "Oem": {"Dell": {}}}), true, "");
     t.system(sys, json!({
-        "Manufacturer": "Dell Inc.", "Model": "PowerEdge R750",
+        "Manufacturer": "Dell Inc.", "Model": "PowerEdge R750", "BiosVersion": "1.13.2",
         "ProcessorSummary": {"Count": 2, "Model": "Intel(R) Xeon(R) Gold 6354 CPU @ 3.00GHz"},
         "MemorySummary": {"TotalSystemMemoryGiB": 512},
         "EthernetInterfaces": link(&format!("{sys}/EthernetInterfaces")),

@@ -165,13 +165,40 @@ fn profiles_do_what_the_spec_says() {
     // works in it.
     for p in [
         metal_inspect(),
-        metal_commission(WipeMode::Quick),
         metal_release(WipeMode::Quick),
+        metal_release_dedicated(WipeMode::SecureErase),
         metal_retire(),
         tenant_deploy("t", 1),
     ] {
         assert_eq!(p.steps[..4], ensure_ramdisk()[..], "{}", p.id);
     }
+    // Commissioning records the firmware out of band first.
+    let commission = metal_commission(WipeMode::Quick);
+    assert_eq!(
+        commission.steps[0].kind,
+        StepKind::BmcFirmware { check: false }
+    );
+    assert_eq!(commission.steps[1..5], ensure_ramdisk()[..]);
+    // A dedicated teardown: wipe, firmware compared, boot reset, password
+    // rotated.
+    let dedicated: Vec<StepKind> = kinds(metal_release_dedicated(WipeMode::SecureErase));
+    let after_wipe: Vec<&StepKind> = dedicated
+        .iter()
+        .skip_while(|k| !matches!(k, StepKind::DiskWipe { .. }))
+        .collect();
+    assert_eq!(
+        after_wipe,
+        [
+            &StepKind::DiskWipe {
+                mode: WipeMode::SecureErase
+            },
+            &StepKind::BmcPowerOff,
+            &StepKind::BmcFirmware { check: true },
+            &StepKind::BmcBootDisk { persistent: true },
+            &StepKind::RotateBmcPassword,
+            &StepKind::BootEntryClear,
+        ]
+    );
     let unrescue = metal_unrescue();
     assert!(unrescue.steps.iter().any(|s| s.kind
         == StepKind::WaitOsBack {
@@ -193,6 +220,7 @@ fn profiles_do_what_the_spec_says() {
         metal_inspect(),
         metal_commission(WipeMode::Quick),
         metal_release(WipeMode::Quick),
+        metal_release_dedicated(WipeMode::CryptoErase),
         metal_retire(),
         tenant_deploy("t", 1),
     ] {
