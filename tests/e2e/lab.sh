@@ -12,7 +12,8 @@
 #   - the libvirt storage pool `bcme2e` (DIR/run/pool), where sushy-tools'
 #     libvirt driver uploads virtual media;
 #   - sushy-emulator (libvirt driver, basic auth admin/e2e-password) on
-#     127.0.0.1:8000 inside bcme2e-ctl (libvirt's unix socket is reachable
+#     127.0.0.1:8000 inside bcme2e-ctl, and a second one (admin/oob-password,
+#     :8001) for the agentless machine, whose password its teardown rotates (libvirt's unix socket is reachable
 #     from any netns), through tests/peers/sushy_accounts.py (+AccountService);
 #   - the libvirt domains tests/e2e/vm.sh defines (listed in DIR/run/domains):
 #     `down` destroys and undefines them.
@@ -26,6 +27,7 @@ LAN=bcme2e-lan DHCP=bcme2e-dhcp CTL=bcme2e-ctl
 MARK="bcm-e2e-lab"                       # <description> of every domain vm.sh defines
 LAST=/run/bcme2e-lab.dir
 SUSHY_PORT=8000 SUSHY_USER=admin SUSHY_PASSWORD=e2e-password
+SUSHY_OOB_PORT=8001 SUSHY_OOB_PASSWORD=oob-password       # the agentless machine's BMC
 POOL=bcme2e                              # libvirt storage pool for virtual media
 venv="$root/.bcm/venv-sushy"
 VIRSH=(virsh -q -c qemu:///system)
@@ -74,6 +76,7 @@ our_domains() {
 
 down() {
   stop sushy sushy
+  stop sushy-oob sushy
   local d qpid
   for d in $(if libvirt_up; then our_domains; else cat "$dir/run/domains" 2>/dev/null || true; fi); do
     rm -f "$dir/logs/$d.qemu.log"   # vm.sh's symlink to it; keep a copy
@@ -99,6 +102,45 @@ down() {
   for n in $LAN $DHCP $CTL; do ip netns del "$n" 2>/dev/null || true; done
   [ "$(cat $LAST 2>/dev/null)" = "$dir" ] && rm -f "$LAST"
   return 0
+}
+
+# sushy_up NAME PORT PASSWORD: a sushy-emulator (libvirt driver, basic auth
+# admin/PASSWORD, with an AccountService) on 127.0.0.1:PORT in bcme2e-ctl.
+sushy_up() {
+  local name=$1 port=$2 password=$3
+  # bcrypt at 4 rounds: sushy checks the hash on every request (0.3 s at 12).
+  "$venv/bin/python" -c 'import bcrypt,sys; print(sys.argv[1] + ":" + bcrypt.hashpw(sys.argv[2].encode(), bcrypt.gensalt(4)).decode())' \
+    "$SUSHY_USER" "$password" >"$dir/run/$name.htpasswd"
+  mkdir -p "$dir/run/$name-state"
+  cat >"$dir/run/$name.conf" <<EOF
+SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'
+SUSHY_EMULATOR_LISTEN_PORT = $port
+SUSHY_EMULATOR_LIBVIRT_URI = 'qemu:///system'
+SUSHY_EMULATOR_IGNORE_BOOT_DEVICE = False
+SUSHY_EMULATOR_STORAGE_POOL = '$POOL'
+SUSHY_EMULATOR_STATE_DIR = '$dir/run/$name-state'
+SUSHY_EMULATOR_AUTH_FILE = '$dir/run/$name.htpasswd'
+# A PATCH with BootSourceOverrideMode rewrites <loader>/<nvram> from these:
+# the same files vm.sh puts there (sushy's defaults name OVMF_CODE.secboot.fd,
+# which needs SMM, and no Legacy loader, which libvirt refuses).
+SUSHY_EMULATOR_BOOT_LOADER_MAP = {
+    'UEFI': {'x86_64': '/usr/share/OVMF/OVMF_CODE_4M.fd'},
+    'Legacy': {'x86_64': '/usr/share/seabios/bios-256k.bin'},
+}
+SUSHY_EMULATOR_SECURE_BOOT_DISABLED_NVRAM = '/usr/share/OVMF/OVMF_VARS_4M.fd'
+SUSHY_EMULATOR_SECURE_BOOT_ENABLED_NVRAM = '/usr/share/OVMF/OVMF_VARS_4M.ms.fd'
+EOF
+  local t1=$SECONDS
+  start "$name" $CTL "$venv/bin/python" "$root/tests/peers/sushy_accounts.py" --config "$dir/run/$name.conf"
+  local url=http://127.0.0.1:$port ok=""
+  for _ in $(seq 300); do
+    alive "$(cat "$dir/run/$name.pid")" || { log "$name exited; see $dir/logs/$name.log"; exit 1; }
+    ip netns exec $CTL curl -fsS -o /dev/null -u "$SUSHY_USER:$password" "$url/redfish/v1/Systems" 2>/dev/null && { ok=1; break; }
+    sleep 0.1
+  done
+  [ -n "$ok" ] || { log "$name did not answer; see $dir/logs/$name.log"; exit 1; }
+  log "$name answered on $port after $((SECONDS - t1)) s"
+
 }
 
 up() {
@@ -180,45 +222,19 @@ EOF
   "${VIRSH[@]}" pool-define-as "$POOL" dir --target "$dir/run/pool" >/dev/null
   "${VIRSH[@]}" pool-start "$POOL" >/dev/null
 
-  # sushy-emulator (libvirt driver, basic auth), inside bcme2e-ctl.
-  # bcrypt at 4 rounds: sushy checks the hash on every request (0.3 s at 12).
-  "$venv/bin/python" -c 'import bcrypt,sys; print(sys.argv[1] + ":" + bcrypt.hashpw(sys.argv[2].encode(), bcrypt.gensalt(4)).decode())' \
-    "$SUSHY_USER" "$SUSHY_PASSWORD" >"$dir/run/sushy.htpasswd"
-  mkdir -p "$dir/run/sushy-state"
-  cat >"$dir/run/sushy.conf" <<EOF
-SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'
-SUSHY_EMULATOR_LISTEN_PORT = $SUSHY_PORT
-SUSHY_EMULATOR_LIBVIRT_URI = 'qemu:///system'
-SUSHY_EMULATOR_IGNORE_BOOT_DEVICE = False
-SUSHY_EMULATOR_STORAGE_POOL = '$POOL'
-SUSHY_EMULATOR_STATE_DIR = '$dir/run/sushy-state'
-SUSHY_EMULATOR_AUTH_FILE = '$dir/run/sushy.htpasswd'
-# A PATCH with BootSourceOverrideMode rewrites <loader>/<nvram> from these:
-# the same files vm.sh puts there (sushy's defaults name OVMF_CODE.secboot.fd,
-# which needs SMM, and no Legacy loader, which libvirt refuses).
-SUSHY_EMULATOR_BOOT_LOADER_MAP = {
-    'UEFI': {'x86_64': '/usr/share/OVMF/OVMF_CODE_4M.fd'},
-    'Legacy': {'x86_64': '/usr/share/seabios/bios-256k.bin'},
-}
-SUSHY_EMULATOR_SECURE_BOOT_DISABLED_NVRAM = '/usr/share/OVMF/OVMF_VARS_4M.fd'
-SUSHY_EMULATOR_SECURE_BOOT_ENABLED_NVRAM = '/usr/share/OVMF/OVMF_VARS_4M.ms.fd'
-EOF
-  t1=$SECONDS
-  start sushy $CTL "$venv/bin/python" "$root/tests/peers/sushy_accounts.py" --config "$dir/run/sushy.conf"
-  local url=http://127.0.0.1:$SUSHY_PORT ok=""
-  for _ in $(seq 300); do
-    alive "$(cat "$dir/run/sushy.pid")" || { log "sushy-emulator exited; see $dir/logs/sushy.log"; exit 1; }
-    ip netns exec $CTL curl -fsS -o /dev/null -u "$SUSHY_USER:$SUSHY_PASSWORD" "$url/redfish/v1/Systems" 2>/dev/null && { ok=1; break; }
-    sleep 0.1
-  done
-  [ -n "$ok" ] || { log "sushy-emulator did not answer; see $dir/logs/sushy.log"; exit 1; }
-  log "sushy-emulator answered after $((SECONDS - t1)) s"
+  # sushy-emulator (libvirt driver, basic auth), inside bcme2e-ctl: one for
+  # the machines that run bcd, one of its own for the agentless machine,
+  # whose password its dedicated teardown rotates (an emulator's accounts
+  # are one htpasswd file for every system it serves).
+  sushy_up sushy "$SUSHY_PORT" "$SUSHY_PASSWORD"
+  sushy_up sushy-oob "$SUSHY_OOB_PORT" "$SUSHY_OOB_PASSWORD"
 
   cat >"$dir/run/env" <<EOF
 export BCM_E2E_DIR=$dir
 export BCM_E2E_LAN_NS=$LAN BCM_E2E_DHCP_NS=$DHCP BCM_E2E_CTL_NS=$CTL
 export BCM_E2E_CTL_IP=10.78.0.3 BCM_E2E_DHCP_IP=10.78.0.2 BCM_E2E_TAPS="tap0 tap1 tap2"
-export BCM_E2E_SUSHY_URL=$url BCM_E2E_SUSHY_USER=$SUSHY_USER BCM_E2E_SUSHY_PASSWORD=$SUSHY_PASSWORD
+export BCM_E2E_SUSHY_URL=http://127.0.0.1:$SUSHY_PORT BCM_E2E_SUSHY_USER=$SUSHY_USER BCM_E2E_SUSHY_PASSWORD=$SUSHY_PASSWORD
+export BCM_E2E_SUSHY_OOB_URL=http://127.0.0.1:$SUSHY_OOB_PORT BCM_E2E_SUSHY_OOB_PASSWORD=$SUSHY_OOB_PASSWORD
 EOF
   log "up in $((SECONDS - t0)) s: $dir (eval \$(cat $dir/run/env))"
 }

@@ -14,6 +14,9 @@
 # OS and powers the machine off, the eject and the disk boot into what it
 # wrote; its release cannot be attested (sushy-tools offers no drive erase),
 # so it publishes node.release.unverified and the pool's policy returns it.
+# Its profile is dedicated: the lease goes leased → bound → ending, and the
+# teardown rotates its BMC's password (its own emulator refuses the old one
+# after, and the control plane powers it on with the new one).
 #
 #   tests/e2e/run.sh [DIR]      (root; default DIR .bcm/e2e/<time>)
 #
@@ -235,7 +238,7 @@ agent_mode = "none"
 unattested_release = "ready"
 [[api.seed.deploy_profiles]]
 tenant = "root"
-profile = { id = "e2e-installer", version = 1, role = "host", image = { url = "http://127.0.0.1:$ISO_PORT/installer.iso", format = "iso", sha256 = "$ISO_SHA256", sizeBytes = $ISO_SIZE } }
+profile = { id = "e2e-installer", version = 1, role = "dedicated", image = { url = "http://127.0.0.1:$ISO_PORT/installer.iso", format = "iso", sha256 = "$ISO_SHA256", sizeBytes = $ISO_SIZE } }
 [engine]
 control_plane_url = "$API"
 [reconciler]
@@ -343,10 +346,11 @@ disk_raw() { qemu-img convert -U -f qcow2 -O raw "$dir/img/$1.qcow2" "$2"; }
 # No driver named: the pool's hardware profile (qemu-virtio, from the
 # configuration) binds Redfish.
 enroll() {
-  local name=$1 pool=${2:-e2e} uuid view; uuid=$(virsh -q -c qemu:///system domuuid "$name")
+  local name=$1 pool=${2:-e2e} port=${3:-8000} password=${4:-e2e-password} uuid view
+  uuid=$(virsh -q -c qemu:///system domuuid "$name")
   view=$(ctl -o json enroll --pool "$pool" \
-    --address "http://127.0.0.1:8000/redfish/v1/Systems/$uuid" \
-    --username admin --password e2e-password)
+    --address "http://127.0.0.1:$port/redfish/v1/Systems/$uuid" \
+    --username admin --password "$password")
   jq -e '.bmc.driver == "redfish"' <<<"$view" >/dev/null \
     || { echo "$name: the profile did not bind redfish: $view" >&2; return 1; }
   jq -r .nodeId <<<"$view" > "$dir/run/node-$name"
@@ -498,7 +502,9 @@ scenario() {
 # policy (ready) returns it.
 agentless() {
   local name=e2e-oob node serial="$lab/logs/e2e-oob.serial"
-  enroll "$name" e2e-oob; node=$(cat "$dir/run/node-$name")
+  # Its BMC is an emulator of its own (lab.sh): its teardown rotates the
+  # password, which the other machines' emulator must not share.
+  enroll "$name" e2e-oob 8001 oob-password; node=$(cat "$dir/run/node-$name")
   wait_state "$name" "$node" ready 600
   local kinds
   kinds=$(psql_ctl -At -c "SELECT string_agg(DISTINCT kind, ' ' ORDER BY kind) FROM commands WHERE node_id = '$node'")
@@ -532,6 +538,27 @@ agentless() {
   ctl undeploy "$node" >/dev/null
   wait_state "$name" "$node" ready 600
   check_events "$name" $SEQ_POSITIVE
+  # A dedicated lease (the installer profile's role): leased, bound,
+  # ending, in order.
+  local leases
+  leases=$(jq -r 'select(.type | startswith("node.tenant-root.")) | .data.state' "$dir/logs/events-$name.jsonl" | tr '\n' ' ')
+  say "  $name: lease $leases"
+  [ "$leases" = "leased bound ending " ] || { echo "want the lease leased bound ending: $leases" >&2; return 1; }
+  # Its teardown rotated the BMC password: the emulator refuses the one
+  # the machine was enrolled with, and the control plane's new one works
+  # (a power-on through the bmc service after the release).
+  local code
+  code=$(in_ctl curl -s -o /dev/null -w '%{http_code}' -u admin:oob-password http://127.0.0.1:8001/redfish/v1/Systems)
+  [ "$code" = 401 ] || { echo "the emulator still takes the enrolled password ($code)" >&2; return 1; }
+  ctl power "$node" on >/dev/null
+  local power=""
+  for i in $(seq 1 60); do
+    power=$(psql_ctl -At -c "SELECT status FROM commands WHERE node_id = '$node' AND kind = 'bmc.power' ORDER BY created_at DESC LIMIT 1")
+    case "$power" in succeeded|failed) break ;; esac
+    sleep 1
+  done
+  [ "$power" = succeeded ] || { echo "a power-on with the rotated password: $power" >&2; return 1; }
+  say "  $name: BMC password rotated: the enrolled one is refused (401), the new one powers the machine on"
   local unverified
   unverified=$(jq -c 'select(.type == "node.release.unverified") | .data | {outcome, reason}' "$dir/logs/events-$name.jsonl")
   say "  $name: $unverified"

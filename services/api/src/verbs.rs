@@ -669,7 +669,6 @@ async fn run_verb(
         // is recorded (sealed) now, before anything is sent; one recorded
         // by an earlier attempt is kept (the BMC may hold it already).
         if t.to == bcm_core::ProvisionState::Releasing
-            && !agent.is_agentless()
             && bcm_metal::tenant_root::is_dedicated(&next)
             && next.bmc_secret_id.is_some()
         {

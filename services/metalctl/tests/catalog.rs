@@ -86,8 +86,19 @@ async fn profiles_hardware_profiles_and_pools_from_the_command_line() {
     let (ok, out, err) = run(&env, &["-o", "json", "pools"]);
     assert!(ok, "{err}");
     let pools: Value = serde_json::from_str(&out).expect("json");
-    assert_eq!(pools[0]["id"], "a-pool", "{pools}");
-    assert_eq!(pools[0]["releaseWipe"], "quick");
+    let a_pool = pools
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["id"] == "a-pool"))
+        .unwrap_or_else(|| panic!("a-pool is listed: {pools}"));
+    assert_eq!(a_pool["releaseWipe"], "quick");
+    let agentless = pools
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["id"] == "a-agentless"))
+        .unwrap_or_else(|| panic!("a-agentless is listed: {pools}"));
+    assert_eq!(
+        (&agentless["agentMode"], &agentless["unattestedRelease"]),
+        (&serde_json::json!("none"), &serde_json::json!("ready"))
+    );
     let (ok, out, _) = run(&env, &["pools"]);
     assert!(ok);
     assert!(out.contains("a-pool") && out.contains("(any)"), "{out}");

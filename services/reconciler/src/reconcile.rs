@@ -225,14 +225,13 @@ fn profile_for(node: &Node, commission_wipe: WipeMode, agent: AgentMode) -> Opti
             commission_wipe,
             agent,
         ),
-        // A node its tenant had root on is torn down as such (an agentless
-        // one has no ramdisk: its out-of-band release stands).
-        ProvisionState::Releasing
-            if agent == AgentMode::Bcd && bcm_metal::tenant_root::is_dedicated(node) =>
-        {
-            Some(workflow::metal_release_dedicated(
-                node.release_wipe.unwrap_or(WipeMode::SecureErase),
-            ))
+        // A node its tenant had root on is torn down as such.
+        ProvisionState::Releasing if bcm_metal::tenant_root::is_dedicated(node) => {
+            let wipe = node.release_wipe.unwrap_or(WipeMode::SecureErase);
+            Some(match agent {
+                AgentMode::Bcd => workflow::metal_release_dedicated(wipe),
+                AgentMode::None => workflow::metal_release_oob_dedicated(wipe),
+            })
         }
         s => workflow::metal_profile_for(
             s,

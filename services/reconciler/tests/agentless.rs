@@ -277,3 +277,77 @@ async fn an_agentless_retire_needs_the_bmcs_erase() {
         "{error}"
     );
 }
+
+/// A dedicated lease on an agentless pool is torn down through the BMC
+/// too: its erase, the firmware compared, the boot override reset and the
+/// BMC password rotated, the lease going leased → bound → ending.
+#[tokio::test]
+async fn an_agentless_dedicated_lease_is_torn_down_through_the_bmc() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let leases = env
+        .events_consumer(
+            "oob-leases",
+            &env.subjects().event(&tenant_a(), "node.tenant-root.>"),
+        )
+        .await
+        .expect("consumer");
+    let id = env.enroll_sim_in("oob-dedicated", "a-agentless").await;
+    env.wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("ready");
+    env.verb_ok(
+        "deploy",
+        &id,
+        json!({"profileId": "talos-iso-dedicated", "profileVersion": 1}),
+    )
+    .await;
+    env.wait_state(&id, ProvisionState::Deployed, T)
+        .await
+        .expect("deployed");
+    let before = env.node(&id).await.expect("node").bmc_secret_id;
+    env.verb_ok("undeploy", &id, json!({})).await;
+    let back = env
+        .wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("ready: the BMC's erase attested it");
+    assert_ne!(back.bmc_secret_id, before, "the BMC password was rotated");
+    let commands = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands");
+    let erase = commands
+        .iter()
+        .rposition(|c| c.kind == "bmc.diskErase")
+        .expect("the release's erase");
+    assert_eq!(
+        commands[erase].params["mode"], "secure-erase",
+        "never quick"
+    );
+    let after: Vec<&str> = commands[erase + 1..]
+        .iter()
+        .map(|c| c.kind.as_str())
+        .collect();
+    assert_eq!(
+        after,
+        [
+            "bmc.power",
+            "bmc.inspect",
+            "bmc.bootDevice",
+            "bmc.rotateCredentials"
+        ]
+    );
+    let states: Vec<String> = leases
+        .read(3, T)
+        .await
+        .expect("lease events")
+        .iter()
+        .map(|e| {
+            e.event.data["state"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(states, ["leased", "bound", "ending"]);
+}

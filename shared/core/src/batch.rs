@@ -246,8 +246,10 @@ pub(crate) fn profiles_of_mode(state: ProvisionState, agent: AgentMode) -> Vec<P
     }
     let mut out = vec![];
     for wipe in WipeMode::ALL {
-        let dedicated = (state == ProvisionState::Releasing && agent == AgentMode::Bcd)
-            .then(|| workflow::metal_release_dedicated(wipe));
+        let dedicated = (state == ProvisionState::Releasing).then(|| match agent {
+            AgentMode::Bcd => workflow::metal_release_dedicated(wipe),
+            AgentMode::None => workflow::metal_release_oob_dedicated(wipe),
+        });
         for p in [false, true]
             .into_iter()
             .filter_map(|unrescue| workflow::metal_profile_for(state, unrescue, wipe, agent))

@@ -424,17 +424,9 @@ pub fn metal_release_dedicated(mode: WipeMode) -> Profile {
     if mode != WipeMode::None {
         steps.push(once("wipe", StepKind::DiskWipe { mode }, 86_400));
     }
-    steps.extend([
-        power_off(),
-        once("check-firmware", StepKind::BmcFirmware { check: true }, 300),
-        step(
-            "reset-boot",
-            StepKind::BmcBootDisk { persistent: true },
-            120,
-        ),
-        step("rotate-bmc-password", StepKind::RotateBmcPassword, 300),
-        step("clear-boot-entry", StepKind::BootEntryClear, 60),
-    ]);
+    steps.push(power_off());
+    steps.extend(dedicated_teardown());
+    steps.push(step("clear-boot-entry", StepKind::BootEntryClear, 60));
     Profile {
         id: "metal-release-dedicated".into(),
         version: 1,
@@ -598,6 +590,31 @@ pub fn metal_release_oob(mode: WipeMode) -> Profile {
         ],
         cleanup: vec![power_off()],
     }
+}
+
+/// `metal-release-oob-dedicated` v1 (agentless, a node its tenant had
+/// root on): the out-of-band release, then the firmware compared with
+/// what commissioning recorded, the boot override reset to the disk, and
+/// the BMC password rotated to the teardown password the verb recorded.
+pub fn metal_release_oob_dedicated(mode: WipeMode) -> Profile {
+    let mut p = metal_release_oob(mode);
+    p.id = "metal-release-oob-dedicated".into();
+    p.steps.extend(dedicated_teardown());
+    p
+}
+
+/// What a dedicated teardown adds once the disks are done and the machine
+/// is off.
+fn dedicated_teardown() -> [StepDef; 3] {
+    [
+        once("check-firmware", StepKind::BmcFirmware { check: true }, 300),
+        step(
+            "reset-boot",
+            StepKind::BmcBootDisk { persistent: true },
+            120,
+        ),
+        step("rotate-bmc-password", StepKind::RotateBmcPassword, 300),
+    ]
 }
 
 /// `metal-retire-oob` v1 (agentless): a crypto-erase the BMC must offer

@@ -174,8 +174,9 @@ impl TestEnv {
     /// agentless pool `a-agentless` of tenant `a` (agent mode `none`, an
     /// unattested release returns to `ready`), and the deploy profiles `p`
     /// v1 (both tenants), `ubuntu-24.04` v1, `ubuntu-24.04-gpu-host` v1,
-    /// `dedicated-ubuntu` v1 (role `dedicated`) and `talos-iso` v1 (an
-    /// installer ISO) of tenant `a`, `b-only` v1 of tenant `b`.
+    /// `dedicated-ubuntu` v1 (role `dedicated`), `talos-iso` v1 and
+    /// `talos-iso-dedicated` v1 (installer ISOs) of tenant `a`, `b-only` v1
+    /// of tenant `b`.
     pub async fn start_with(opts: Options) -> anyhow::Result<Self> {
         let _ = bcm_telemetry::init("bcm-test", &Default::default());
         let database_url = fresh_database().await?;
@@ -204,6 +205,9 @@ impl TestEnv {
                 {"tenant": "a", "profile": sim_profile("ubuntu-24.04-gpu-host", 1, "host")},
                 {"tenant": "a", "profile": sim_profile("dedicated-ubuntu", 1, "dedicated")},
                 {"tenant": "a", "profile": {"id": "talos-iso", "version": 1, "role": "host",
+                    "image": {"url": "http://images.invalid/talos-amd64.iso", "format": "iso",
+                              "sha256": "7a".repeat(32), "sizeBytes": 100u64 << 20}}},
+                {"tenant": "a", "profile": {"id": "talos-iso-dedicated", "version": 1, "role": "dedicated",
                     "image": {"url": "http://images.invalid/talos-amd64.iso", "format": "iso",
                               "sha256": "7a".repeat(32), "sizeBytes": 100u64 << 20}}},
                 {"tenant": "b", "profile": sim_profile("p", 1, "host")},
