@@ -788,56 +788,12 @@ async fn check_running(
         // run it again (each is idempotent).
         StepTarget::ControlPlane | StepTarget::Node => run_in_engine(tx, at, steps, pos).await,
         StepTarget::Site => {
-            let ended = check_command(tx, &at.def.kind, &mut steps[pos], at.now, writes).await?;
-            match ended {
-                // A dedicated teardown's rotation committed at the BMC: the
-                // new credentials become the only ones on record, here.
-                Some(e)
-                    if at.def.kind == StepKind::RotateBmcPassword
-                        && e.outcome == StepOutcome::Succeeded =>
-                {
-                    let command_id = steps[pos].command_id.clone().unwrap_or_default();
-                    match crate::rotation::commit_teardown(
-                        tx,
-                        at.ctx,
-                        at.node,
-                        &command_id,
-                        e.output.as_ref(),
-                        &mut writes.events,
-                    )
-                    .await?
-                    {
-                        Ok(()) => Ok(Some(e)),
-                        Err(why) => Ok(Some(Ended {
-                            outcome: StepOutcome::Failed {
-                                retryable: true,
-                                message: why,
-                            },
-                            ..e
-                        })),
-                    }
-                }
-                // Firmware: recorded at commissioning, compared at a
-                // dedicated teardown.
-                Some(e)
-                    if matches!(at.def.kind, StepKind::BmcFirmware { .. })
-                        && e.outcome == StepOutcome::Succeeded =>
-                {
-                    let StepKind::BmcFirmware { check } = at.def.kind else {
-                        return Ok(Some(e));
-                    };
-                    match firmware_step(tx, at.node, check, e.output.as_ref()).await? {
-                        Ok(()) => Ok(Some(e)),
-                        Err(message) => Ok(Some(Ended {
-                            outcome: StepOutcome::Failed {
-                                retryable: false,
-                                message,
-                            },
-                            ..e
-                        })),
-                    }
-                }
-                other => Ok(other),
+            let command_id = steps[pos].command_id.clone().unwrap_or_default();
+            match check_command(tx, &at.def.kind, &mut steps[pos], at.now, writes).await? {
+                Some(e) => record_site_result(tx, at, &command_id, e, writes)
+                    .await
+                    .map(Some),
+                None => Ok(None),
             }
         }
         StepTarget::Ramdisk => {
@@ -848,6 +804,49 @@ async fn check_running(
             }
         }
     }
+}
+
+/// What a succeeded site result still writes before its step counts as
+/// done: a dedicated teardown's rotated credentials (a result without
+/// usable ones is retried with the same teardown password), the firmware
+/// recorded at commissioning or compared at a teardown (a change fails the
+/// step for good).
+async fn record_site_result(
+    tx: &mut Tx<'_>,
+    at: &At<'_>,
+    command_id: &str,
+    ended: Ended,
+    writes: &mut Writes,
+) -> Result<Ended, DbError> {
+    if ended.outcome != StepOutcome::Succeeded {
+        return Ok(ended);
+    }
+    let output = ended.output.as_ref();
+    let refused = match at.def.kind {
+        StepKind::RotateBmcPassword => crate::rotation::commit_teardown(
+            tx,
+            at.ctx,
+            at.node,
+            command_id,
+            output,
+            &mut writes.events,
+        )
+        .await?
+        .err()
+        .map(|message| (true, message)),
+        StepKind::BmcFirmware { check } => firmware_step(tx, at.node, check, output)
+            .await?
+            .err()
+            .map(|message| (false, message)),
+        _ => None,
+    };
+    Ok(match refused {
+        None => ended,
+        Some((retryable, message)) => Ended {
+            outcome: StepOutcome::Failed { retryable, message },
+            ..ended
+        },
+    })
 }
 
 /// Runs a step the engine itself carries out, in its transaction.

@@ -96,19 +96,30 @@ pub async fn finish(
         bcm_db::secrets::secret_delete_in_txn(tx, &secret).await?;
     }
     tracing::info!(node = %id, command = %r.command_id, outcome = ?outcome, "BMC password rotation ended");
-    events.push(bcm_metal::outbox::event(
-        ctx.bus.subjects(),
-        &next,
-        bcm_contracts::events::NodeCredentialsRotation {
-            node_id: next.id,
-            tenant_id: next.tenant_id.clone(),
-            outcome,
-            command_id: r.command_id.clone(),
-            error,
-            version: next.version,
-        },
-    ));
+    events.push(rotation_event(ctx, &next, outcome, &r.command_id, error));
     Ok(())
+}
+
+/// `node.credentials.rotation` of `node` as written (never a password).
+fn rotation_event(
+    ctx: &Ctx,
+    node: &bcm_db::nodes::Node,
+    outcome: RotationOutcome,
+    command_id: &str,
+    error: Option<String>,
+) -> NewOutboxMessage {
+    bcm_metal::outbox::event(
+        ctx.bus.subjects(),
+        node,
+        bcm_contracts::events::NodeCredentialsRotation {
+            node_id: node.id,
+            tenant_id: node.tenant_id.clone(),
+            outcome,
+            command_id: command_id.to_owned(),
+            error,
+            version: node.version,
+        },
+    )
 }
 
 /// The purpose of a dedicated node's teardown password: recorded sealed by
@@ -153,17 +164,12 @@ pub async fn commit_teardown(
         version,
         ..node.clone()
     };
-    events.push(bcm_metal::outbox::event(
-        ctx.bus.subjects(),
+    events.push(rotation_event(
+        ctx,
         &next,
-        bcm_contracts::events::NodeCredentialsRotation {
-            node_id: next.id,
-            tenant_id: next.tenant_id.clone(),
-            outcome: RotationOutcome::Committed,
-            command_id: command_id.to_owned(),
-            error: None,
-            version,
-        },
+        RotationOutcome::Committed,
+        command_id,
+        None,
     ));
     Ok(Ok(()))
 }
