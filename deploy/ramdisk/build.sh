@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the ramdisk the boot service hands to machines: Debian's kernel and
-# a minimal initramfs (busybox-static, the virtio/e1000 and FAT modules in
-# load order, udhcpc) whose /init starts the real, statically linked `bcd`.
+# a minimal initramfs (busybox-static, the virtio/e1000, FAT, ACPI button
+# and evdev modules in load order, udhcpc, acpid honouring the power
+# button) whose /init starts the real, statically linked `bcd`.
 #
 #   deploy/ramdisk/build.sh [out-dir]            (default .bcm/ramdisk)
 #
@@ -21,7 +22,9 @@
 # KERNEL_PACKAGE (default: what linux-image-amd64 depends on today),
 # BCD_TRUST_DIR (what bcd pins, copied to /etc/bcd/trust: `ca.crt`, the
 # control plane's CA, and `image-keys`, one base64 ed25519 image-signing
-# key a line; bcd never takes either from a network answer).
+# key a line; bcd never takes either from a network answer),
+# RAMDISK_EXTRA_BIN (a directory whose executables go to /usr/bin: tools a
+# site adds, such as a GPU stack's dcgmi, or a test's stand-ins).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 out="$(mkdir -p "${1:-$root/.bcm/ramdisk}" && cd "${1:-$root/.bcm/ramdisk}" && pwd)"
@@ -69,6 +72,7 @@ modules=(
   drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_legacy_dev
   drivers/virtio/virtio_pci_modern_dev drivers/virtio/virtio_pci
   drivers/net/virtio_net drivers/block/virtio_blk drivers/net/ethernet/intel/e1000/e1000
+  drivers/acpi/button drivers/input/evdev
   fs/fat/fat fs/fat/vfat fs/nls/nls_cp437 fs/nls/nls_ascii fs/nls/nls_utf8 fs/nls/nls_iso8859-1
 )
 k="$out/.kernel"
@@ -80,7 +84,7 @@ cp "$k/boot/vmlinuz-$kver" "$out/vmlinuz"
 
 rd="$out/.initrd"
 rm -rf "$rd"
-mkdir -p "$rd"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,run,tmp,mnt,etc/bcd,lib/modules,usr/share/udhcpc}
+mkdir -p "$rd"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,run,tmp,mnt,etc/bcd,etc/acpi/PWRF,lib/modules,usr/share/udhcpc}
 cp /bin/busybox "$rd/bin/busybox"
 install -m 0755 "$bcd" "$rd/bin/bcd"
 : > "$rd/lib/modules/load-order"
@@ -100,6 +104,23 @@ case "$1" in
     echo "bcm-ramdisk: $interface $ip/${mask:-24}" ;;
 esac
 DHCP
+# A graceful power-off (the BMC's ACPI power button) is honoured: busybox
+# acpid runs this on the button's press (its built-in table maps it to
+# PWRF/00000080 under /etc/acpi).
+cat > "$rd/etc/acpi/PWRF/00000080" <<'ACPI'
+#!/bin/busybox sh
+echo "bcm-ramdisk: ACPI power button: syncing and powering off"
+sync
+poweroff -f
+ACPI
+chmod 0755 "$rd/etc/acpi/PWRF/00000080"
+if [ -n "${RAMDISK_EXTRA_BIN:-}" ]; then
+  for f in "$RAMDISK_EXTRA_BIN"/*; do
+    [ -f "$f" ] && [ -x "$f" ] || continue
+    install -m 0755 "$f" "$rd/usr/bin/$(basename "$f")"
+    log "added /usr/bin/$(basename "$f") from $RAMDISK_EXTRA_BIN"
+  done
+fi
 if [ -n "${BCD_TRUST_DIR:-}" ]; then
   mkdir -p "$rd/etc/bcd/trust"
   for f in ca.crt image-keys; do
@@ -114,10 +135,13 @@ cat > "$rd/init" <<'INIT'
 #!/bin/busybox sh
 # The ramdisk's /init: mounts, modules, DHCP on every NIC, then bcd.
 /bin/busybox --install -s
+export PATH=/sbin:/usr/sbin:/bin:/usr/bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 mkdir -p /dev/pts && mount -t devpts devpts /dev/pts
 echo "bcm-ramdisk: up after $(cut -d' ' -f1 /proc/uptime) s; kernel $(uname -r)"
 for m in $(cat /lib/modules/load-order); do insmod "/lib/modules/$m" 2>/dev/null; done
+# The power button (graceful power-off from the BMC) powers the machine off.
+acpid -c /etc/acpi -l /dev/console 2>/dev/null || echo "bcm-ramdisk: no acpid: a graceful power-off will be forced"
 ip link set lo up
 sleep 1
 for n in /sys/class/net/*; do

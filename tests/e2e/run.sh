@@ -8,6 +8,13 @@
 # turned read-only before a release, and the UEFI VM's disk swapped for
 # another (another serial) before a release, must each end in `failed` with
 # UNVERIFIED_WIPE (the second naming the recorded disk that did not report).
+# The BIOS machine's first deploy is aborted mid-way and recovered to
+# ready; the UEFI machine is rescued (its rescue ramdisk comes up) and
+# undeployed from rescue; the read-only machine is then retired, its virtio
+# disk crypto-erased by a full overwrite read back (the method reported),
+# and the swapped one's NIC unplugged before a recover, whose ramdisk join
+# times out (the site's step time-out) into the node's lastError. The
+# ramdisk honours the BMC's graceful power-off (ACPI), as libvirt's logs show.
 # Beside them an agentless machine (pool agentMode none, BIOS) goes the same
 # way through its BMC alone: out-of-band inspection, an installer ISO
 # inserted as sushy-tools' virtual media and booted once, which writes the
@@ -42,6 +49,7 @@ TOKEN="e2e-admin-token-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 FIRMWARE="${E2E_FIRMWARE:-uefi bios}"
 AGENTLESS="${E2E_AGENTLESS:-1}"
 ISO_PORT=8099                  # the installer ISO's server, on the control namespace's loopback
+JOIN_TIMEOUT=120               # the site's time-out of wait-ramdisk-join (a join takes ~30 s here)
 T0=$(date +%s.%N)
 phase_name=""
 
@@ -134,7 +142,10 @@ build() {
   mkdir -p "$dir/trust"
   cp "$dir/tls/ca.crt" "$dir/trust/ca.crt"
   echo "$PUBLIC_KEY" > "$dir/trust/image-keys"
-  BCD_TRUST_DIR="$dir/trust" "$root/deploy/ramdisk/build.sh" "$dir/ramdisk" 2>>"$dir/logs/build.log" | sed 's/^/  /'
+  # The test ramdisk carries a stand-in dcgmi (a sim, saying so): the
+  # machines have no GPU, and commissioning's diagnostic must pass.
+  RAMDISK_EXTRA_BIN="$here/ramdisk-sim" BCD_TRUST_DIR="$dir/trust" \
+    "$root/deploy/ramdisk/build.sh" "$dir/ramdisk" 2>>"$dir/logs/build.log" | sed 's/^/  /'
 }
 
 lab_up() {
@@ -222,7 +233,6 @@ id = "e2e"
 tenant = "root"
 site = "lab"
 hardware_profile = "qemu-virtio"
-accept_unsupported_diag = true
 [[api.seed.deploy_profiles]]
 tenant = "root"
 profile = { id = "e2e-os-raw", version = 1, role = "host", image = $(toml_ref raw) }
@@ -241,6 +251,8 @@ tenant = "root"
 profile = { id = "e2e-installer", version = 1, role = "dedicated", image = { url = "http://127.0.0.1:$ISO_PORT/installer.iso", format = "iso", sha256 = "$ISO_SHA256", sizeBytes = $ISO_SIZE } }
 [engine]
 control_plane_url = "$API"
+[engine.step_timeouts]
+wait-ramdisk-join = $JOIN_TIMEOUT
 [reconciler]
 metal_poll_ms = 5000
 [attestation]
@@ -329,6 +341,7 @@ define_vms() {
     "$here/vm.sh" disk "$dir/img/$name.qcow2" 2G >/dev/null
     "$here/vm.sh" define "$lab" "$name" "$fw" "$mac" "tap$i" "$dir/img/$name.qcow2" >/dev/null
     echo "$mac" > "$dir/run/mac-$name"
+    echo "tap$i" > "$dir/run/tap-$name"
     i=$((i + 1))
   done
   if [ "$AGENTLESS" = 1 ]; then
@@ -452,20 +465,85 @@ check_events() {
 }
 
 # Every wipe and diag result is signed and was verified by attestation.
+# check_attested NAME [RELEASES]: commissioning's diag and wipe, then one
+# wipe per release (default one).
 check_attested() {
-  local name=$1 node; node=$(cat "$dir/run/node-$name")
+  local name=$1 releases=${2:-1} node; node=$(cat "$dir/run/node-$name")
   local rows
   rows=$(psql_ctl -At -c "SELECT kind || ' ' || status || ' ' || (attested_by IS NOT NULL) || ' ' || (signature IS NOT NULL) FROM commands WHERE node_id = '$node' AND kind IN ('disk.wipe', 'diag.dcgm') ORDER BY created_at")
   say "  $name commands: $(tr '\n' ';' <<<"$rows")"
-  # Commissioning's diag and wipe, the release's wipe: each signed,
-  # verified, succeeded.
-  local want=$'diag.dcgm succeeded true true\ndisk.wipe succeeded true true\ndisk.wipe succeeded true true'
+  # Each signed, verified, succeeded.
+  local want=$'diag.dcgm succeeded true true\ndisk.wipe succeeded true true' i
+  for i in $(seq 1 "$releases"); do want+=$'\ndisk.wipe succeeded true true'; done
   [ "$rows" = "$want" ] || { printf 'commands of %s:\n%s\nwant:\n%s\n' "$name" "$rows" "$want" >&2; return 1; }
 }
 
-SEQ_POSITIVE="enrolled enrolling workflow inspecting workflow commissioning workflow ready deploying workflow deployed releasing workflow ready"
+# wf_steps NODE STATE CLEANUP: the steps of the node's first workflow of
+# STATE, `name=status` in order (main steps, or the cleanup ones).
+wf_steps() {
+  psql_ctl -At -c "SELECT string_agg(s.name || '=' || s.status, ' ' ORDER BY s.idx) FROM workflow_steps s
+    WHERE s.workflow_id = (SELECT id FROM workflows WHERE node_id = '$1' AND for_state = '$2' ORDER BY created_at LIMIT 1)
+    AND s.cleanup = $3"
+}
 
-# The whole positive scenario for one VM.
+# wf_status NODE PROFILE: the status of the node's newest workflow of PROFILE.
+wf_status() {
+  psql_ctl -At -c "SELECT status FROM workflows WHERE node_id = '$1' AND profile_id = '$2' ORDER BY created_at DESC LIMIT 1"
+}
+
+# Abort in the middle of a deploy (its ramdisk booting), then recover: the
+# deploy's workflow ends cancelled with its cleanup run (boot entry
+# cleared, powered off), the node fails from deploying, and recover wipes
+# it again through releasing back to ready.
+abort_deploy() {
+  local name=$1 format=$2 node i steps=""; node=$(cat "$dir/run/node-$name")
+  ctl deploy "$node" --profile "e2e-os-$format" --profile-version 1 >/dev/null
+  for i in $(seq 1 300); do
+    steps=$(wf_steps "$node" deploying false)
+    grep -q "wait-ramdisk-join=running" <<<"$steps" && break
+    sleep 1
+  done
+  grep -q "wait-ramdisk-join=running" <<<"$steps" \
+    || { echo "the deploy never waited for its ramdisk: $steps" >&2; return 1; }
+  ctl abort "$node" --reason "e2e: abort mid-deploy" >/dev/null
+  local view; view=$(ctl show "$node" -o json)
+  jq -e '.provisionState == "failed" and .failedFrom == "deploying" and (.lastError | contains("abort mid-deploy"))' <<<"$view" >/dev/null \
+    || { echo "abort: $(jq -c '{provisionState, failedFrom, lastError}' <<<"$view")" >&2; return 1; }
+  local status=""
+  for i in $(seq 1 120); do
+    status=$(psql_ctl -At -c "SELECT status FROM workflows WHERE node_id = '$node' AND for_state = 'deploying' ORDER BY created_at LIMIT 1")
+    [ "$status" = cancelled ] && break
+    sleep 1
+  done
+  local cleanup; cleanup=$(wf_steps "$node" deploying true)
+  say "  $name: aborted mid-deploy: workflow $status, cleanup $cleanup"
+  [ "$status" = cancelled ] && [ "$cleanup" = "clear-boot-entry=succeeded power-off=succeeded" ] \
+    || { echo "want the deploy cancelled with its cleanup run" >&2; return 1; }
+  ctl recover "$node" >/dev/null
+  wait_state "$name" "$node" ready 900
+}
+
+# Rescue a deployed machine (the rescue ramdisk boots: the metal-rescue
+# workflow succeeds once it joined), then undeploy it from rescue.
+rescue_undeploy() {
+  local name=$1 node i status=""; node=$(cat "$dir/run/node-$name")
+  ctl rescue "$node" >/dev/null
+  for i in $(seq 1 450); do
+    status=$(wf_status "$node" metal-rescue)
+    case "$status" in succeeded|failed|cancelled) break ;; esac
+    sleep 2
+  done
+  [ "$status" = succeeded ] || { echo "the rescue ramdisk did not come up: metal-rescue $status" >&2; return 1; }
+  say "  $name: rescue ramdisk up ($(wf_steps "$node" rescue false)); undeploy from rescue"
+  ctl undeploy "$node" >/dev/null
+}
+
+SEQ_READY="enrolled enrolling workflow inspecting workflow commissioning workflow ready"
+SEQ_POSITIVE="$SEQ_READY deploying workflow deployed releasing workflow ready"
+
+# The whole positive scenario for one VM. The BIOS machine's first deploy
+# is aborted mid-way and recovered; the UEFI machine is rescued before its
+# release, which it is undeployed from.
 scenario() {
   local name=$1 node
   enroll "$name"; node=$(cat "$dir/run/node-$name")
@@ -475,6 +553,14 @@ scenario() {
   # commissioning wipe took them.
   check_wiped_disk "$name"
   local format=raw; [ "$name" = e2e-uefi ] && format=qcow2
+  local seq="$SEQ_POSITIVE" releases=1
+  if [ "$name" = e2e-bios ]; then
+    abort_deploy "$name" "$format"
+    seq="$SEQ_READY deploying workflow failed releasing workflow ready deploying workflow deployed releasing workflow ready"
+    releases=2
+  elif [ "$name" = e2e-uefi ]; then
+    seq="$SEQ_READY deploying workflow deployed rescue workflow releasing workflow ready"
+  fi
   ctl deploy "$node" --profile "e2e-os-$format" --profile-version 1 >/dev/null
   wait_state "$name" "$node" deployed 900
   check_deployed_disk "$name"
@@ -487,11 +573,22 @@ scenario() {
     echo "the catalog image did not come from the site's cache: $source" >&2; return 1
   fi
   # No --wipe: the pool's releaseWipe (quick).
-  ctl undeploy "$node" >/dev/null
+  if [ "$name" = e2e-uefi ]; then
+    rescue_undeploy "$name"
+  else
+    ctl undeploy "$node" >/dev/null
+  fi
   wait_state "$name" "$node" ready 900
   check_wiped_disk "$name"
-  check_events "$name" $SEQ_POSITIVE
-  check_attested "$name"
+  # shellcheck disable=SC2086
+  check_events "$name" $seq
+  check_attested "$name" "$releases"
+  # Commissioning's diagnostic passed through the ramdisk's stand-in dcgmi
+  # (the pool does not accept unsupported), and the result says sim.
+  local diag
+  diag=$(psql_ctl -At -c "SELECT (result->'output'->>'status') || ' sim=' || coalesce(result->'output'->>'sim', 'false') FROM commands WHERE node_id = '$node' AND kind = 'diag.dcgm'")
+  say "  $name: diag.dcgm $diag"
+  [ "$diag" = "pass sim=true" ] || { echo "want the diagnostic passed by the sim dcgmi: $diag" >&2; return 1; }
 }
 
 # The agentless machine: no ramdisk, no agent, nothing signed. Its BMC
@@ -578,6 +675,28 @@ negative() {
   local err; err=$(ctl show "$node" -o json | jq -r .lastError)
   say "  $name: failed: $err"
   grep -q UNVERIFIED_WIPE <<<"$err" || { echo "the release failed without UNVERIFIED_WIPE" >&2; return 1; }
+  # The disk is writable again, and the machine is retired: its virtio
+  # disk has no erase command of its own, so the crypto-erase is carried
+  # out (the pool's default policy admits it) as a full overwrite read
+  # back byte for byte, and the result says so.
+  "$here/vm.sh" set-readonly "$lab" "$name" off >/dev/null
+  ctl retire "$node" >/dev/null
+  wait_state "$name" "$node" retired 900
+  local erase
+  erase=$(psql_ctl -At -c "SELECT string_agg((d->>'name') || ' ' || (d->>'method') || ' by ' || (d->>'erase') || ' ' || (d->>'outcome'), '; ')
+    FROM commands c, jsonb_array_elements(c.result->'output'->'disks') d
+    WHERE c.node_id = '$node' AND c.kind = 'disk.wipe' AND c.status = 'succeeded' AND c.params->>'mode' = 'crypto-erase'")
+  say "  $name: retired; wipe: $erase"
+  [ "$erase" = "vda crypto-erase by overwrite-verified verified" ] \
+    || { echo "want vda crypto-erased by overwrite-verified, verified" >&2; return 1; }
+  local raw="$dir/img/$name.check.raw"
+  disk_raw "$name" "$raw"
+  # All zero: cmp reaches the end of the disk (EOF) before any difference.
+  local diff; diff=$(cmp "$raw" /dev/zero 2>&1 || true)
+  grep -q "EOF on $raw" <<<"$diff" \
+    || { echo "the retired disk is not zero from end to end: $diff" >&2; return 1; }
+  say "  $name: every byte of the retired disk is zero"
+  rm -f "$raw"
 }
 
 # The swapped-disk run: a deployed machine's disk is swapped for another
@@ -598,6 +717,22 @@ swapped() {
     || { echo "the release did not fail naming the swapped-out disk" >&2; return 1; }
   # The disk now in the machine was wiped and read back all the same.
   check_wiped_disk "$name-swapped"
+  step_timeout "$name"
+}
+
+# A step time-out on a real machine: its NIC is unplugged, so the ramdisk a
+# recover boots can never join; the site's time-out of wait-ramdisk-join
+# (engine.step_timeouts) ends the wait, the step's policy allows one
+# attempt, and the workflow fails naming the step and the time-out.
+step_timeout() {
+  local name=$1 node; node=$(cat "$dir/run/node-$name")
+  virsh -q -c qemu:///system domif-setlink "$name" "$(cat "$dir/run/tap-$name")" down --config >/dev/null
+  ctl recover "$node" >/dev/null
+  wait_state "$name" "$node" failed $((JOIN_TIMEOUT + 300))
+  local err; err=$(ctl show "$node" -o json | jq -r .lastError)
+  say "  $name: NIC unplugged, recover: failed: $err"
+  [ "$err" = "wait-ramdisk-join: wait-ramdisk-join timed out after $JOIN_TIMEOUT s (after 1 attempt)" ] \
+    || { echo "want the join wait's time-out in lastError" >&2; return 1; }
 }
 
 # Both negative runs at once, each on its own machine.
@@ -680,8 +815,26 @@ if [ "${E2E_NEGATIVE:-1}" = 1 ]; then
   neg=e2e-bios; grep -qw bios <<<"$FIRMWARE" || neg="e2e-$(awk '{print $1}' <<<"$FIRMWARE")"
   swap=$(tr ' ' '\n' <<<"$FIRMWARE" | grep -vx "${neg#e2e-}" | head -n1 || true)
   [ -z "$swap" ] || swap="e2e-$swap"
-  phase "negatives: read-only disk ($neg), swapped disk (${swap:-none}) at release → failed UNVERIFIED_WIPE" negatives
+  phase "negatives: read-only disk ($neg), swapped disk (${swap:-none}) at release → failed UNVERIFIED_WIPE; then $neg retired (crypto-erase by a verified overwrite), ${swap:-none} unplugged (a step time-out)" negatives
 fi
+# Power-offs were graceful: the bmc service asks the BMC for
+# GracefulShutdown (the ACPI power button), the ramdisk's acpid powers the
+# machine off, and libvirt's log of each machine says the guest shut
+# itself down (reason=shutdown) instead of being destroyed after the
+# graceful time-out.
+graceful_power_offs() {
+  local fw f name n total=0
+  # The ramdisk machines (the agentless one's installer powers itself off).
+  for fw in $FIRMWARE; do
+    name=e2e-$fw f="$lab/logs/e2e-$fw.qemu.log"
+    [ -f "$f" ] || continue
+    n=$(grep -c "shutting down, reason=shutdown" "$f" || true)
+    say "  $name: $n graceful power-offs (libvirt: $(grep -c "shutting down, reason=destroyed" "$f" || true) destroyed)"
+    total=$((total + n))
+  done
+  (( total > 0 )) || { echo "no machine was powered off gracefully" >&2; return 1; }
+}
+phase "graceful power-offs seen in the emulator's log" graceful_power_offs
 # Every process ran under its own bus identity: a request its permissions
 # refuse is a bug (a refused JetStream request waits out its timeout).
 bus_permissions() {

@@ -82,6 +82,12 @@ pub struct PoolRequest {
     /// `ACCEPTANCE:` error naming what it lacks.
     #[serde(default, deserialize_with = "object_only")]
     pub adopt_acceptance: Option<bcm_core::reconcile::AdoptAcceptance>,
+    /// The erase methods that satisfy `secure-erase` and `crypto-erase`, in
+    /// the order the agent tries them on each disk (absent: the device's
+    /// own erase, then a verified full overwrite). A wipe whose disk was
+    /// erased by a method the list does not name is `UNVERIFIED_WIPE`.
+    #[serde(default, deserialize_with = "object_only")]
+    pub erase_methods: Option<bcm_core::erase::ErasePolicy>,
     /// How many dedicated-root leases (deploys of a `dedicated` profile)
     /// the pool holds at once; absent: no limit, `0`: none. A deploy past
     /// it is refused (`node.tenant-root.refused`, with the reason).
@@ -168,6 +174,9 @@ pub fn check_pool_policy(p: &bcm_db::tenancy::Pool) -> Result<(), ApiError> {
     if let Some(a) = &p.adopt_acceptance {
         a.validate().map_err(ApiError::invalid)?;
     }
+    if let Some(e) = &p.erase_methods {
+        e.validate().map_err(ApiError::invalid)?;
+    }
     for (field, value) in [
         ("releaseWipe", &p.release_wipe),
         ("commissionWipe", &p.commission_wipe),
@@ -209,6 +218,8 @@ pub struct PoolView {
     /// Absent: any machine whose agent joins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopt_acceptance: Option<bcm_core::reconcile::AdoptAcceptance>,
+    /// The pool's erase policy (the default when it sets none).
+    pub erase_methods: bcm_core::erase::ErasePolicy,
     /// Absent: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_dedicated_leases: Option<u32>,
@@ -243,6 +254,7 @@ impl PoolView {
             accept_unsupported_diag: p.accept_unsupported_diag,
             deploy_profiles: p.deploy_profiles,
             adopt_acceptance: p.adopt_acceptance,
+            erase_methods: p.erase_methods.unwrap_or_default(),
             max_dedicated_leases: None,
         })
     }
@@ -544,6 +556,7 @@ pub async fn put_pool(
         release_wipe: req.release_wipe.unwrap_or_default().as_str().to_owned(),
         commission_wipe: req.commission_wipe.unwrap_or_default().as_str().to_owned(),
         adopt_acceptance: req.adopt_acceptance,
+        erase_methods: req.erase_methods,
         unattested_release: req
             .unattested_release
             .unwrap_or_default()

@@ -360,6 +360,10 @@ pub struct SeedPool {
     /// Adoption's acceptance checks.
     #[serde(default)]
     pub adopt_acceptance: Option<bcm_core::reconcile::AdoptAcceptance>,
+    /// The erase methods that satisfy secure-erase and crypto-erase
+    /// (absent: the default policy).
+    #[serde(default)]
+    pub erase_methods: Option<bcm_core::erase::ErasePolicy>,
     /// How many dedicated-root leases the pool holds at once (absent: no
     /// limit).
     #[serde(default)]
@@ -685,6 +689,7 @@ async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {
             commission_wipe: p.commission_wipe.as_str().to_owned(),
             adopt_acceptance: p.adopt_acceptance.clone(),
             unattested_release: p.unattested_release.as_str().to_owned(),
+            erase_methods: p.erase_methods.clone(),
         };
         admin::check_pool_policy(&pool)
             .map_err(|e| StartError::Config(format!("seed: pool {}: {}", p.id, e.message)))?;

@@ -657,13 +657,21 @@ async fn run_verb(
                     Some(r) => format!("aborted by {}: {r}", who.name),
                     None => format!("aborted by {}", who.name),
                 });
-                // The running workflow stops and still runs its cleanup steps.
-                if let Some(wf) = node.workflow_id {
-                    bcm_db::workflows::workflow_request_cancel_in_txn(&mut tx, &wf.to_string())
-                        .await?;
-                }
             }
             Extra::None | Extra::Power { .. } | Extra::Rotate { .. } => {}
+        }
+        // A verb that leaves the state of the node's workflow (abort,
+        // undeploy from rescue, retire from enrolling) cancels it: the
+        // running step stops and the cleanup steps still run; the new
+        // state's workflow waits for them.
+        if t.leaves_workflow() {
+            if let Some(wf) = node.workflow_id {
+                if bcm_db::workflows::workflow_request_cancel_in_txn(&mut tx, &wf.to_string())
+                    .await?
+                {
+                    tracing::info!(node = %node.id, workflow = %wf, verb = verb.as_str(), "the verb cancels the workflow of the state it leaves");
+                }
+            }
         }
         // A dedicated node's teardown rotates its BMC password: the new one
         // is recorded (sealed) now, before anything is sent; one recorded

@@ -269,6 +269,8 @@ async fn a_pools_policy_reads_back_and_refuses_garbage() {
             &json!({"tenantId": "a", "siteId": "s1", "hardwareProfile": "gpu-redfish",
             "deployProfiles": ["p", "ubuntu-24.04"], "releaseWipe": "secure-erase",
             "commissionWipe": "crypto-erase",
+            "eraseMethods": {"secureErase": ["ata-security-erase", "overwrite-verified"],
+                             "cryptoErase": ["nvme-crypto-format"]},
             "quorum": {"required": 2, "bulkConcurrency": 50}}),
         )
         .await
@@ -280,6 +282,11 @@ async fn a_pools_policy_reads_back_and_refuses_garbage() {
     assert_eq!(p["releaseWipe"], "secure-erase");
     assert_eq!(p["commissionWipe"], "crypto-erase");
     assert_eq!(p["agentMode"], "bcd");
+    assert_eq!(
+        p["eraseMethods"],
+        json!({"secureErase": ["ata-security-erase", "overwrite-verified"],
+               "cryptoErase": ["nvme-crypto-format"]})
+    );
     assert_eq!(p["quorum"]["required"], 2);
     assert_eq!(p["quorum"]["bulkConcurrency"], 50);
     let (s, all) = env
@@ -290,6 +297,13 @@ async fn a_pools_policy_reads_back_and_refuses_garbage() {
     assert_eq!(all.as_array().map(|a| a.len()), Some(1), "{all}");
     assert_eq!(all[0]["id"], "b-pool");
     assert!(all[0]["deployProfiles"].is_null(), "no list: every profile");
+    assert_eq!(
+        all[0]["eraseMethods"]["cryptoErase"]
+            .as_array()
+            .and_then(|a| a.last()),
+        Some(&json!("overwrite-verified")),
+        "no policy: the default, ending in a verified overwrite"
+    );
 
     let base = json!({"tenantId": "a", "siteId": "s1", "hardwareProfile": "gpu-redfish"});
     let with = |extra: Value| {
@@ -314,6 +328,18 @@ async fn a_pools_policy_reads_back_and_refuses_garbage() {
             json!({"deployProfiles": vec!["p"; 300].iter().enumerate().map(|(i, _)| format!("p{i}")).collect::<Vec<_>>()}),
         ),
         with(json!({"agentMode": "ssh"})),
+        with(json!({"eraseMethods": {"secureErase": [], "cryptoErase": ["nvme-crypto-format"]}})),
+        with(
+            json!({"eraseMethods": {"secureErase": ["quick"], "cryptoErase": ["nvme-crypto-format"]}}),
+        ),
+        with(
+            json!({"eraseMethods": {"secureErase": ["shred"], "cryptoErase": ["nvme-crypto-format"]}}),
+        ),
+        with(
+            json!({"eraseMethods": {"secureErase": ["nvme-format", "nvme-format"], "cryptoErase": ["nvme-crypto-format"]}}),
+        ),
+        with(json!({"eraseMethods": {"secureErase": ["nvme-format"]}})),
+        with(json!({"eraseMethods": ["nvme-format"]})),
     ] {
         let (s, e) = env.put(path, Some(&admin), &garbage).await.expect("put");
         assert_eq!(

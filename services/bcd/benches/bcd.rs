@@ -212,7 +212,7 @@ fn main() {
     };
     let disk = bcm_bcd::disks::describe(&dev).expect("describe");
     let t0 = Instant::now();
-    let r = bcm_bcd::wipe::wipe_disk(&disk, bcm_bcd::wipe::Method::Quick, 16);
+    let r = bcm_bcd::wipe::wipe_disk(&disk, bcm_bcd::wipe::Method::Quick, &[], 16);
     let s = t0.elapsed().as_secs_f64();
     println!(
         "quick wipe of a 100 GiB sparse {} ({}): {:.2} s, outcome {:?}, {} regions read back",

@@ -350,8 +350,8 @@ fn wipe(cfg: &AgentConfig, p: &WipeParams) -> Outcome {
         .iter()
         .map(|d| {
             tracing::info!(disk = %d.name, size = d.size_bytes, ?method, "wiping");
-            let r = crate::wipe::wipe_disk(d, method, cfg.wipe_stripes);
-            tracing::info!(disk = %d.name, outcome = ?r.outcome, reason = ?r.reason, millis = r.millis, "wiped");
+            let r = crate::wipe::wipe_disk(d, method, &p.methods, cfg.wipe_stripes);
+            tracing::info!(disk = %d.name, outcome = ?r.outcome, erase = ?r.erase, reason = ?r.reason, millis = r.millis, "wiped");
             r
         })
         .collect();

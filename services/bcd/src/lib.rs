@@ -16,5 +16,6 @@ pub mod kexec;
 pub mod nvme;
 pub mod qcow2;
 pub mod seed;
+pub mod sgio;
 pub mod state;
 pub mod wipe;

@@ -1,15 +1,20 @@
 //! `disk.wipe`: `quick` (both ends of the disk, where partition tables,
 //! file-system, RAID and LVM signatures live, plus the secondary
 //! superblocks some file systems keep further in), `secure-erase` and
-//! `crypto-erase` (the device's own erase, NVMe only in this build: a
-//! device that cannot do it fails with the reason, never a silent
-//! downgrade), then read-back verification around the page cache of the
-//! head, the tail and sampled stripes. The report lists every disk with its
-//! serial, method, regions and outcome; the caller signs it.
+//! `crypto-erase`: on each disk the first method of the pool's list for
+//! the mode that the disk can do (NVMe sanitize or format, ATA security
+//! erase, SCSI sanitize, else a full overwrite read back byte for byte,
+//! where the pool admits it). A disk that can do none of them fails with
+//! the reason and is left as it was: never a silent downgrade. Then
+//! read-back verification around the page cache of every erased region
+//! and sampled stripes. The report lists every disk with its serial, the
+//! mode, the method actually used, regions and outcome; the caller signs
+//! it.
 
 use std::fs::File;
 use std::io;
 
+use bcm_core::erase::{self, EraseFamily, EraseMethod};
 use bcm_core::WipeMode;
 use rand::Rng;
 
@@ -88,14 +93,105 @@ pub fn quick_regions(size: u64) -> Vec<Region> {
     out
 }
 
-/// What a clean region reads as after `method`: zeros, or (a device erase)
-/// one uniform byte, 0x00 or 0xFF, which some devices return.
-fn clean(chunk: &[u8], method: Method) -> bool {
-    match method {
-        Method::Quick => chunk.iter().all(|b| *b == 0),
+/// What a clean region reads as after `used`: zeros after the agent's own
+/// writes, or (a device erase) one uniform byte, 0x00 or 0xFF, which some
+/// devices return.
+fn clean(chunk: &[u8], used: EraseMethod) -> bool {
+    match used {
+        EraseMethod::Quick | EraseMethod::OverwriteVerified => chunk.iter().all(|b| *b == 0),
         _ => {
             let first = chunk.first().copied().unwrap_or(0);
             (first == 0 || first == 0xff) && chunk.iter().all(|b| *b == first)
+        }
+    }
+}
+
+/// Why a method did not erase a disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EraseError {
+    /// The disk cannot do it; nothing was changed (the next admitted
+    /// method is tried).
+    Unsupported(String),
+    /// It began and failed: the wipe stops with this reason.
+    Failed(String),
+}
+
+/// Which erase commands a disk of `transport` speaks.
+pub fn family_of(transport: crate::disks::Transport) -> EraseFamily {
+    use crate::disks::Transport;
+    match transport {
+        Transport::Nvme => EraseFamily::Nvme,
+        Transport::Ata => EraseFamily::Ata,
+        Transport::Scsi => EraseFamily::Scsi,
+        Transport::Virtio | Transport::Loop | Transport::File | Transport::Other => {
+            EraseFamily::Overwrite
+        }
+    }
+}
+
+/// The methods an older control plane (no list in the command) admits:
+/// the NVMe device erase of the mode, as before lists existed.
+fn legacy(method: Method) -> Vec<EraseMethod> {
+    match method {
+        Method::Quick => vec![EraseMethod::Quick],
+        Method::SecureErase => vec![EraseMethod::NvmeFormat],
+        Method::CryptoErase => vec![EraseMethod::NvmeCryptoFormat],
+    }
+}
+
+/// Every byte of the disk written with zeros, with a log line each tenth.
+fn overwrite(file: &File, disk: &Disk) -> io::Result<Vec<Region>> {
+    const CHUNK: u64 = 256 << 20;
+    let mut done = 0u64;
+    let mut tenth = 0;
+    while done < disk.size_bytes {
+        let n = CHUNK.min(disk.size_bytes - done);
+        disks::write_zeros(file, done, n)?;
+        done += n;
+        let now = done * 10 / disk.size_bytes.max(1);
+        if now != tenth {
+            tenth = now;
+            tracing::info!(disk = %disk.name, percent = now * 10, "overwriting");
+        }
+    }
+    Ok(vec![Region {
+        offset: 0,
+        len: disk.size_bytes,
+    }])
+}
+
+/// Runs one method on an open disk: the regions it erased.
+fn run(file: &File, disk: &Disk, m: EraseMethod) -> Result<Vec<Region>, EraseError> {
+    use crate::sgio::Sanitize;
+    let whole = || {
+        vec![Region {
+            offset: 0,
+            len: disk.size_bytes,
+        }]
+    };
+    let written =
+        |r: io::Result<Vec<Region>>| r.map_err(|e| EraseError::Failed(format!("write: {e}")));
+    match m {
+        EraseMethod::Quick => written(erase_quick(file, disk)),
+        EraseMethod::OverwriteVerified => written(overwrite(file, disk)),
+        EraseMethod::NvmeFormat => crate::nvme::format(file, disk, false).map(|_| whole()),
+        EraseMethod::NvmeCryptoFormat => crate::nvme::format(file, disk, true).map(|_| whole()),
+        EraseMethod::NvmeSanitizeBlock => crate::nvme::sanitize(file, disk, false).map(|_| whole()),
+        EraseMethod::NvmeSanitizeCrypto => crate::nvme::sanitize(file, disk, true).map(|_| whole()),
+        EraseMethod::AtaSecurityErase => {
+            crate::sgio::ata_security_erase(file, false).map(|_| whole())
+        }
+        EraseMethod::AtaEnhancedSecurityErase => {
+            crate::sgio::ata_security_erase(file, true).map(|_| whole())
+        }
+        EraseMethod::ScsiSanitizeBlock => {
+            crate::sgio::scsi_sanitize(file, Sanitize::BlockErase).map(|_| whole())
+        }
+        EraseMethod::ScsiSanitizeCrypto => {
+            crate::sgio::scsi_sanitize(file, Sanitize::CryptoErase).map(|_| whole())
+        }
+        EraseMethod::ScsiSanitizeOverwrite => {
+            crate::sgio::scsi_sanitize(file, Sanitize::Overwrite).map(|_| whole())
         }
     }
 }
@@ -104,7 +200,7 @@ fn clean(chunk: &[u8], method: Method) -> bool {
 /// stripes (inside what was wiped) back from the device.
 pub fn verify(
     disk: &Disk,
-    method: Method,
+    method: EraseMethod,
     wiped: &[Region],
     stripes: usize,
 ) -> io::Result<Vec<Checked>> {
@@ -159,8 +255,15 @@ fn erase_quick(file: &File, disk: &Disk) -> io::Result<Vec<Region>> {
     Ok(regions)
 }
 
-/// Wipes one disk with `method` and reads it back.
-pub fn wipe_disk(disk: &Disk, method: Method, stripes: usize) -> DiskReport {
+/// Wipes one disk with `method`, by the first of `admitted` (the pool's
+/// methods for the mode, in order; empty: an older control plane's NVMe
+/// erase) that the disk can do, and reads it back.
+pub fn wipe_disk(
+    disk: &Disk,
+    method: Method,
+    admitted: &[EraseMethod],
+    stripes: usize,
+) -> DiskReport {
     let started = std::time::Instant::now();
     let mut report = DiskReport {
         name: disk.name.clone(),
@@ -169,36 +272,66 @@ pub fn wipe_disk(disk: &Disk, method: Method, stripes: usize) -> DiskReport {
         size_bytes: disk.size_bytes,
         transport: disk.transport,
         method: method.mode(),
+        erase: None,
         wiped_regions: vec![],
         verified_regions: vec![],
         outcome: WipeOutcome::Failed,
         reason: None,
         millis: 0,
     };
-    let erased = (|| -> Result<Vec<Region>, String> {
+    let admitted = if admitted.is_empty() {
+        legacy(method)
+    } else {
+        admitted.to_vec()
+    };
+    let family = family_of(disk.transport);
+    let tries = erase::candidates(&admitted, family);
+    let names = |l: &[EraseMethod]| l.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ");
+    let erased = (|| -> Result<(EraseMethod, Vec<Region>), String> {
+        if tries.is_empty() {
+            let what = if family == EraseFamily::Overwrite {
+                format!("{} ({:?}) has no erase command", disk.name, disk.transport)
+            } else {
+                format!("{} ({:?}) offers none of them", disk.name, disk.transport)
+            };
+            return Err(format!(
+                "{what}, and the pool admits only {} for {}; nothing was erased",
+                names(&admitted),
+                method.mode()
+            ));
+        }
         let file = disks::open_write(disk).map_err(|e| format!("open: {e}"))?;
-        let regions = match method {
-            Method::Quick => erase_quick(&file, disk).map_err(|e| format!("write: {e}"))?,
-            Method::SecureErase | Method::CryptoErase => {
-                crate::nvme::device_erase(&file, disk, method)?;
-                vec![Region {
-                    offset: 0,
-                    len: disk.size_bytes,
-                }]
+        let mut refused = vec![];
+        for m in &tries {
+            match run(&file, disk, *m) {
+                Ok(regions) => {
+                    disks::flush(&file, disk.is_block).map_err(|e| format!("{m}: flush: {e}"))?;
+                    return Ok((*m, regions));
+                }
+                Err(EraseError::Unsupported(why)) => {
+                    tracing::info!(disk = %disk.name, method = %m, %why, "the disk cannot; trying the next admitted method");
+                    refused.push(format!("{m}: {why}"));
+                }
+                Err(EraseError::Failed(why)) => return Err(format!("{m}: {why}")),
             }
-        };
-        disks::flush(&file, disk.is_block).map_err(|e| format!("flush: {e}"))?;
-        Ok(regions)
+        }
+        Err(format!(
+            "{} can do none of the methods the pool admits for {} ({}); nothing was erased",
+            disk.name,
+            method.mode(),
+            refused.join("; ")
+        ))
     })();
     match erased {
         Err(why) => report.reason = Some(why),
-        Ok(regions) => {
+        Ok((used, regions)) => {
+            report.erase = Some(used);
             let stripes = if method == Method::Quick {
                 stripes.min(4)
             } else {
                 stripes
             };
-            match verify(disk, method, &regions, stripes) {
+            match verify(disk, used, &regions, stripes) {
                 Err(e) => report.reason = Some(format!("read-back: {e}")),
                 Ok(checked) => {
                     let bad: Vec<&str> = checked
@@ -210,7 +343,7 @@ pub fn wipe_disk(disk: &Disk, method: Method, stripes: usize) -> DiskReport {
                         report.outcome = WipeOutcome::Verified;
                     } else {
                         report.reason = Some(format!(
-                            "read-back found data in {} after the erase: the device did not keep the writes",
+                            "read-back found data in {} after {used}: the device did not keep the writes",
                             bad.join(", ")
                         ));
                     }
@@ -275,12 +408,13 @@ mod tests {
     }
 
     #[test]
-    fn clean_means_zeros_for_quick_and_uniform_for_device_erase() {
-        assert!(clean(&[0; 64], Method::Quick));
-        assert!(!clean(&[0xff; 64], Method::Quick));
-        assert!(clean(&[0xff; 64], Method::SecureErase));
+    fn clean_means_zeros_for_our_writes_and_uniform_for_device_erase() {
+        assert!(clean(&[0; 64], EraseMethod::Quick));
+        assert!(!clean(&[0xff; 64], EraseMethod::Quick));
+        assert!(!clean(&[0xff; 64], EraseMethod::OverwriteVerified));
+        assert!(clean(&[0xff; 64], EraseMethod::NvmeFormat));
         let mut mixed = [0u8; 64];
         mixed[7] = 1;
-        assert!(!clean(&mixed, Method::CryptoErase));
+        assert!(!clean(&mixed, EraseMethod::NvmeCryptoFormat));
     }
 }

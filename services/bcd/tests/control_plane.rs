@@ -56,6 +56,7 @@ async fn a_real_bcd_commissions_a_node_and_a_disk_that_lies_fails_the_release() 
             commission_wipe: "quick".into(),
             adopt_acceptance: None,
             unattested_release: "failed".into(),
+            erase_methods: None,
         },
     )
     .await

@@ -1,12 +1,15 @@
 //! `disk.wipe` on real block devices: a loop device pre-filled with a GPT,
 //! ext4 and random data is left with no signature any prober finds and
 //! reads back clean; a disk that drops writes fails verification; a device
-//! erase on a device without one fails with the reason and erases nothing.
+//! erase on a device without one fails with the reason and erases nothing
+//! when the pool admits nothing else, and is a full overwrite read back
+//! byte for byte (reported as such) when the pool admits that.
 
 mod support;
 
 use bcm_bcd::disks;
 use bcm_bcd::wipe::{self, Method, WipeOutcome};
+use bcm_core::erase::{EraseMethod, ErasePolicy};
 use support::*;
 
 #[test]
@@ -25,7 +28,7 @@ fn quick_wipe_of_a_prefilled_disk_leaves_no_signature_and_reads_back_clean() {
 
     let d = disks::describe(&disk.dev).expect("describe");
     assert_eq!(d.size_bytes, 1 << 30);
-    let report = wipe::wipe_disk(&d, Method::Quick, 4);
+    let report = wipe::wipe_disk(&d, Method::Quick, &[], 4);
     assert_eq!(report.outcome, WipeOutcome::Verified, "{report:?}");
     let names: Vec<&str> = report
         .verified_regions
@@ -61,7 +64,7 @@ fn a_disk_that_drops_writes_fails_read_back_verification() {
     prefill(&backing);
     let liar = LyingDisk::mount(&backing, &dir.0.join("mnt"));
     let d = disks::describe(&liar.file).expect("describe");
-    let report = wipe::wipe_disk(&d, Method::Quick, 4);
+    let report = wipe::wipe_disk(&d, Method::Quick, &[], 4);
     assert_eq!(report.outcome, WipeOutcome::Failed, "{report:?}");
     let reason = report.reason.clone().unwrap_or_default();
     assert!(reason.contains("read-back found data in head"), "{reason}");
@@ -81,8 +84,16 @@ fn a_device_erase_without_an_erase_command_fails_and_erases_nothing() {
     prefill(&file);
     let disk = LoopDisk::attach(&file);
     let d = disks::describe(&disk.dev).expect("describe");
-    for method in [Method::SecureErase, Method::CryptoErase] {
-        let report = wipe::wipe_disk(&d, method, 4);
+    let strict = [
+        EraseMethod::NvmeSanitizeCrypto,
+        EraseMethod::NvmeCryptoFormat,
+    ];
+    for (method, admitted) in [
+        (Method::SecureErase, &[][..]),
+        (Method::CryptoErase, &strict[..]),
+    ] {
+        let report = wipe::wipe_disk(&d, method, admitted, 4);
+        assert_eq!(report.erase, None);
         assert_eq!(report.outcome, WipeOutcome::Failed);
         let reason = report.reason.unwrap_or_default();
         assert!(
@@ -234,4 +245,32 @@ fn a_wipe_without_a_valid_batch_authority_touches_nothing() {
     let out = bcm_bcd::agent::execute(&cfg(&me), &[], &wipe(Some(genuine)));
     assert!(out.ok, "the genuine wipe: {:?}", out.error);
     assert!(!wipefs(&disk.dev).contains("gpt"), "wiped");
+}
+
+/// A disk with no erase command of its own (a loop device, as a virtio
+/// disk) under the default policy: every byte is overwritten and read
+/// back, and the report names `overwrite-verified`; the device-erase
+/// methods before it in the list were never the disk's to try.
+#[test]
+fn a_disk_without_an_erase_command_is_overwritten_whole_and_read_back() {
+    let dir = Scratch::new("overwrite");
+    let file = dir.0.join("disk.img");
+    sparse(&file, 1 << 30);
+    prefill(&file);
+    let disk = LoopDisk::attach(&file);
+    let d = disks::describe(&disk.dev).expect("describe");
+    let policy = ErasePolicy::default();
+    let report = wipe::wipe_disk(&d, Method::CryptoErase, &policy.crypto_erase, 2);
+    assert_eq!(report.outcome, WipeOutcome::Verified, "{report:?}");
+    assert_eq!(report.erase, Some(EraseMethod::OverwriteVerified));
+    assert_eq!(report.method, bcm_core::WipeMode::CryptoErase);
+    let whole: Vec<_> = report
+        .verified_regions
+        .iter()
+        .filter(|c| c.offset == 0 && c.len == 1 << 30)
+        .collect();
+    assert_eq!(whole.len(), 1, "every byte read back: {report:?}");
+    let data = std::fs::read(&file).expect("read");
+    assert!(data.iter().all(|b| *b == 0), "the middle too");
+    assert!(wipefs(&disk.dev).trim().is_empty());
 }

@@ -131,7 +131,22 @@ async fn decide_for(tx: &mut Tx<'_>, node: &Node) -> Result<ReconcileAction, DbE
         }
         None => None,
     };
-    Ok(decide(facts(node), summary.as_ref(), agentless))
+    let action = decide(facts(node), summary.as_ref(), agentless);
+    if action != ReconcileAction::StartWorkflow {
+        return Ok(action);
+    }
+    // A verb that moved the node out of a workflow's state cancelled that
+    // workflow; its cleanup may still drive the machine.
+    let superseded =
+        bcm_db::workflows::workflow_unfinished_of_node_in_txn(tx, &node.id.to_string(), None)
+            .await?;
+    if let Some(wf) = &superseded {
+        tracing::info!(node = %node.id, workflow = %wf, state = %node.provision_state, "the state's workflow waits for the cancelled one's cleanup");
+    }
+    Ok(bcm_core::reconcile::after_superseded(
+        action,
+        superseded.is_some(),
+    ))
 }
 
 fn facts(node: &Node) -> NodeFacts {

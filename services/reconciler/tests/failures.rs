@@ -1,6 +1,8 @@
 //! Failure paths: a BMC fault, an abort mid-workflow with its cleanup, the
 //! recover table, unverified wipes, unrescue while the rescue ramdisk
-//! still boots, and a ramdisk agent that falls silent.
+//! still boots, undeploy from a rescue that still boots (the verb cancels
+//! the rescue's workflow as abort would), and a ramdisk agent that falls
+//! silent.
 
 use bcm_core::ProvisionState;
 use bcm_sim::Fault;
@@ -235,19 +237,7 @@ async fn unrescue_while_the_rescue_ramdisk_boots_is_a_conflict() {
     let env = TestEnv::start_with(Options::with_site())
         .await
         .expect("env");
-    let id = env.enroll_sim("rescue-me").await;
-    env.wait_state(&id, ProvisionState::Ready, T)
-        .await
-        .expect("ready");
-    env.verb(
-        "deploy",
-        &id,
-        json!({"profileId": "p", "profileVersion": 1}),
-    )
-    .await;
-    env.wait_state(&id, ProvisionState::Deployed, T)
-        .await
-        .expect("deployed");
+    let id = env.deployed_sim("rescue-me").await;
     env.faults.set("sim://rescue-me", Fault::RamdiskNeverJoins);
     let (s, _) = env.verb("rescue", &id, json!({})).await;
     assert_eq!(s, 200);
@@ -452,6 +442,131 @@ async fn a_power_cycle_whose_answer_was_lost_boots_a_fresh_entry_and_the_chain_c
     assert!(
         signer.not_before >= fresh_entry.created_at,
         "signed by an identity from before the fresh entry: {signer:?} vs {fresh_entry:?}"
+    );
+    env.stop();
+}
+
+/// Undeploy from `rescue` while the rescue ramdisk still boots leaves the
+/// state whose workflow runs: that workflow is cancelled and its cleanup
+/// runs, exactly as abort's would, and the release's workflow starts only
+/// after it ended.
+#[tokio::test]
+async fn undeploy_from_a_booting_rescue_cancels_the_rescue_first() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let id = env.deployed_sim("leave-rescue").await;
+    env.faults
+        .set("sim://leave-rescue", Fault::RamdiskNeverJoins);
+    let (s, b) = env.verb("rescue", &id, json!({})).await;
+    assert_eq!(s, 200, "{b}");
+    let (rescue, _) = eventually(T, || async {
+        let wfs = bcm_db::workflows::workflows_of_node(&env.db, &id.to_string()).await?;
+        let Some(w) = wfs.into_iter().find(|w| w.profile_id == "metal-rescue") else {
+            return Ok(None);
+        };
+        let steps = bcm_db::workflows::steps_fetch(&env.db, &w.id).await?;
+        Ok(steps
+            .iter()
+            .any(|s| s.name == "wait-ramdisk-join" && s.status.as_str() == "running")
+            .then_some((w.id, ())))
+    })
+    .await
+    .expect("the rescue waits for its ramdisk");
+    env.faults
+        .clear("sim://leave-rescue", Fault::RamdiskNeverJoins);
+    let (s, b) = env.verb("undeploy", &id, json!({"wipe": "quick"})).await;
+    assert_eq!(
+        (s, b["provisionState"].as_str()),
+        (200, Some("releasing")),
+        "{b}"
+    );
+    env.wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("released to ready");
+    let rescued = bcm_db::workflows::workflow_fetch(&env.db, &rescue)
+        .await
+        .expect("rescue workflow");
+    assert_eq!(rescued.status.as_str(), "cancelled", "{rescued:?}");
+    let steps = bcm_db::workflows::steps_fetch(&env.db, &rescue)
+        .await
+        .expect("steps");
+    let cleanup: Vec<_> = steps
+        .iter()
+        .filter(|s| s.cleanup)
+        .map(|s| (s.name.as_str(), s.status.as_str()))
+        .collect();
+    assert_eq!(
+        cleanup,
+        vec![
+            ("clear-boot-entry", "succeeded"),
+            ("power-off", "succeeded")
+        ]
+    );
+    // The release's workflow began after the rescue's cleanup ended.
+    let wfs = bcm_db::workflows::workflows_of_node(&env.db, &id.to_string())
+        .await
+        .expect("workflows");
+    let release = wfs
+        .iter()
+        .find(|w| w.profile_id == "metal-release")
+        .expect("the release workflow");
+    let ended = steps
+        .iter()
+        .filter_map(|s| s.finished_at)
+        .max()
+        .expect("the rescue's steps ended");
+    assert!(
+        release.created_at >= ended,
+        "release started {} before the rescue's cleanup ended {ended}",
+        release.created_at
+    );
+}
+
+/// A ramdisk agent that stays alive but never answers its command: only the
+/// step's time-out (here the site's own, `engine.step_timeouts`) ends each
+/// attempt; the step is retried per its policy (five attempts), then the
+/// workflow fails and the node's `lastError` names the step and the
+/// time-out.
+#[tokio::test]
+async fn a_step_whose_agent_never_answers_times_out_retries_then_fails() {
+    let env = TestEnv::start_with(Options {
+        step_timeouts: [(
+            "collect-inventory".to_owned(),
+            std::num::NonZeroU32::new(2).expect("non-zero"),
+        )]
+        .into(),
+        ..Options::with_site()
+    })
+    .await
+    .expect("env");
+    env.faults.set("sim://mute", Fault::RamdiskIgnoresCommands);
+    let id = env.enroll_sim("mute").await;
+    let n = env
+        .wait_state(&id, ProvisionState::Failed, Duration::from_secs(90))
+        .await
+        .expect("the node fails");
+    assert_eq!(n.failed_from, Some(ProvisionState::Inspecting));
+    let error = n.last_error.unwrap_or_default();
+    assert_eq!(
+        error, "collect-inventory: collect-inventory timed out after 2 s (after 5 attempts)",
+        "names the step, the time-out and the attempts"
+    );
+    let (_, step) = workflow_step(&env, &id, "metal-inspect", "collect-inventory").await;
+    assert_eq!(
+        (step.status.as_str(), step.attempt),
+        ("failed", 5),
+        "retried per the step's policy"
+    );
+    // Each attempt was its own command, none of them answered.
+    let commands = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands");
+    let inventory: Vec<_> = commands.iter().filter(|c| c.kind == "inventory").collect();
+    assert_eq!(inventory.len(), 5, "{inventory:?}");
+    assert!(
+        inventory.iter().all(|c| c.result.is_none()),
+        "{inventory:?}"
     );
     env.stop();
 }

@@ -140,6 +140,9 @@ pub async fn command_for(
         StepKind::DiskWipe { mode } => Command::DiskWipe(WipeParams {
             mode: *mode,
             verify: true,
+            methods: bcm_db::tenancy::pool_erase_policy_in_txn(tx, node.pool_id.as_str())
+                .await?
+                .for_mode(*mode),
         }),
         StepKind::BmcBootCd { persistent } => {
             boot_device(bmc(tx, node, kind).await?, BootDevice::Cd, *persistent)
@@ -254,6 +257,7 @@ async fn deploy_image(
 
 /// The verdict on a finished command: its outcome, its output to keep, and
 /// whether it proved a verified wipe.
+#[derive(Debug)]
 pub struct Verdict {
     pub outcome: StepOutcome,
     pub output: Option<serde_json::Value>,
@@ -374,6 +378,31 @@ pub fn judge(
                 })
                 .collect();
             let unaccounted = disks_unaccounted(&recorded, &reported);
+            // Each disk's method must be one the pool admitted for the
+            // mode (the command carries the list it was given).
+            if let Ok(Command::DiskWipe(asked)) = Command::from_parts(&cmd.kind, cmd.params.clone())
+            {
+                let refused: Vec<String> = if asked.methods.is_empty() {
+                    vec![]
+                } else {
+                    report
+                        .disks
+                        .iter()
+                        .filter(|d| d.outcome == WipeOutcome::Verified)
+                        .filter_map(|d| {
+                            bcm_core::erase::judge_method(asked.mode, &asked.methods, d.erase)
+                                .err()
+                                .map(|why| format!("{}: {why}", d.name))
+                        })
+                        .collect()
+                };
+                if !refused.is_empty() {
+                    return Verdict::failed(
+                        format!("UNVERIFIED_WIPE: {}", refused.join("; ")),
+                        raw,
+                    );
+                }
+            }
             match wipe_verdict(cmd.attested_by.is_some(), &verified, &unaccounted) {
                 Ok(()) => Verdict::succeeded(raw, true),
                 Err(why @ UnverifiedWipe::DiskMissing) => Verdict::failed(
@@ -496,5 +525,78 @@ pub async fn recorded_disks(
             tracing::warn!(node = node_id, error = %e, "the recorded inventory does not read: the wipe is judged on its own report");
             Ok(None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bcm_core::erase::EraseMethod;
+    use serde_json::json;
+
+    /// A succeeded, node-signed `disk.wipe` of one disk erased by `used`,
+    /// sent with `admitted` for crypto-erase.
+    fn wipe(admitted: &[EraseMethod], used: Option<EraseMethod>) -> bcm_db::commands::CommandRow {
+        bcm_db::commands::CommandRow {
+            id: "cmd_1".into(),
+            node_id: Some("node_1".into()),
+            site_id: None,
+            kind: "disk.wipe".into(),
+            target: "ramdisk".into(),
+            params: json!({"mode": "crypto-erase", "verify": true, "methods": admitted}),
+            status: CommandStatus::Succeeded,
+            result: Some(json!({"ok": true, "output": {"disks": [{
+                "name": "vda", "serial": "S1", "model": "QEMU", "sizeBytes": 1u64 << 30,
+                "transport": "virtio", "method": "crypto-erase", "erase": used,
+                "wipedRegions": [{"offset": 0, "len": 1u64 << 30}],
+                "verifiedRegions": [{"name": "head", "offset": 0, "len": 1u64 << 30, "ok": true}],
+                "outcome": "verified", "millis": 5}]}})),
+            signature: None,
+            attested_by: Some("serial-1".into()),
+            created_at: chrono::Utc::now(),
+            completed_at: None,
+            actor: None,
+            traceparent: None,
+            batch_id: None,
+        }
+    }
+
+    #[test]
+    fn a_wipe_by_a_method_the_pool_does_not_admit_is_unverified() {
+        let step = StepKind::DiskWipe {
+            mode: bcm_core::WipeMode::CryptoErase,
+        };
+        let strict = [EraseMethod::NvmeCryptoFormat];
+        let v = judge(
+            &wipe(&strict, Some(EraseMethod::OverwriteVerified)),
+            &step,
+            None,
+        );
+        let StepOutcome::Failed { message, .. } = &v.outcome else {
+            panic!("{v:?}")
+        };
+        assert!(
+            message.starts_with(
+                "UNVERIFIED_WIPE: vda: overwrite-verified does not satisfy crypto-erase"
+            ),
+            "{message}"
+        );
+        assert!(!v.wipe_verified);
+        let v = judge(&wipe(&strict, None), &step, None);
+        assert!(
+            matches!(v.outcome, StepOutcome::Failed { .. }),
+            "no method reported: {v:?}"
+        );
+        let admitted = [
+            EraseMethod::NvmeCryptoFormat,
+            EraseMethod::OverwriteVerified,
+        ];
+        let v = judge(
+            &wipe(&admitted, Some(EraseMethod::OverwriteVerified)),
+            &step,
+            None,
+        );
+        assert_eq!(v.outcome, StepOutcome::Succeeded, "{v:?}");
+        assert!(v.wipe_verified);
     }
 }

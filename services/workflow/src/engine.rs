@@ -512,8 +512,11 @@ async fn step_once(
         begin_cancel(wf, steps, now);
         return Ok((schedule_next(ctx, wf, steps, node, writes), false));
     }
-    let def: StepDef = match serde_json::from_value(steps[pos].definition.clone()) {
-        Ok(def) => def,
+    let def: StepDef = match serde_json::from_value::<StepDef>(steps[pos].definition.clone()) {
+        Ok(def) => StepDef {
+            timeout_secs: ctx.cfg.step_timeout_secs(&def),
+            ..def
+        },
         Err(e) => {
             // Written by a newer engine or damaged: retrying cannot help, so
             // the step fails for good (its workflow's cleanup still runs)

@@ -52,6 +52,14 @@ pub struct EngineConfig {
     /// long, instead of waiting out the step's whole deadline.
     #[serde(default = "default_agent_silence_ms")]
     pub agent_silence_ms: u64,
+    /// A site's own time-outs for steps, by step name (`collect-inventory`,
+    /// `wait-ramdisk-join`, `wipe`, …), in seconds, in place of the
+    /// profile's: a site whose machines take longer to POST, or whose
+    /// disks take longer to erase, says so here. Zero is refused at start.
+    /// A step that outlives its time-out is retried per its policy, then
+    /// fails naming itself and the time-out.
+    #[serde(default)]
+    pub step_timeouts: std::collections::BTreeMap<String, std::num::NonZeroU32>,
 }
 
 fn default_workers() -> usize {
@@ -85,6 +93,13 @@ fn default_agent_silence_ms() -> u64 {
 }
 
 impl EngineConfig {
+    /// The time-out of a step: the site's, else the profile's.
+    pub fn step_timeout_secs(&self, step: &bcm_core::workflow::StepDef) -> u32 {
+        self.step_timeouts
+            .get(&step.name)
+            .map_or(step.timeout_secs, |t| t.get())
+    }
+
     /// Defaults for `control_plane_url`.
     pub fn new(control_plane_url: impl Into<String>) -> Self {
         Self {
@@ -96,6 +111,7 @@ impl EngineConfig {
             join_token_ttl_secs: default_token_ttl(),
             join_poll_ms: default_join_poll_ms(),
             agent_silence_ms: default_agent_silence_ms(),
+            step_timeouts: Default::default(),
         }
     }
 }

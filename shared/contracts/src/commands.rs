@@ -398,6 +398,12 @@ pub struct WipeParams {
     pub mode: WipeMode,
     /// Read back what was wiped (always asked for).
     pub verify: bool,
+    /// The methods the node's pool admits for `mode`, in the order the
+    /// agent tries them on each disk (`policy.eraseMethods`); the first the
+    /// disk can do is used and reported. Empty (an older control plane):
+    /// the device's own NVMe erase only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<bcm_core::erase::EraseMethod>,
 }
 
 /// `deploy.image`.

@@ -329,8 +329,12 @@ pub struct DiskWipe {
     pub model: String,
     pub size_bytes: u64,
     pub transport: Transport,
-    /// The method asked for and used (never silently downgraded).
+    /// The mode asked for (never silently downgraded).
     pub method: WipeMode,
+    /// The method that carried it out on this disk (absent from an older
+    /// agent, or where nothing could be done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erase: Option<bcm_core::erase::EraseMethod>,
     pub wiped_regions: Vec<Region>,
     pub verified_regions: Vec<CheckedRegion>,
     pub outcome: WipeOutcome,

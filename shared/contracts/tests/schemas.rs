@@ -204,6 +204,7 @@ fn every_command() -> Vec<Command> {
         Command::DiskWipe(WipeParams {
             mode: WipeMode::CryptoErase,
             verify: true,
+            methods: bcm_core::erase::ErasePolicy::default().crypto_erase,
         }),
         Command::DeployImage(DeployImageParams {
             profile_id: "ubuntu".into(),
@@ -235,6 +236,7 @@ fn every_output() -> Vec<Output> {
         size_bytes: 1 << 30,
         transport: Transport::Virtio,
         method: WipeMode::Quick,
+        erase: Some(bcm_core::erase::EraseMethod::Quick),
         wiped_regions: vec![Region {
             offset: 0,
             len: 64 << 20,

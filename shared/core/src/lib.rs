@@ -11,6 +11,7 @@ pub mod batch;
 pub mod bmc;
 pub mod dedicated;
 pub mod deploy;
+pub mod erase;
 pub mod error;
 pub mod hardware;
 pub mod ids;

@@ -275,6 +275,17 @@ pub fn decide(
     }
 }
 
+/// The wait for a workflow the node left: a verb that moved the node out
+/// of a workflow's state cancelled that workflow, whose cleanup steps may
+/// still be running. The new state's workflow starts only once it ended,
+/// so two workflows never drive one machine.
+pub fn after_superseded(action: ReconcileAction, superseded_running: bool) -> ReconcileAction {
+    match action {
+        ReconcileAction::StartWorkflow if superseded_running => ReconcileAction::Wait,
+        action => action,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -549,5 +560,37 @@ mod tests {
         };
         let t = apply(pending, mv).expect("fail from rescue");
         assert_eq!((t.to, t.failed_from), (Failed, Some(Rescue)));
+    }
+
+    #[test]
+    fn a_verb_that_leaves_a_workflows_state_cancels_it_and_the_next_waits() {
+        use crate::table::Verb;
+        // Undeploy from rescue and retire from enrolling leave the state
+        // whose workflow runs; abort does too; unrescue and power do not.
+        for (state, verb, leaves) in [
+            (Rescue, Verb::Release, true),
+            (Enrolling, Verb::Retire, true),
+            (Deploying, Verb::Abort, true),
+            (Rescue, Verb::Unrescue, false),
+            (Deployed, Verb::Power, false),
+        ] {
+            let t = apply(NodeFacts::at(state), Move::Verb(verb)).expect("legal");
+            assert_eq!(t.leaves_workflow(), leaves, "{verb} from {state}");
+        }
+        // The next state's workflow waits for the cancelled one's cleanup.
+        let start = decide(NodeFacts::at(Releasing), None, None);
+        assert_eq!(start, ReconcileAction::StartWorkflow);
+        assert_eq!(after_superseded(start.clone(), true), ReconcileAction::Wait);
+        assert_eq!(
+            after_superseded(start, false),
+            ReconcileAction::StartWorkflow
+        );
+        // Only a start waits: a running workflow's own outcome is applied.
+        let done = decide(
+            NodeFacts::at(Releasing),
+            Some(&wf("metal-release", WorkflowPhase::Succeeded, true)),
+            None,
+        );
+        assert_eq!(after_superseded(done.clone(), true), done);
     }
 }

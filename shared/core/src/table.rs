@@ -322,6 +322,15 @@ impl Transition {
         self.changed = true;
         self
     }
+
+    /// Whether the move takes the node out of the state whose workflow it
+    /// points at. That workflow is cancelled, exactly as `abort` cancels
+    /// it: the running step stops and the cleanup steps run (undeploy from
+    /// `rescue`, retire from `enrolling`, abort itself). A move that keeps
+    /// the state (`unrescue`, `power`) leaves the workflow alone.
+    pub fn leaves_workflow(&self) -> bool {
+        self.to != self.from
+    }
 }
 
 #[cfg(test)]

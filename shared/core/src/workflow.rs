@@ -435,13 +435,16 @@ pub fn metal_release_dedicated(mode: WipeMode) -> Profile {
     }
 }
 
-/// `metal-rescue` v2: `metal.ensureRamdisk` (its four steps).
+/// `metal-rescue` v3: `metal.ensureRamdisk` (its four steps). Cancelled
+/// (undeploy while the rescue ramdisk still boots) or failed, it clears
+/// the boot entry it made and powers off (v2 had no cleanup, so an
+/// abandoned rescue left its entry and join token behind).
 pub fn metal_rescue() -> Profile {
     Profile {
         id: "metal-rescue".into(),
-        version: 2,
+        version: 3,
         steps: ensure_ramdisk(),
-        cleanup: vec![],
+        cleanup: boot_cleanup(),
     }
 }
 
@@ -872,7 +875,10 @@ pub fn after_outcome(
         }
     } else if retryable {
         AfterOutcome::GiveUp {
-            message: format!("{message} (after {attempt} attempts)"),
+            message: format!(
+                "{message} (after {attempt} attempt{})",
+                if attempt == 1 { "" } else { "s" }
+            ),
         }
     } else {
         AfterOutcome::GiveUp { message }

@@ -29,6 +29,9 @@ pub struct Pool {
     /// An agentless pool's release without an attested erase: `failed` or
     /// `ready`.
     pub unattested_release: String,
+    /// The methods that satisfy `secure-erase` and `crypto-erase` (`None`:
+    /// the default policy).
+    pub erase_methods: Option<bcm_core::erase::ErasePolicy>,
 }
 
 /// What a pool says of its machines' agent, as the reconciler and the
@@ -81,10 +84,10 @@ pub async fn site_upsert(db: &Db, id: &SiteId, name: &str) -> Result<(), DbError
 /// Creates a pool or updates its policy. A pool never changes tenant.
 pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
     let n = sqlx::query(
-        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe, adopt_acceptance, unattested_release) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+        "INSERT INTO pools (id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe, adopt_acceptance, unattested_release, erase_methods) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
          ON CONFLICT (id) DO UPDATE SET site_id = $3, name = $4, hardware_profile = $5, agent_mode = $6, accept_unsupported_diag = $7, \
-         deploy_profiles = $8, release_wipe = $9, commission_wipe = $10, adopt_acceptance = $11, unattested_release = $12 \
+         deploy_profiles = $8, release_wipe = $9, commission_wipe = $10, adopt_acceptance = $11, unattested_release = $12, erase_methods = $13 \
          WHERE pools.tenant_id = $2",
     )
     .bind(p.id.as_str())
@@ -104,6 +107,11 @@ pub async fn pool_upsert(db: &Db, p: &Pool) -> Result<(), DbError> {
             .map(|a| serde_json::to_value(a).unwrap_or_default()),
     )
     .bind(&p.unattested_release)
+    .bind(
+        p.erase_methods
+            .as_ref()
+            .map(|e| serde_json::to_value(e).unwrap_or_default()),
+    )
     .execute(db.pool())
     .await?
     .rows_affected();
@@ -129,9 +137,10 @@ struct PoolRow {
     commission_wipe: String,
     adopt_acceptance: Option<serde_json::Value>,
     unattested_release: String,
+    erase_methods: Option<serde_json::Value>,
 }
 
-const POOL_COLUMNS: &str = "id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe, adopt_acceptance, unattested_release";
+const POOL_COLUMNS: &str = "id, tenant_id, site_id, name, hardware_profile, agent_mode, accept_unsupported_diag, deploy_profiles, release_wipe, commission_wipe, adopt_acceptance, unattested_release, erase_methods";
 
 impl TryFrom<PoolRow> for Pool {
     type Error = DbError;
@@ -155,6 +164,11 @@ impl TryFrom<PoolRow> for Pool {
                 .transpose()
                 .map_err(|_| bad("adopt acceptance"))?,
             unattested_release: r.unattested_release,
+            erase_methods: r
+                .erase_methods
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(|_| bad("erase methods"))?,
         })
     }
 }
@@ -245,21 +259,49 @@ pub async fn pool_commission_wipe_in_txn(
     )
 }
 
+/// A pool's policy stored as JSON in `column`, read as `T`; `T`'s default
+/// when the pool sets none, or is gone.
+async fn pool_json_in_txn<T: serde::de::DeserializeOwned + Default>(
+    tx: &mut crate::Tx<'_>,
+    id: &str,
+    column: PoolJson,
+) -> Result<T, DbError> {
+    let sql = match column {
+        PoolJson::AdoptAcceptance => "SELECT adopt_acceptance FROM pools WHERE id = $1",
+        PoolJson::EraseMethods => "SELECT erase_methods FROM pools WHERE id = $1",
+    };
+    let v: Option<Option<serde_json::Value>> = sqlx::query_scalar(sql)
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    match v.flatten() {
+        None => Ok(T::default()),
+        Some(v) => serde_json::from_value(v)
+            .map_err(|e| DbError::Corrupt(format!("pool {id} {column:?}: {e}"))),
+    }
+}
+
+/// The pool policies stored as JSON.
+#[derive(Debug, Clone, Copy)]
+enum PoolJson {
+    AdoptAcceptance,
+    EraseMethods,
+}
+
 /// A pool's adoption acceptance checks (empty when it sets none).
 pub async fn pool_adopt_acceptance_in_txn(
     tx: &mut crate::Tx<'_>,
     id: &str,
 ) -> Result<bcm_core::reconcile::AdoptAcceptance, DbError> {
-    let v: Option<Option<serde_json::Value>> =
-        sqlx::query_scalar("SELECT adopt_acceptance FROM pools WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut **tx)
-            .await?;
-    match v.flatten() {
-        None => Ok(Default::default()),
-        Some(v) => serde_json::from_value(v)
-            .map_err(|e| DbError::Corrupt(format!("pool {id} adopt acceptance: {e}"))),
-    }
+    pool_json_in_txn(tx, id, PoolJson::AdoptAcceptance).await
+}
+
+/// A pool's erase policy (the default when it sets none, or is gone).
+pub async fn pool_erase_policy_in_txn(
+    tx: &mut crate::Tx<'_>,
+    id: &str,
+) -> Result<bcm_core::erase::ErasePolicy, DbError> {
+    pool_json_in_txn(tx, id, PoolJson::EraseMethods).await
 }
 
 /// A site and its settings.

@@ -205,6 +205,14 @@ pub async fn ramdisk(
             stop.cancelled().await;
             return;
         }
+        if !cmds.is_empty() && faults.has(&address, Fault::RamdiskIgnoresCommands) {
+            tracing::info!(%address, commands = cmds.len(), "sim ramdisk: leaves its commands unanswered and polls on (fault)");
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+            continue;
+        }
         for cmd in cmds {
             // The agent's hop in the verb's trace: its result goes on from here.
             let span = tracing::info_span!("agent.command", node_id = %boot.node,
@@ -505,6 +513,18 @@ fn execute(
                     size_bytes: disk.size_bytes,
                     transport: disk.transport,
                     method: p.mode,
+                    // What a real agent would use on the sim's NVMe disk:
+                    // the first admitted method it can do.
+                    erase: bcm_core::erase::candidates(
+                        &if p.methods.is_empty() {
+                            bcm_core::erase::ErasePolicy::default().for_mode(p.mode)
+                        } else {
+                            p.methods.clone()
+                        },
+                        bcm_core::erase::EraseFamily::Nvme,
+                    )
+                    .first()
+                    .copied(),
                     wiped_regions: vec![head, tail],
                     verified_regions: vec![
                         checked("head", head, true),

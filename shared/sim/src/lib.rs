@@ -59,6 +59,10 @@ pub enum Fault {
     /// The ramdisk agent joins, takes the commands of its first poll and
     /// then hangs: no poll, no heartbeat, no result, ever.
     RamdiskFallsSilent,
+    /// The ramdisk agent joins and stays alive (it polls on and on) but
+    /// never answers a command it is given, like a tool that hangs: only
+    /// the step's time-out ends the wait.
+    RamdiskIgnoresCommands,
     /// The BMC carries out the machine's first power action that boots it,
     /// but the answer is lost (a retryable failure): the machine booted,
     /// and the retry must not assume it did not.

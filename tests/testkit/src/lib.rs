@@ -41,6 +41,8 @@ pub struct Options {
     pub agents: bcm_api::AgentProtocolConfig,
     /// How long the engine lets a ramdisk agent stay silent.
     pub agent_silence_ms: u64,
+    /// The engine's site time-outs of steps, by name (`engine.step_timeouts`).
+    pub step_timeouts: std::collections::BTreeMap<String, std::num::NonZeroU32>,
     /// The API's per-principal limits.
     pub rate_limit: bcm_api::limits::RateLimitConfig,
     /// The size of the API's pool for agent endpoints.
@@ -62,6 +64,7 @@ impl Default for Options {
             attestation: true,
             agents: Default::default(),
             agent_silence_ms: 60_000,
+            step_timeouts: Default::default(),
             rate_limit: Default::default(),
             agent_db_connections: 4,
             downloads: Default::default(),
@@ -111,6 +114,7 @@ pub struct TestEnv {
     /// `join_key.for_site(site)`).
     pub join_key: bcm_pki::JoinKey,
     agent_silence_ms: u64,
+    step_timeouts: std::collections::BTreeMap<String, std::num::NonZeroU32>,
     /// The destructive-batch quorum of this test: the API's policy key,
     /// three approver keys (`approver-1`..`approver-3`) and the site's
     /// anchor (2 of the 3, and the policy key for one-node batches), which
@@ -273,6 +277,7 @@ impl TestEnv {
             sealing_keys,
             join_key,
             agent_silence_ms: opts.agent_silence_ms,
+            step_timeouts: opts.step_timeouts.clone(),
             quorum,
             executions: Default::default(),
             site: std::sync::Mutex::new(None),
@@ -355,6 +360,7 @@ impl TestEnv {
         cfg.poll_ms = 100;
         cfg.join_poll_ms = 50;
         cfg.agent_silence_ms = self.agent_silence_ms;
+        cfg.step_timeouts = self.step_timeouts.clone();
         cfg.join_key = bcm_pki::JoinKeyConfig::with_key(self.join_key.clone());
         tokio::spawn(bcm_workflow::run(
             self.db.clone(),
@@ -674,6 +680,28 @@ impl TestEnv {
             .as_str()
             .and_then(|i| i.parse().ok())
             .unwrap_or_else(|| panic!("enroll {name}: {b}"))
+    }
+
+    /// Enrolls `sim://<name>` into `a-pool` and deploys it with profile
+    /// `p` v1: the node, in `deployed`.
+    pub async fn deployed_sim(&self, name: &str) -> NodeId {
+        let t = Duration::from_secs(60);
+        let id = self.enroll_sim(name).await;
+        self.wait_state(&id, ProvisionState::Ready, t)
+            .await
+            .unwrap_or_else(|e| panic!("{name} ready: {e}"));
+        let (s, b) = self
+            .verb(
+                "deploy",
+                &id,
+                json!({"profileId": "p", "profileVersion": 1}),
+            )
+            .await;
+        assert_eq!(s, 200, "deploy {name}: {b}");
+        self.wait_state(&id, ProvisionState::Deployed, t)
+            .await
+            .unwrap_or_else(|e| panic!("{name} deployed: {e}"));
+        id
     }
 
     /// Enrolls `n` simulated machines `sim://<prefix>-<i>` into `a-pool`.

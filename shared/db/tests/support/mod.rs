@@ -66,6 +66,7 @@ pub async fn tenancy(db: &Db) -> (TenantId, SiteId, PoolId) {
             commission_wipe: "quick".into(),
             adopt_acceptance: None,
             unattested_release: "failed".into(),
+            erase_methods: None,
         },
     )
     .await
