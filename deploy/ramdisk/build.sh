@@ -6,9 +6,12 @@
 #
 #   deploy/ramdisk/build.sh [out-dir]            (default .bcm/ramdisk)
 #
-# The same initramfs serves two modes, chosen by /init:
+# The same initramfs serves these modes, chosen by /init:
 #   - a kernel command line with `bcm.join=` (the boot service's entry):
 #     `bcd ramdisk` (inspect, diag, wipe, deploy);
+#   - with `bcm.mode=rescue` as well (a node in `rescue`): before bcd, a
+#     root shell on the serial console and, for the rescue's key
+#     (`bcm.ssh=<type>:<base64>`), dropbear on port 22 (key logins only);
 #   - otherwise (booted from an installed disk): the first partition with a
 #     NoCloud seed (`/var/lib/cloud/seed/nocloud/user-data`, written by
 #     `bcd` at deploy time) is mounted and `bcd node --env-file` joins with
@@ -36,6 +39,8 @@ need=()
 { [ -x /bin/busybox ] && ldd /bin/busybox 2>&1 | grep -q "not a dynamic" \
   && /bin/busybox --list 2>/dev/null | grep -qx udhcpc; } || need+=(busybox-static)
 command -v cpio >/dev/null || need+=(cpio)
+# The rescue ramdisk's SSH server (key logins only, in rescue mode only).
+[ -x /usr/sbin/dropbear ] || need+=(dropbear-bin)
 if [ "${#need[@]}" -gt 0 ]; then
   log "installing ${need[*]}"
   apt-get update -qq >&2
@@ -114,6 +119,19 @@ sync
 poweroff -f
 ACPI
 chmod 0755 "$rd/etc/acpi/PWRF/00000080"
+# Rescue: dropbear with the libraries it links (the only dynamic program
+# here), root's account, and nothing else; /init starts it in rescue mode
+# only, with the rescue's key as root's one authorized key.
+install -m 0755 /usr/sbin/dropbear "$rd/usr/sbin/dropbear"
+for lib in $(ldd /usr/sbin/dropbear | grep -oE '/[^ ]+\.so[^ ]*'); do
+  mkdir -p "$rd$(dirname "$lib")"
+  cp -L "$lib" "$rd$lib"
+done
+mkdir -p "$rd/root" "$rd/etc/dropbear" "$rd/var/log"
+chmod 0700 "$rd/root"
+echo "root:x:0:0:root:/root:/bin/sh" > "$rd/etc/passwd"
+echo "root:x:0:" > "$rd/etc/group"
+echo "/bin/sh" > "$rd/etc/shells"
 if [ -n "${RAMDISK_EXTRA_BIN:-}" ]; then
   for f in "$RAMDISK_EXTRA_BIN"/*; do
     [ -f "$f" ] && [ -x "$f" ] || continue
@@ -157,6 +175,27 @@ run() {
   echo "bcm-ramdisk: bcd exited ($?); rebooting in 10 s"
   sleep 10; reboot -f
 }
+if grep -q "bcm.mode=rescue" /proc/cmdline; then
+  # Rescue: the operator's way in, beside bcd (which tells the control
+  # plane the rescue ramdisk is up). SSH for root with the rescue's key
+  # only (no passwords, no forwarding); the serial console gets a root shell.
+  echo "bcm-ramdisk: mode rescue"
+  key=$(tr ' ' '\n' < /proc/cmdline | sed -n 's/^bcm\.ssh=//p' | head -n1)
+  if [ -n "$key" ]; then
+    mkdir -p /root/.ssh && chmod 0700 /root /root/.ssh
+    echo "${key%%:*} ${key#*:}" > /root/.ssh/authorized_keys
+    chmod 0600 /root/.ssh/authorized_keys
+    if dropbear -R -s -j -k -E -p 22 -P /run/dropbear.pid; then
+      echo "bcm-ramdisk: rescue SSH on port 22: root, with the rescue's ${key%%:*} key only"
+    else
+      echo "bcm-ramdisk: rescue SSH did not start"
+    fi
+  else
+    echo "bcm-ramdisk: the rescue names no SSH key: the serial console only"
+  fi
+  setsid sh -c 'exec sh </dev/ttyS0 >/dev/ttyS0 2>&1' &
+  echo "bcm-ramdisk: rescue shell on ttyS0"
+fi
 if grep -q "bcm.join=" /proc/cmdline; then
   echo "bcm-ramdisk: mode ramdisk"
   run /bin/bcd ramdisk

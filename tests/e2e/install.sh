@@ -12,7 +12,8 @@
 #   - host-side disk tools for images with partitions on a kernel without
 #     partition or device-mapper support: sfdisk/sgdisk, mke2fs, mtools,
 #     dosfstools, syslinux (BIOS + EFI), wipefs/blkid;
-#   - ethtool (the lab turns tx checksum offload off on its veths).
+#   - ethtool (the lab turns tx checksum offload off on its veths);
+#   - ssh (openssh-client): the operator's login into the rescue ramdisk.
 # Idempotent; needs only Debian's mirrors and PyPI.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -34,6 +35,7 @@ command -v sfdisk >/dev/null || need+=(fdisk)
 command -v sgdisk >/dev/null || need+=(gdisk)
 command -v mke2fs >/dev/null || need+=(e2fsprogs)
 command -v mcopy >/dev/null || need+=(mtools)
+command -v ssh >/dev/null || need+=(openssh-client)
 command -v mkfs.vfat >/dev/null || need+=(dosfstools)
 command -v syslinux >/dev/null || need+=(syslinux)
 [ -e /usr/lib/syslinux/mbr/gptmbr.bin ] || need+=(syslinux-common)

@@ -9,7 +9,8 @@
 # another (another serial) before a release, must each end in `failed` with
 # UNVERIFIED_WIPE (the second naming the recorded disk that did not report).
 # The BIOS machine's first deploy is aborted mid-way and recovered to
-# ready; the UEFI machine is rescued (its rescue ramdisk comes up) and
+# ready; the UEFI machine is rescued with an SSH key (its rescue ramdisk
+# comes up, root logs in over SSH with that key, another key is refused) and
 # undeployed from rescue; the read-only machine is then retired, its virtio
 # disk crypto-erased by a full overwrite read back (the method reported),
 # and the swapped one's NIC unplugged before a recover, whose ramdisk join
@@ -523,18 +524,40 @@ abort_deploy() {
   wait_state "$name" "$node" ready 900
 }
 
-# Rescue a deployed machine (the rescue ramdisk boots: the metal-rescue
-# workflow succeeds once it joined), then undeploy it from rescue.
+# Rescue a deployed machine with an operator's SSH key (the rescue ramdisk
+# boots: the metal-rescue workflow succeeds once it joined), log in as root
+# over SSH with that key at the address the ramdisk's serial console shows,
+# see another key refused, then undeploy it from rescue.
 rescue_undeploy() {
-  local name=$1 node i status=""; node=$(cat "$dir/run/node-$name")
-  ctl rescue "$node" >/dev/null
+  local name=$1 node i status="" serial="$lab/logs/$1.serial" from ip out key="$dir/run/rescue-$1"
+  node=$(cat "$dir/run/node-$name")
+  from=$(wc -l < "$serial")
+  rm -f "$key" "$key.pub" "$key-other" "$key-other.pub"
+  ssh-keygen -q -t ed25519 -N '' -C "operator@e2e" -f "$key"
+  ssh-keygen -q -t ed25519 -N '' -C "intruder@e2e" -f "$key-other"
+  ctl rescue "$node" --ssh-public-key "$key.pub" >/dev/null
   for i in $(seq 1 450); do
     status=$(wf_status "$node" metal-rescue)
     case "$status" in succeeded|failed|cancelled) break ;; esac
     sleep 2
   done
   [ "$status" = succeeded ] || { echo "the rescue ramdisk did not come up: metal-rescue $status" >&2; return 1; }
-  say "  $name: rescue ramdisk up ($(wf_steps "$node" rescue false)); undeploy from rescue"
+  say "  $name: rescue ramdisk up ($(wf_steps "$node" rescue false))"
+  tail -n +"$from" "$serial" | tr -d '\r' | grep -q "bcm-ramdisk: rescue SSH on port 22" \
+    || { echo "the rescue ramdisk started no SSH server (logs/lab/$name.serial)" >&2; return 1; }
+  ip=$(tail -n +"$from" "$serial" | tr -d '\r' | sed -n 's|.*bcm-ramdisk: eth0 \([0-9.]*\)/.*|\1|p' | tail -n1)
+  [ -n "$ip" ] || { echo "the rescue ramdisk's address is not on its serial console" >&2; return 1; }
+  local opts=(-o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o ConnectTimeout=10 -o LogLevel=ERROR)
+  out=$(in_ctl ssh "${opts[@]}" -i "$key" "root@$ip" 'echo "uid=$(id -u)"; cat /proc/cmdline' 2>&1) \
+    || { echo "the rescue key's SSH login failed: $out" >&2; return 1; }
+  grep -q "^uid=0$" <<<"$out" && grep -q "bcm.mode=rescue" <<<"$out" \
+    || { echo "the SSH login did not reach the rescue ramdisk as root: $out" >&2; return 1; }
+  if out=$(in_ctl ssh "${opts[@]}" -i "$key-other" "root@$ip" true 2>&1); then
+    echo "another key logged in to the rescue ramdisk" >&2; return 1
+  fi
+  grep -q "Permission denied" <<<"$out" || { echo "another key: want Permission denied, got: $out" >&2; return 1; }
+  say "  $name: root over SSH at $ip with the rescue's key ($(ssh-keygen -lf "$key.pub" | cut -d' ' -f2)); another key: Permission denied"
+  say "  $name: undeploy from rescue"
   ctl undeploy "$node" >/dev/null
 }
 

@@ -138,6 +138,23 @@ pub struct UndeployRequest {
     pub wipe: Option<WipeMode>,
 }
 
+/// `metal.rescue`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RescueRequest {
+    pub tenant_id: TenantId,
+    pub node_id: NodeId,
+    /// The operator's SSH public key, one `authorized_keys` line (`<type>
+    /// <base64> [comment]`; ed25519, ECDSA or RSA of at least 2,048 bits).
+    /// The rescue ramdisk lets root in over SSH with this key only, until
+    /// the node leaves `rescue`. Without it the rescue ramdisk is entered
+    /// through the BMC's serial console. A private key, options or a key
+    /// whose data names another type: `INVALID_ARGUMENT`.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 1600)]
+    pub ssh_public_key: Option<String>,
+}
+
 /// `metal.abort`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -442,6 +459,9 @@ enum Extra {
     Rotate {
         password: Option<SecretString>,
     },
+    Rescue {
+        ssh_public_key: Option<bcm_core::rescue::SshPublicKey>,
+    },
 }
 
 /// Runs `verb` on a node in one transaction and returns its view.
@@ -657,6 +677,16 @@ async fn run_verb(
                     Some(r) => format!("aborted by {}: {r}", who.name),
                     None => format!("aborted by {}", who.name),
                 });
+            }
+            Extra::Rescue { ssh_public_key } => {
+                bcm_metal::rescue::record_access_in_txn(
+                    &mut tx,
+                    &node.id.to_string(),
+                    ssh_public_key.as_ref(),
+                    &who.name,
+                )
+                .await?;
+                tracing::info!(node = %node.id, by = %who.name, key = ?ssh_public_key.as_ref().map(|k| k.fingerprint()), "rescue access recorded");
             }
             Extra::None | Extra::Power { .. } | Extra::Rotate { .. } => {}
         }
@@ -952,6 +982,22 @@ impl VerbRequest for UndeployRequest {
     }
 }
 
+impl VerbRequest for RescueRequest {
+    fn into_parts(self) -> Result<(TenantId, NodeId, Extra), ApiError> {
+        let ssh_public_key = self
+            .ssh_public_key
+            .as_deref()
+            .map(bcm_core::rescue::check_ssh_public_key)
+            .transpose()
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
+        Ok((
+            self.tenant_id,
+            self.node_id,
+            Extra::Rescue { ssh_public_key },
+        ))
+    }
+}
+
 impl VerbRequest for AbortRequest {
     fn into_parts(self) -> Result<(TenantId, NodeId, Extra), ApiError> {
         if self
@@ -1055,12 +1101,18 @@ node_verb!(
     Verb::Provide,
     "`metal.provide`: `ready` → `commissioning`."
 );
-node_verb!(
-    rescue,
-    "/api/compute/metal/rescue",
-    Verb::Rescue,
-    "`metal.rescue`: `deployed` → `rescue`."
-);
+/// `metal.rescue`: `deployed` → `rescue`, booting the rescue ramdisk that
+/// lets the operator in (SSH with the request's key, or the serial
+/// console).
+#[utoipa::path(post, path = "/api/compute/metal/rescue", request_body = RescueRequest, tag = "metal",
+    responses((status = 200, body = NodeView), crate::error::ErrorResponses), security(("bearer" = [])))]
+pub async fn rescue(
+    State(app): State<AppState>,
+    who: Principal,
+    Body(req): Body<RescueRequest>,
+) -> Result<Json<NodeView>, ApiError> {
+    verb_endpoint(app, who, Verb::Rescue, req).await
+}
 node_verb!(
     unrescue,
     "/api/compute/metal/unrescue",

@@ -275,8 +275,12 @@ enum Cmd {
         #[arg(long)]
         wipe: Option<String>,
     },
+    /// Boots the node's rescue ramdisk: root over SSH with the key of
+    /// FILE (an OpenSSH `.pub` file), or the BMC's serial console without.
     Rescue {
         node: String,
+        #[arg(long, value_name = "FILE")]
+        ssh_public_key: Option<std::path::PathBuf>,
     },
     Unrescue {
         node: String,
@@ -813,7 +817,21 @@ fn mutation(tenant: &str, cmd: &Cmd) -> anyhow::Result<(String, Value)> {
             json!({"profileId": profile, "profileVersion": profile_version}),
         ),
         Cmd::Undeploy { node, wipe } => verb("undeploy", node, json!({"wipe": wipe})),
-        Cmd::Rescue { node } => verb("rescue", node, json!({})),
+        Cmd::Rescue {
+            node,
+            ssh_public_key,
+        } => {
+            let key = match ssh_public_key {
+                Some(file) => Some(
+                    std::fs::read_to_string(file)
+                        .with_context(|| format!("cannot read {}", file.display()))?
+                        .trim()
+                        .to_owned(),
+                ),
+                None => None,
+            };
+            verb("rescue", node, json!({ "sshPublicKey": key }))
+        }
         Cmd::Unrescue { node } => verb("unrescue", node, json!({})),
         Cmd::Abort { node, reason } => verb("abort", node, json!({"reason": reason})),
         Cmd::Recover { node } => verb("recover", node, json!({})),

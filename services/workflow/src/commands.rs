@@ -51,21 +51,31 @@ pub async fn mint_join_token(
 }
 
 /// The boot entry of the node's ramdisk, with a fresh discovery token (a
-/// reference) on its kernel command line.
+/// reference) on its kernel command line. A node in `rescue` boots it in
+/// rescue mode (`bcm.mode=rescue`: a root shell on the serial console, and
+/// SSH for the rescue's key, `bcm.ssh=`).
 async fn boot_entry(
     tx: &mut Tx<'_>,
     cfg: &EngineConfig,
     node: &Node,
 ) -> Result<BootEntrySpec, ParamsError> {
     let token = mint_join_token(tx, cfg, node, "discovery").await?;
+    let mut cmdline = format!(
+        "console=ttyS0 bcm.node={} bcm.api={} bcm.join={}",
+        node.id, cfg.control_plane_url, token
+    );
+    if node.provision_state == bcm_core::ProvisionState::Rescue {
+        cmdline.push_str(" bcm.mode=rescue");
+        if let Some(key) = bcm_metal::rescue::access_key_in_txn(tx, &node.id.to_string()).await? {
+            cmdline.push(' ');
+            cmdline.push_str(&key.cmdline_word());
+        }
+    }
     Ok(BootEntrySpec {
         macs: node.macs.clone(),
         kernel: "ramdisk/vmlinuz".to_owned(),
         initrd: "ramdisk/initrd.img".to_owned(),
-        cmdline: format!(
-            "console=ttyS0 bcm.node={} bcm.api={} bcm.join={}",
-            node.id, cfg.control_plane_url, token
-        ),
+        cmdline,
         expires_in_secs: cfg.join_token_ttl_secs,
     })
 }

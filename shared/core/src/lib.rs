@@ -17,6 +17,7 @@ pub mod hardware;
 pub mod ids;
 pub mod node;
 pub mod reconcile;
+pub mod rescue;
 pub mod state;
 pub mod table;
 pub mod text;

@@ -433,6 +433,20 @@ pub async fn node_fact_upsert_in_txn(
     Ok(())
 }
 
+/// Forgets the node's fact `kind`; whether there was one.
+pub async fn node_fact_delete_in_txn(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+    kind: &str,
+) -> Result<bool, DbError> {
+    let done = sqlx::query("DELETE FROM node_facts WHERE node_id = $1 AND kind = $2")
+        .bind(node_id)
+        .bind(kind)
+        .execute(&mut **tx)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
 /// Merges keys into what an agent reported of `kind` (a heartbeat keeps
 /// what the join recorded).
 pub async fn node_fact_merge_in_txn(

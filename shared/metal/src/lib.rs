@@ -6,7 +6,8 @@
 //! command acts on and one-leaf BMC commands ([`bmc`]); join tokens and
 //! revocation ([`identity`]); destructive batches: a verb's one-node batch,
 //! approved by the pool's policy or awaiting approvers, a bulk's batch, and
-//! what an approval that completes a quorum releases ([`batches`]).
+//! what an approval that completes a quorum releases ([`batches`]); a
+//! rescue's SSH access, kept while the node is in `rescue` ([`rescue`]).
 //!
 //! Legality stays in `bcm-core`; SQL stays in `bcm-db`; subjects in `bcm-bus`.
 
@@ -15,5 +16,6 @@ pub mod bmc;
 pub mod identity;
 pub mod moves;
 pub mod outbox;
+pub mod rescue;
 pub mod tenant_root;
 pub mod workflows;

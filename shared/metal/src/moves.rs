@@ -2,6 +2,7 @@
 
 use bcm_bus::Subjects;
 use bcm_core::table::{MoveEvent, Transition};
+use bcm_core::ProvisionState;
 use bcm_db::nodes::{self, Node};
 use bcm_db::{DbError, Tx};
 
@@ -66,6 +67,13 @@ pub async fn commit_in_txn(
     let revoked = crate::identity::end_in_txn(tx, &next.id.to_string(), ended).await?;
     if revoked > 0 {
         tracing::info!(node = %next.id, from = %t.from, to = %t.to, ?ended, revoked, "identities ended");
+    }
+    // The rescue's SSH access ends with the rescue (unrescued, released).
+    if t.from == ProvisionState::Rescue
+        && t.to != ProvisionState::Rescue
+        && crate::rescue::forget_access_in_txn(tx, &next.id.to_string()).await?
+    {
+        tracing::info!(node = %next.id, to = %t.to, "the rescue's SSH access is forgotten");
     }
     let mut rows = vec![];
     match t.event {

@@ -1,0 +1,144 @@
+//! Rescue an operator can enter: the rescue request's SSH public key is
+//! checked (garbage changes nothing), kept while the node is in `rescue`,
+//! handed to the rescue ramdisk on its boot entry's command line (with the
+//! rescue mode no other boot entry has), and forgotten when the node leaves
+//! `rescue`. Real engine, reconciler, Postgres and JetStream; simulated site.
+
+use bcm_core::workflow::WorkflowPhase;
+use bcm_core::{NodeId, ProvisionState};
+use bcm_testkit::{eventually, Options, TestEnv};
+use serde_json::json;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+// `ssh-keygen -t ed25519` output (a throwaway key).
+const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKc5y4JN2j9/nyG9CpyH6Qn17rYLAS63UHxenvzq4/EY operator@example";
+const BLOB: &str = "AAAAC3NzaC1lZDI1NTE5AAAAIKc5y4JN2j9/nyG9CpyH6Qn17rYLAS63UHxenvzq4/EY";
+
+/// Waits until the node's rescue ramdisk is up (its `metal-rescue`
+/// workflow succeeded) and returns the command line of the boot entry it
+/// was given: the newest of more than `seen`.
+async fn rescue_ramdisk_up(env: &TestEnv, id: &NodeId, seen: usize) -> String {
+    eventually(T, || async {
+        let n = env.node(id).await?;
+        let Some(wf) = n.workflow_id else {
+            return Ok(None);
+        };
+        let wf = bcm_db::workflows::workflow_fetch(&env.db, &wf.to_string()).await?;
+        if wf.profile_id != "metal-rescue" || wf.status != WorkflowPhase::Succeeded {
+            return Ok(None);
+        }
+        let lines = boot_cmdlines(env, id).await;
+        Ok((lines.len() > seen).then(|| lines[lines.len() - 1].clone()))
+    })
+    .await
+    .expect("the rescue ramdisk is up")
+}
+
+/// Every boot entry's kernel command line the node was given, oldest first.
+async fn boot_cmdlines(env: &TestEnv, id: &NodeId) -> Vec<String> {
+    bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands")
+        .into_iter()
+        .filter(|c| c.kind == "site.bootEntry.set")
+        .filter_map(|c| c.params["bootEntry"]["cmdline"].as_str().map(str::to_owned))
+        .collect()
+}
+
+async fn access(env: &TestEnv, id: &NodeId) -> Option<serde_json::Value> {
+    bcm_db::agents::node_fact_fetch(&env.db, &id.to_string(), "rescue-access")
+        .await
+        .expect("fact")
+}
+
+#[tokio::test]
+async fn a_rescue_key_reaches_the_rescue_ramdisk_only_and_ends_with_the_rescue() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let id = env.deployed_sim("rescue-ssh").await;
+    let deployed = env.node(&id).await.expect("node");
+
+    // Garbage is refused with its reason and changes nothing.
+    let long = "A".repeat(1_601);
+    for bad in [
+        json!({"sshPublicKey": ""}),
+        json!({"sshPublicKey": "ssh-ed25519"}),
+        json!({"sshPublicKey": "ssh-dss AAAAB3NzaC1kc3M="}),
+        json!({"sshPublicKey": "ssh-ed25519 !!!"}),
+        json!({"sshPublicKey": format!("ssh-rsa {BLOB}")}),
+        json!({"sshPublicKey": format!("{KEY}\nssh-ed25519 {BLOB}")}),
+        json!({"sshPublicKey": "-----BEGIN OPENSSH PRIVATE KEY-----"}),
+        json!({"sshPublicKey": long}),
+        json!({"sshPublicKey": 42}),
+        json!({"sshPublicKeys": KEY}),
+    ] {
+        let (s, b) = env.verb("rescue", &id, bad.clone()).await;
+        assert_eq!(s, 400, "{bad}: {b}");
+        assert_eq!(b["code"], "INVALID_ARGUMENT", "{bad}: {b}");
+    }
+    let n = env.node(&id).await.expect("node");
+    assert_eq!(
+        (n.provision_state, n.version),
+        (ProvisionState::Deployed, deployed.version),
+        "a refused rescue changes nothing"
+    );
+    assert_eq!(access(&env, &id).await, None);
+
+    // No ramdisk before (enroll, inspect, commission, deploy) was a rescue
+    // ramdisk.
+    let before = boot_cmdlines(&env, &id).await;
+    assert!(!before.is_empty());
+    assert!(
+        before.iter().all(|l| !l.contains("bcm.mode=")),
+        "{before:?}"
+    );
+
+    // A rescue with a key: kept, and on the rescue ramdisk's command line.
+    let seen = before.len();
+    env.verb_ok("rescue", &id, json!({ "sshPublicKey": KEY }))
+        .await;
+    let kept = access(&env, &id)
+        .await
+        .expect("the rescue's access is kept");
+    assert_eq!(kept["sshPublicKey"], format!("ssh-ed25519 {BLOB}"));
+    assert_eq!(
+        kept["fingerprint"],
+        "SHA256:3eNqcQ3ybzEs8wfxpsIBLEeiQSijZoXHkt0D84Msu0M"
+    );
+    assert!(kept["by"].as_str().is_some_and(|b| !b.is_empty()), "{kept}");
+    let line = rescue_ramdisk_up(&env, &id, seen).await;
+    assert!(line.contains(" bcm.mode=rescue"), "{line}");
+    assert!(
+        line.split(' ')
+            .any(|w| w == format!("bcm.ssh=ssh-ed25519:{BLOB}")),
+        "{line}"
+    );
+    assert!(!line.contains("operator@example"), "no comment: {line}");
+
+    // Unrescue: back to deployed, the key forgotten.
+    env.verb_ok("unrescue", &id, json!({})).await;
+    env.wait_state(&id, ProvisionState::Deployed, T)
+        .await
+        .expect("unrescue → deployed");
+    assert_eq!(access(&env, &id).await, None, "unrescue forgets the key");
+
+    // A rescue without a key: rescue mode (the serial console), no SSH.
+    let seen = boot_cmdlines(&env, &id).await.len();
+    env.verb_ok("rescue", &id, json!({})).await;
+    let line = rescue_ramdisk_up(&env, &id, seen).await;
+    assert!(line.contains(" bcm.mode=rescue"), "{line}");
+    assert!(!line.contains("bcm.ssh="), "{line}");
+    let kept = access(&env, &id).await.expect("recorded");
+    assert!(kept["sshPublicKey"].is_null(), "{kept}");
+
+    // Released from rescue: forgotten as well.
+    let (s, _) = env.verb("undeploy", &id, json!({})).await;
+    assert_eq!(s, 200);
+    env.wait_state(&id, ProvisionState::Ready, T)
+        .await
+        .expect("undeploy from rescue → ready");
+    assert_eq!(access(&env, &id).await, None, "a release forgets the key");
+}
