@@ -111,6 +111,29 @@ async fn transient_bmc_errors_are_retried_with_backoff_and_the_chain_completes()
     );
 }
 
+/// Asserts that the workflow's cleanup steps (a ramdisk workflow's boot
+/// cleanup: the boot entry cleared, the machine powered off) all ran and
+/// succeeded, and returns its steps.
+async fn boot_cleanup_ran(env: &TestEnv, workflow: &str) -> Vec<bcm_db::workflows::StepRow> {
+    let steps = bcm_db::workflows::steps_fetch(&env.db, workflow)
+        .await
+        .expect("steps");
+    let cleanup: Vec<_> = steps
+        .iter()
+        .filter(|s| s.cleanup)
+        .map(|s| (s.name.as_str(), s.status.as_str()))
+        .collect();
+    assert_eq!(
+        cleanup,
+        vec![
+            ("clear-boot-entry", "succeeded"),
+            ("power-off", "succeeded")
+        ],
+        "the cleanup of workflow {workflow}"
+    );
+    steps
+}
+
 #[tokio::test]
 async fn abort_runs_the_cleanup_steps_and_fails_the_node() {
     let env = TestEnv::start_with(Options::with_site())
@@ -147,21 +170,7 @@ async fn abort_runs_the_cleanup_steps_and_fails_the_node() {
     })
     .await;
     done.expect("the workflow ends cancelled");
-    let steps = bcm_db::workflows::steps_fetch(&env.db, &wf.to_string())
-        .await
-        .expect("steps");
-    let cleanup: Vec<_> = steps
-        .iter()
-        .filter(|s| s.cleanup)
-        .map(|s| (s.name.as_str(), s.status.as_str()))
-        .collect();
-    assert_eq!(
-        cleanup,
-        vec![
-            ("clear-boot-entry", "succeeded"),
-            ("power-off", "succeeded")
-        ]
-    );
+    let steps = boot_cleanup_ran(&env, &wf.to_string()).await;
     assert!(steps
         .iter()
         .any(|s| s.name == "wait-ramdisk-join" && s.status.as_str() == "skipped"));
@@ -488,21 +497,7 @@ async fn undeploy_from_a_booting_rescue_cancels_the_rescue_first() {
         .await
         .expect("rescue workflow");
     assert_eq!(rescued.status.as_str(), "cancelled", "{rescued:?}");
-    let steps = bcm_db::workflows::steps_fetch(&env.db, &rescue)
-        .await
-        .expect("steps");
-    let cleanup: Vec<_> = steps
-        .iter()
-        .filter(|s| s.cleanup)
-        .map(|s| (s.name.as_str(), s.status.as_str()))
-        .collect();
-    assert_eq!(
-        cleanup,
-        vec![
-            ("clear-boot-entry", "succeeded"),
-            ("power-off", "succeeded")
-        ]
-    );
+    let steps = boot_cleanup_ran(&env, &rescue).await;
     // The release's workflow began after the rescue's cleanup ended.
     let wfs = bcm_db::workflows::workflows_of_node(&env.db, &id.to_string())
         .await

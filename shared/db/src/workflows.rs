@@ -487,18 +487,17 @@ pub async fn workflow_status_in_txn(
 }
 
 /// A workflow of the node that has not ended (running, or running its
-/// cleanup steps), other than `except`: one a verb cancelled when it moved
-/// the node out of that workflow's state.
+/// cleanup steps): one a verb cancelled when it moved the node out of that
+/// workflow's state, which the new state's workflow waits for.
 pub async fn workflow_unfinished_of_node_in_txn(
     tx: &mut Tx<'_>,
     node_id: &str,
-    except: Option<&str>,
 ) -> Result<Option<String>, DbError> {
     Ok(sqlx::query_scalar(
-        "SELECT id FROM workflows WHERE node_id = $1          AND status IN ('running', 'failing-cleanup', 'cancelling-cleanup')          AND id IS DISTINCT FROM $2 LIMIT 1",
+        "SELECT id FROM workflows WHERE node_id = $1 \
+         AND status IN ('running', 'failing-cleanup', 'cancelling-cleanup') LIMIT 1",
     )
     .bind(node_id)
-    .bind(except)
     .fetch_optional(&mut **tx)
     .await?)
 }
