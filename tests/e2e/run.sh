@@ -15,7 +15,9 @@
 # disk crypto-erased by a full overwrite read back (the method reported),
 # and the swapped one's NIC unplugged before a recover, whose ramdisk join
 # times out (the site's step time-out) into the node's lastError. The
-# ramdisk honours the BMC's graceful power-off (ACPI), as libvirt's logs show.
+# ramdisk honours the BMC's graceful power-off (ACPI), as libvirt's logs show;
+# the emulator's request log shows each ramdisk boot a one-time PXE override
+# and the GracefulShutdown asked.
 # Beside them an agentless machine (pool agentMode none, BIOS) goes the same
 # way through its BMC alone: out-of-band inspection, an installer ISO
 # inserted as sushy-tools' virtual media and booted once, which writes the
@@ -840,24 +842,29 @@ if [ "${E2E_NEGATIVE:-1}" = 1 ]; then
   [ -z "$swap" ] || swap="e2e-$swap"
   phase "negatives: read-only disk ($neg), swapped disk (${swap:-none}) at release → failed UNVERIFIED_WIPE; then $neg retired (crypto-erase by a verified overwrite), ${swap:-none} unplugged (a step time-out)" negatives
 fi
-# Power-offs were graceful: the bmc service asks the BMC for
-# GracefulShutdown (the ACPI power button), the ramdisk's acpid powers the
-# machine off, and libvirt's log of each machine says the guest shut
-# itself down (reason=shutdown) instead of being destroyed after the
-# graceful time-out.
-graceful_power_offs() {
-  local fw f name n total=0
-  # The ramdisk machines (the agentless one's installer powers itself off).
+# What the BMC was asked, in the emulator's request log (tests/peers/
+# sushy_accounts.py logs every write with its body): the ramdisk boots were
+# one-time PXE overrides, and power-offs asked for a GracefulShutdown first
+# (the ACPI power button); the ramdisk's acpid powers the machine off, and
+# libvirt's log of each machine says the guest shut itself down
+# (reason=shutdown) instead of being destroyed after the graceful time-out.
+emulator_log() {
+  local fw name uuid f="$lab/logs/sushy.log" once graceful n total=0 asked=0
+  [ -f "$f" ] || { echo "no emulator log at $f" >&2; return 1; }
   for fw in $FIRMWARE; do
-    name=e2e-$fw f="$lab/logs/e2e-$fw.qemu.log"
-    [ -f "$f" ] || continue
-    n=$(grep -c "shutting down, reason=shutdown" "$f" || true)
-    say "  $name: $n graceful power-offs (libvirt: $(grep -c "shutting down, reason=destroyed" "$f" || true) destroyed)"
-    total=$((total + n))
+    name=e2e-$fw
+    uuid=$(virsh -q -c qemu:///system domuuid "$name" 2>/dev/null) || continue
+    once=$(grep -cE "sushy-request: PATCH /redfish/v1/Systems/$uuid \{\"Boot\": \{\"BootSourceOverrideEnabled\": \"Once\", [^}]*\"BootSourceOverrideTarget\": \"Pxe\"" "$f" || true)
+    graceful=$(grep -cF "sushy-request: POST /redfish/v1/Systems/$uuid/Actions/ComputerSystem.Reset {\"ResetType\": \"GracefulShutdown\"}" "$f" || true)
+    n=$(grep -c "shutting down, reason=shutdown" "$lab/logs/$name.qemu.log" 2>/dev/null || true)
+    say "  $name: emulator: $once one-time PXE boot overrides, $graceful GracefulShutdown resets; libvirt: $n graceful power-offs, $(grep -c "shutting down, reason=destroyed" "$lab/logs/$name.qemu.log" 2>/dev/null || true) destroyed"
+    (( once > 0 )) || { echo "$name: no one-time PXE boot override in the emulator's log" >&2; return 1; }
+    total=$((total + n)); asked=$((asked + graceful))
   done
+  (( asked > 0 )) || { echo "no GracefulShutdown was asked of the emulator" >&2; return 1; }
   (( total > 0 )) || { echo "no machine was powered off gracefully" >&2; return 1; }
 }
-phase "graceful power-offs seen in the emulator's log" graceful_power_offs
+phase "one-time boot overrides and graceful power-offs seen in the emulator's log" emulator_log
 # Every process ran under its own bus identity: a request its permissions
 # refuse is a bug (a refused JetStream request waits out its timeout).
 bus_permissions() {

@@ -13,8 +13,14 @@ emulator's own main() with the same arguments:
   PATCH /redfish/v1/AccountService/Accounts/<name>   {"Password": ...}
         honours If-Match (412 on a stale ETag); other properties are 400.
 
-The service root gains the `AccountService` link. Everything else is the
-unchanged emulator. Run: python sushy_accounts.py --config sushy.conf
+The service root gains the `AccountService` link, and every request that
+changes something (PATCH, POST, PUT, DELETE) is logged to stderr as one
+line, `sushy-request: <METHOD> <path> <JSON body>` (a `Password` shown as
+"***"): the emulator logs no bodies, and the libvirt driver keeps a one-time
+boot override as a boot order change, so this line is where a test sees
+what the BMC was asked (`BootSourceOverrideEnabled: Once`, a
+`GracefulShutdown`). Everything else is the unchanged emulator. Run:
+python sushy_accounts.py --config sushy.conf
 """
 
 import hashlib
@@ -50,6 +56,25 @@ def _error(status, message, message_id):
                                                  "Message": message}]}}
     return flask.Response(json.dumps(body), status=status,
                           mimetype="application/json")
+
+
+def _redacted(value):
+    if isinstance(value, dict):
+        return {k: ("***" if k == "Password" else _redacted(v))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    return value
+
+
+@app.before_request
+def _log_writes():
+    if flask.request.method in ("PATCH", "POST", "PUT", "DELETE"):
+        body = flask.request.get_json(silent=True)
+        print("sushy-request: %s %s %s" % (
+            flask.request.method, flask.request.path,
+            json.dumps(_redacted(body), sort_keys=True)),
+            file=sys.stderr, flush=True)
 
 
 @app.after_request
