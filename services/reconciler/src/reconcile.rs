@@ -138,8 +138,7 @@ async fn decide_for(tx: &mut Tx<'_>, node: &Node) -> Result<ReconcileAction, DbE
     // A verb that moved the node out of a workflow's state cancelled that
     // workflow; its cleanup may still drive the machine.
     let superseded =
-        bcm_db::workflows::workflow_unfinished_of_node_in_txn(tx, &node.id.to_string())
-            .await?;
+        bcm_db::workflows::workflow_unfinished_of_node_in_txn(tx, &node.id.to_string()).await?;
     if let Some(wf) = &superseded {
         tracing::info!(node = %node.id, workflow = %wf, state = %node.provision_state, "the state's workflow waits for the cancelled one's cleanup");
     }
