@@ -15,7 +15,8 @@
 #   - otherwise (booted from an installed disk): the first partition with a
 #     NoCloud seed (`/var/lib/cloud/seed/nocloud/user-data`, written by
 #     `bcd` at deploy time) is mounted and `bcd node --env-file` joins with
-#     the token in it.
+#     the token in it, keeping its identity on that partition
+#     (`var/lib/bcd`, root only), which it rejoins with after a reboot.
 #
 # Reproducible: files sorted, times clamped to SOURCE_DATE_EPOCH (default:
 # the kernel package's date), `cpio --reproducible`, `gzip -n`. Prints the
@@ -207,8 +208,14 @@ for p in $(ls /sys/class/block | grep -E '^(vd|sd|nvme)'); do
   seed=/mnt/var/lib/cloud/seed/nocloud/user-data
   if [ -f "$seed" ]; then
     cp "$seed" /etc/bcd/join.env; umount /mnt
-    echo "bcm-ramdisk: mode node (seed on $p)"
-    run /bin/bcd node --env-file /etc/bcd/join.env
+    # bcd keeps its identity (root only) on the installed disk: after a
+    # reboot it rejoins with it, no token (the seed's was one-time).
+    state=/run/bcd-node
+    if mount -o rw,umask=077,quiet "/dev/$p" /mnt 2>/dev/null || mount -o rw "/dev/$p" /mnt 2>/dev/null; then
+      state=/mnt/var/lib/bcd
+    fi
+    echo "bcm-ramdisk: mode node (seed on $p, identity kept in $state)"
+    run /bin/bcd node --env-file /etc/bcd/join.env --state-dir "$state"
   fi
   umount /mnt
 done

@@ -9,7 +9,9 @@
 # another (another serial) before a release, must each end in `failed` with
 # UNVERIFIED_WIPE (the second naming the recorded disk that did not report).
 # The BIOS machine's first deploy is aborted mid-way and recovered to
-# ready; the UEFI machine is rescued with an SSH key (its rescue ramdisk
+# ready, and once deployed it is rescued and unrescued: its installed OS's
+# bcd rejoins with the identity it kept on its disk, no token; the UEFI
+# machine is rescued with an SSH key (its rescue ramdisk
 # comes up, root logs in over SSH with that key, another key is refused) and
 # undeployed from rescue; the read-only machine is then retired, its virtio
 # disk crypto-erased by a full overwrite read back (the method reported),
@@ -526,24 +528,31 @@ abort_deploy() {
   wait_state "$name" "$node" ready 900
 }
 
+# wait_rescue_up NODE: the rescue ramdisk is up (metal-rescue succeeded
+# once it joined), within 15 minutes.
+wait_rescue_up() {
+  local i status=""
+  for i in $(seq 1 450); do
+    status=$(wf_status "$1" metal-rescue)
+    case "$status" in succeeded|failed|cancelled) break ;; esac
+    sleep 2
+  done
+  [ "$status" = succeeded ] || { echo "the rescue ramdisk did not come up: metal-rescue $status" >&2; return 1; }
+}
+
 # Rescue a deployed machine with an operator's SSH key (the rescue ramdisk
 # boots: the metal-rescue workflow succeeds once it joined), log in as root
 # over SSH with that key at the address the ramdisk's serial console shows,
 # see another key refused, then undeploy it from rescue.
 rescue_undeploy() {
-  local name=$1 node i status="" serial="$lab/logs/$1.serial" from ip out key="$dir/run/rescue-$1"
+  local name=$1 node serial="$lab/logs/$1.serial" from ip out key="$dir/run/rescue-$1"
   node=$(cat "$dir/run/node-$name")
   from=$(wc -l < "$serial")
   rm -f "$key" "$key.pub" "$key-other" "$key-other.pub"
   ssh-keygen -q -t ed25519 -N '' -C "operator@e2e" -f "$key"
   ssh-keygen -q -t ed25519 -N '' -C "intruder@e2e" -f "$key-other"
   ctl rescue "$node" --ssh-public-key "$key.pub" >/dev/null
-  for i in $(seq 1 450); do
-    status=$(wf_status "$node" metal-rescue)
-    case "$status" in succeeded|failed|cancelled) break ;; esac
-    sleep 2
-  done
-  [ "$status" = succeeded ] || { echo "the rescue ramdisk did not come up: metal-rescue $status" >&2; return 1; }
+  wait_rescue_up "$node"
   say "  $name: rescue ramdisk up ($(wf_steps "$node" rescue false))"
   tail -n +"$from" "$serial" | tr -d '\r' | grep -q "bcm-ramdisk: rescue SSH on port 22" \
     || { echo "the rescue ramdisk started no SSH server (logs/lab/$name.serial)" >&2; return 1; }
@@ -561,6 +570,24 @@ rescue_undeploy() {
   say "  $name: root over SSH at $ip with the rescue's key ($(ssh-keygen -lf "$key.pub" | cut -d' ' -f2)); another key: Permission denied"
   say "  $name: undeploy from rescue"
   ctl undeploy "$node" >/dev/null
+}
+
+# Rescue a deployed machine, then unrescue it: the disk boots again, and
+# the installed OS's bcd rejoins with the identity it kept on its disk (no
+# token: its seed's was spent at the first boot), which is what
+# metal-unrescue waits for before the node is deployed again.
+rescue_unrescue() {
+  local name=$1 node serial="$lab/logs/$1.serial" from line
+  node=$(cat "$dir/run/node-$name")
+  ctl rescue "$node" >/dev/null
+  wait_rescue_up "$node"
+  say "  $name: rescue ramdisk up; unrescue"
+  from=$(wc -l < "$serial")
+  ctl unrescue "$node" >/dev/null
+  wait_state "$name" "$node" deployed 900
+  line=$(tail -n +"$from" "$serial" | tr -d '\r' | grep -m1 "rejoined as node $node with its identity") \
+    || { echo "the installed OS's bcd did not rejoin with its kept identity (logs/lab/$name.serial)" >&2; return 1; }
+  say "  $name: unrescued (metal-unrescue $(wf_status "$node" metal-unrescue)): $line"
 }
 
 SEQ_READY="enrolled enrolling workflow inspecting workflow commissioning workflow ready"
@@ -581,7 +608,7 @@ scenario() {
   local seq="$SEQ_POSITIVE" releases=1
   if [ "$name" = e2e-bios ]; then
     abort_deploy "$name" "$format"
-    seq="$SEQ_READY deploying workflow failed releasing workflow ready deploying workflow deployed releasing workflow ready"
+    seq="$SEQ_READY deploying workflow failed releasing workflow ready deploying workflow deployed rescue workflow unrescuing workflow deployed releasing workflow ready"
     releases=2
   elif [ "$name" = e2e-uefi ]; then
     seq="$SEQ_READY deploying workflow deployed rescue workflow releasing workflow ready"
@@ -600,6 +627,9 @@ scenario() {
   # No --wipe: the pool's releaseWipe (quick).
   if [ "$name" = e2e-uefi ]; then
     rescue_undeploy "$name"
+  elif [ "$name" = e2e-bios ]; then
+    rescue_unrescue "$name"
+    ctl undeploy "$node" >/dev/null
   else
     ctl undeploy "$node" >/dev/null
   fi

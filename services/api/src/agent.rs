@@ -1,8 +1,9 @@
 //! The agent endpoints the ramdisk and installed-OS agents speak (the same
 //! for `bcd` and the simulated site): join with a one-time token and a CSR,
-//! heartbeat, long-poll for commands, and post results signed over the
+//! rejoin with a kept identity (an installed OS after a reboot, signed by
+//! its certificate's key; with a CSR a renewal), heartbeat, long-poll for commands, and post results signed over the
 //! signing input the attestation service rebuilds from the STORED command
-//! row. Joins and results are forwarded to the attestation service.
+//! row. Joins, rejoins and results are forwarded to the attestation service.
 //!
 //! Any answer can be lost, so every exchange can be retried: a join retried
 //! with the same token and key gets the same identity back (the attestation
@@ -19,9 +20,11 @@ use axum::http::request::Parts;
 use axum::Json;
 use bcm_contracts::agent::{
     AgentCommand, AgentPurpose, AgentResult, Heartbeat, HeartbeatAck, JoinRequest, JoinResponse,
-    PresenceEvent,
+    PresenceEvent, RejoinRequest,
 };
-use bcm_contracts::attest::{AttestJoin, AttestReply, AttestResult, JoinGranted, ResultRecorded};
+use bcm_contracts::attest::{
+    AttestJoin, AttestRejoin, AttestReply, AttestResult, JoinGranted, ResultRecorded,
+};
 use bcm_contracts::CommandKind;
 use bcm_core::ErrorCode;
 use serde::Deserialize;
@@ -102,6 +105,7 @@ pub async fn measured(
 ) -> axum::response::Response {
     let endpoint: &'static str = match req.uri().path().rsplit('/').next() {
         Some("join") => "join",
+        Some("rejoin") => "rejoin",
         Some("heartbeat") => "heartbeat",
         Some("commands") => "commands",
         Some("results") => "results",
@@ -222,6 +226,44 @@ pub async fn join(
         inventory: req.inventory,
     };
     let granted: JoinGranted = attest(&app, "join", &ask).await?;
+    Ok(Json(JoinResponse {
+        node_id: granted.node_id,
+        session_token: session,
+        cert_serial: granted.cert_serial,
+        certificate: granted.certificate,
+        ca_certificate: granted.ca_certificate,
+        image_keys: granted.image_keys,
+    }))
+}
+
+/// `POST /api/agent/rejoin`: an installed OS's agent back with the identity
+/// it kept, forwarded to the attestation service. The session token is
+/// derived from the signature (under the join key), so the same signed
+/// request asked again gets the same session.
+#[utoipa::path(post, path = "/api/agent/rejoin", request_body = RejoinRequest, tag = "agent",
+    description = "Rejoin with a kept identity: the key of a node certificate in force signs the node, the serial, the time and an optional CSR (which renews the certificate). It takes no credential but that signature.",
+    responses((status = 200, body = JoinResponse), crate::error::ErrorResponses), security(()))]
+pub async fn rejoin(
+    State(app): State<AppState>,
+    Body(req): Body<RejoinRequest>,
+) -> Result<Json<JoinResponse>, ApiError> {
+    req.check().map_err(|e| ApiError::invalid(e.to_string()))?;
+    let key = app.inner.join_key.as_ref().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidConfig,
+            "the control plane holds no join key (api.join_key.file); agents cannot rejoin",
+        )
+    })?;
+    let (session, session_hash) = key.session_token(&req.signature, &req.cert_serial);
+    let ask = AttestRejoin {
+        node_id: req.node_id,
+        cert_serial: req.cert_serial,
+        signed_at: req.signed_at,
+        csr: req.csr,
+        signature: req.signature,
+        session_hash: hex::encode(session_hash),
+    };
+    let granted: JoinGranted = attest(&app, "rejoin", &ask).await?;
     Ok(Json(JoinResponse {
         node_id: granted.node_id,
         session_token: session,

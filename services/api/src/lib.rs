@@ -523,6 +523,7 @@ pub fn router(state: AppState) -> Router {
         );
     let agent = axum::Router::<AppState>::new()
         .route("/join", post(agent::join))
+        .route("/rejoin", post(agent::rejoin))
         .route("/heartbeat", post(agent::heartbeat))
         .route("/commands", get(agent::commands))
         .route("/results", post(agent::results))

@@ -7,6 +7,10 @@ use bcm_core::ErrorCode;
 pub enum AttestError {
     #[error("unknown, used or expired join token")]
     BadToken,
+    /// A rejoin whose certificate is not in force, is not the node's, or
+    /// whose signature does not verify (which of them is not said).
+    #[error("unknown, revoked or expired identity, or a signature that does not verify")]
+    BadIdentity,
     #[error("a {purpose} join token cannot join an agent with role {role:?}")]
     WrongRole { purpose: String, role: String },
     #[error("{0}")]
@@ -15,6 +19,10 @@ pub enum AttestError {
     NoSuchCommand,
     #[error("the result's signature was rejected: {0}")]
     Rejected(String),
+    /// A rejoin with a valid signature that cannot be taken: out of the
+    /// clock window, a replay, or an identity that does not rejoin.
+    #[error("rejoin refused: {0}")]
+    RejoinRefused(String),
     #[error("the CA cannot be used: {0}")]
     Config(String),
     #[error(transparent)]
@@ -27,8 +35,10 @@ impl AttestError {
     /// The API error code.
     pub fn code(&self) -> ErrorCode {
         match self {
-            AttestError::BadToken => ErrorCode::Unauthenticated,
-            AttestError::WrongRole { .. } | AttestError::Rejected(_) => ErrorCode::Forbidden,
+            AttestError::BadToken | AttestError::BadIdentity => ErrorCode::Unauthenticated,
+            AttestError::WrongRole { .. }
+            | AttestError::Rejected(_)
+            | AttestError::RejoinRefused(_) => ErrorCode::Forbidden,
             AttestError::Invalid(_) => ErrorCode::InvalidArgument,
             AttestError::Pki(bcm_pki::PkiError::BadCsr | bcm_pki::PkiError::WrongKeyType(_)) => {
                 ErrorCode::InvalidArgument

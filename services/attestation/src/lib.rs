@@ -1,8 +1,10 @@
 //! The attestation service: the only process that holds the node CA's key.
-//! It answers two requests over NATS (queue group `attestation`, so any
+//! It answers three requests over NATS (queue group `attestation`, so any
 //! number of replicas share them): `attest.join` (consume a one-time join
 //! token, issue a short-lived node certificate for the agent's CSR, open an
-//! agent session) and `attest.result` (record an agent's result and verify
+//! agent session), `attest.rejoin` (an installed OS's agent back with the
+//! identity it kept: a fresh signature of a certificate in force opens a
+//! session, and with a CSR renews the certificate) and `attest.result` (record an agent's result and verify
 //! its signature against the STORED command row and a valid, unrevoked
 //! certificate of the node, in one transaction that rolls back when it
 //! does not verify). Join tokens are minted, and identities revoked, by
@@ -13,6 +15,7 @@ pub mod adopt;
 pub mod ca_store;
 pub mod error;
 pub mod join;
+pub mod rejoin;
 pub mod results;
 pub mod service;
 pub mod verify;

@@ -1,11 +1,12 @@
-//! The request loop: `attest.join` and `attest.result` in the queue group
-//! `attestation`. A malformed request is answered INVALID_ARGUMENT and
+//! The request loop: `attest.join`, `attest.rejoin` and `attest.result` in
+//! the queue group `attestation`. A malformed request is answered INVALID_ARGUMENT and
 //! logged, never a crash.
 
 use std::sync::Arc;
 
 use bcm_bus::Bus;
 use bcm_contracts::attest::AttestJoin;
+use bcm_contracts::attest::AttestRejoin;
 use bcm_contracts::attest::AttestReply;
 use bcm_contracts::attest::AttestResult;
 use bcm_core::ErrorCode;
@@ -43,43 +44,65 @@ fn reply<T: Serialize>(r: Result<T, AttestError>) -> Vec<u8> {
     serde_json::to_vec(&body).unwrap_or_default()
 }
 
-async fn answer(ctx: Arc<Ctx>, msg: async_nats::Message, join: bool) {
-    let span = tracing::info_span!("attest", what = if join { "join" } else { "result" });
+/// The requests this service answers.
+#[derive(Debug, Clone, Copy)]
+enum What {
+    Join,
+    Rejoin,
+    Result,
+}
+
+impl What {
+    fn as_str(self) -> &'static str {
+        match self {
+            What::Join => "join",
+            What::Rejoin => "rejoin",
+            What::Result => "result",
+        }
+    }
+}
+
+async fn answer(ctx: Arc<Ctx>, msg: async_nats::Message, what: What) {
+    let span = tracing::info_span!("attest", what = what.as_str());
     bcm_telemetry::set_remote_parent(
         &span,
         bcm_bus::traceparent_of(msg.headers.as_ref()).as_deref(),
     );
-    let what = if join { "join" } else { "result" };
     let started = std::time::Instant::now();
-    answer_in(ctx, msg, join).instrument(span).await;
-    metrics::counter!("bcm_attest_requests_total", "what" => what).increment(1);
-    metrics::histogram!("bcm_attest_seconds", "what" => what)
+    answer_in(ctx, msg, what).instrument(span).await;
+    metrics::counter!("bcm_attest_requests_total", "what" => what.as_str()).increment(1);
+    metrics::histogram!("bcm_attest_seconds", "what" => what.as_str())
         .record(started.elapsed().as_secs_f64());
 }
 
-async fn answer_in(ctx: Arc<Ctx>, msg: async_nats::Message, join: bool) {
+/// A request's payload, or the INVALID_ARGUMENT answer to a malformed one.
+fn decoded<T: serde::de::DeserializeOwned>(what: What, payload: &[u8]) -> Result<T, Vec<u8>> {
+    serde_json::from_slice::<T>(payload).map_err(|e| {
+        tracing::warn!(error = %e, what = what.as_str(), "malformed attestation request dropped");
+        reply::<()>(Err(AttestError::Invalid(format!("malformed request: {e}"))))
+    })
+}
+
+async fn answer_in(ctx: Arc<Ctx>, msg: async_nats::Message, what: What) {
     let Some(to) = msg.reply.clone() else {
         tracing::warn!(subject = %msg.subject, "attestation request without a reply subject dropped");
         return;
     };
-    let payload = if join {
-        match serde_json::from_slice::<AttestJoin>(&msg.payload) {
+    let payload = match what {
+        What::Join => match decoded::<AttestJoin>(what, &msg.payload) {
             Ok(req) => {
                 reply(crate::join::join(&ctx.db, &ctx.subjects, &ctx.ca, &ctx.cfg, &req).await)
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "malformed attest.join dropped");
-                reply::<()>(Err(AttestError::Invalid(format!("malformed request: {e}"))))
-            }
-        }
-    } else {
-        match serde_json::from_slice::<AttestResult>(&msg.payload) {
+            Err(refusal) => refusal,
+        },
+        What::Rejoin => match decoded::<AttestRejoin>(what, &msg.payload) {
+            Ok(req) => reply(crate::rejoin::rejoin(&ctx.db, &ctx.ca, &ctx.cfg, &req).await),
+            Err(refusal) => refusal,
+        },
+        What::Result => match decoded::<AttestResult>(what, &msg.payload) {
             Ok(req) => reply(crate::results::record(&ctx.db, &ctx.ca, &ctx.cfg, &req).await),
-            Err(e) => {
-                tracing::warn!(error = %e, "malformed attest.result dropped");
-                reply::<()>(Err(AttestError::Invalid(format!("malformed request: {e}"))))
-            }
-        }
+            Err(refusal) => refusal,
+        },
     };
     if let Err(e) = ctx.client.publish(to, payload.into()).await {
         tracing::warn!(error = %e, "attestation reply not sent");
@@ -118,6 +141,9 @@ pub async fn start(
     let mut joins = sub("join")
         .await
         .map_err(|e| AttestError::Config(format!("subscribing: {e}")))?;
+    let mut rejoins = sub("rejoin")
+        .await
+        .map_err(|e| AttestError::Config(format!("subscribing: {e}")))?;
     let mut results = sub("result")
         .await
         .map_err(|e| AttestError::Config(format!("subscribing: {e}")))?;
@@ -137,12 +163,14 @@ pub async fn start(
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                Some(m) = joins.next() => { tokio::spawn(answer(ctx.clone(), m, true)); }
-                Some(m) = results.next() => { tokio::spawn(answer(ctx.clone(), m, false)); }
+                Some(m) = joins.next() => { tokio::spawn(answer(ctx.clone(), m, What::Join)); }
+                Some(m) = rejoins.next() => { tokio::spawn(answer(ctx.clone(), m, What::Rejoin)); }
+                Some(m) = results.next() => { tokio::spawn(answer(ctx.clone(), m, What::Result)); }
                 else => break,
             }
         }
         let _ = joins.unsubscribe().await;
+        let _ = rejoins.unsubscribe().await;
         let _ = results.unsubscribe().await;
     }))
 }

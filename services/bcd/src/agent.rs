@@ -1,5 +1,7 @@
 //! The agent protocol, the same for `bcd ramdisk` and `bcd node`: join with
-//! a one-time token and a CSR for a key generated in memory, heartbeat,
+//! a one-time token and a CSR for a key generated in memory (`bcd node`
+//! then keeps its identity on disk, rejoins with it after a reboot and
+//! renews its certificate), heartbeat,
 //! long-poll for commands, run each at most once (by command id), and post
 //! results signed over `bcm_pki::signing_input`, retrying until the control
 //! plane answers.
@@ -12,6 +14,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use bcm_contracts::agent::{
     AgentCommand, AgentResult, AgentRole, Heartbeat, HeartbeatAck, JoinRequest, JoinResponse,
+    RejoinRequest,
 };
 use bcm_contracts::commands::{Command, DeployImageParams, WipeParams};
 use bcm_contracts::outputs::{KexecLoaded, WipeReport};
@@ -115,47 +118,67 @@ pub async fn join(
         hostname: cfg.hostname.clone(),
         inventory,
     };
+    let joined = ask_identity(
+        http,
+        &format!("{}/api/agent/join", cfg.api),
+        "join",
+        None,
+        stop,
+        || req.clone(),
+    )
+    .await?;
+    let image_keys = image_keys_of(cfg, &joined);
+    if let Err(e) = state.save_session(&joined) {
+        tracing::warn!(error = %e, "the session was not kept: a restart joins afresh");
+    }
+    tracing::info!(node = %joined.node_id, serial = %joined.cert_serial, "joined");
+    Ok(Session {
+        joined,
+        key,
+        image_keys,
+    })
+}
+
+/// Asks for an identity (a join or a rejoin, `what`) until the control
+/// plane answers: retried while it is unreachable, unavailable or asks to
+/// slow down (429), with `body()` asked for the request each time; any
+/// other refusal is final. The certificate handed back must check against
+/// `ca_pem` (a rejoin: the CA the kept identity was issued by) or, for a
+/// first join, the CA the answer names.
+async fn ask_identity<B: serde::Serialize>(
+    http: &reqwest::Client,
+    url: &str,
+    what: &str,
+    ca_pem: Option<&str>,
+    stop: &CancellationToken,
+    mut body: impl FnMut() -> B,
+) -> Result<JoinResponse, AgentError> {
     let mut attempt = 0;
     loop {
-        let sent = http
-            .post(format!("{}/api/agent/join", cfg.api))
-            .json(&req)
-            .send()
-            .await;
-        match sent {
+        match http.post(url).json(&body()).send().await {
             Ok(r) if r.status().is_success() => {
                 let joined: JoinResponse = r
                     .json()
                     .await
                     .map_err(|e| AgentError::JoinRefused(format!("malformed answer: {e}")))?;
-                if let Err(e) = bcm_pki::ca::check_against(
-                    &joined.ca_certificate,
-                    &joined.certificate,
-                    chrono::Utc::now(),
-                ) {
+                let ca = ca_pem.unwrap_or(&joined.ca_certificate);
+                if let Err(e) =
+                    bcm_pki::ca::check_against(ca, &joined.certificate, chrono::Utc::now())
+                {
                     return Err(AgentError::JoinRefused(format!(
                         "the certificate handed back does not check: {e}"
                     )));
                 }
-                let image_keys = image_keys_of(cfg, &joined);
-                if let Err(e) = state.save_session(&joined) {
-                    tracing::warn!(error = %e, "the session was not kept: a restart joins afresh");
-                }
-                tracing::info!(node = %joined.node_id, serial = %joined.cert_serial, "joined");
-                return Ok(Session {
-                    joined,
-                    key,
-                    image_keys,
-                });
+                return Ok(joined);
             }
-            Ok(r) if r.status().is_client_error() => {
+            Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
                 let text = r.text().await.unwrap_or_default();
                 return Err(AgentError::JoinRefused(text));
             }
             Ok(r) => {
-                tracing::warn!(status = %r.status(), "join: control plane unavailable; retrying")
+                tracing::warn!(what, status = %r.status(), "control plane unavailable; retrying")
             }
-            Err(e) => tracing::warn!(error = %e, "join: control plane unreachable; retrying"),
+            Err(e) => tracing::warn!(what, error = %e, "control plane unreachable; retrying"),
         }
         attempt += 1;
         tokio::select! {
@@ -621,22 +644,169 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
     Ok(())
 }
 
-/// Runs the node agent (installed OS or adopted machine): joins, then
-/// heartbeats with role `node` until `stop`.
+/// Rejoins with a kept identity (`key` holds the certificate of `kept`):
+/// signs the node, the serial, the time and, to renew, a CSR for `next`;
+/// retried while the control plane is unreachable or unavailable (the same
+/// signed request: its answer may have been lost, and it gets the same
+/// one), signed afresh once it nears the control plane's clock window. A
+/// refusal is final: the identity is not in force any more.
+pub async fn rejoin(
+    http: &reqwest::Client,
+    cfg: &AgentConfig,
+    key: &SigningKey,
+    kept: &JoinResponse,
+    next: Option<&SigningKey>,
+    stop: &CancellationToken,
+) -> Result<JoinResponse, AgentError> {
+    let csr = next
+        .map(|k| bcm_pki::csr_pem(k, &kept.node_id))
+        .transpose()
+        .map_err(|e| AgentError::JoinRefused(e.to_string()))?;
+    let sign = || {
+        let signed_at = bcm_pki::format_ts(chrono::Utc::now());
+        let input = RejoinRequest::signing_input(
+            &kept.node_id,
+            &kept.cert_serial,
+            &signed_at,
+            csr.as_deref(),
+        );
+        let signature =
+            base64::engine::general_purpose::STANDARD.encode(key.sign(&input).to_bytes());
+        (
+            std::time::Instant::now(),
+            RejoinRequest {
+                node_id: kept.node_id.clone(),
+                cert_serial: kept.cert_serial.clone(),
+                signed_at,
+                csr: csr.clone(),
+                signature,
+            },
+        )
+    };
+    let (mut signed, mut req) = sign();
+    let url = format!("{}/api/agent/rejoin", cfg.api);
+    ask_identity(
+        http,
+        &url,
+        "rejoin",
+        Some(&kept.ca_certificate),
+        stop,
+        || {
+            if signed.elapsed() > Duration::from_secs(240) {
+                (signed, req) = sign();
+            }
+            req.clone()
+        },
+    )
+    .await
+}
+
+/// How long until a certificate just obtained is renewed: two thirds of
+/// what is left of its life (its `notBefore` is set back for clock skew,
+/// so the time it was obtained counts as its start).
+fn renew_in(joined: &JoinResponse) -> Duration {
+    let now = chrono::Utc::now();
+    match bcm_pki::ca::check_against(&joined.ca_certificate, &joined.certificate, now) {
+        Ok(c) => ((c.not_after - now) * 2 / 3).to_std().unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!(error = %e, "the certificate does not check; renewing it now");
+            Duration::ZERO
+        }
+    }
+}
+
+/// The installed OS's (or an adopted machine's) agent. Its identity is kept
+/// in the state directory (`/var/lib/bcd`, root only): after every boot it
+/// rejoins with it — no token —, and renews its certificate before it
+/// expires; only a machine without a kept identity in force joins with the
+/// one-time token of its user data. It heartbeats in between.
 pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), AgentError> {
     let http = http_client(&cfg)?;
-    let session = join(&http, &cfg, &AgentState::default(), &stop).await?;
-    println!("joined as node {}", session.joined.node_id);
-    heartbeat(
-        http,
-        cfg.api.clone(),
-        session.joined.session_token.clone(),
-        AgentRole::Node,
-        cfg.heartbeat,
-        stop,
-    )
-    .await;
-    Ok(())
+    let state = AgentState::open(cfg.state_dir.clone())
+        .map_err(|e| AgentError::JoinRefused(format!("the state directory: {e}")))?;
+    let mut kept = None;
+    if let Some((key, old)) = state.identity() {
+        match rejoin(&http, &cfg, &key, &old, None, &stop).await {
+            Ok(joined) => {
+                kept = Some((key, joined));
+            }
+            Err(AgentError::JoinRefused(why)) => {
+                tracing::warn!(node = %old.node_id, serial = %old.cert_serial, why, "the kept identity is refused; joining with the user data's token");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let rejoined = kept.is_some();
+    let (mut key, mut joined) = match kept {
+        Some(k) => k,
+        None if cfg.join_token.is_empty() => {
+            return Err(AgentError::JoinRefused(
+                "no identity in force is kept and no join token was given".into(),
+            ))
+        }
+        None => {
+            let session = join(&http, &cfg, &AgentState::default(), &stop).await?;
+            (session.key, session.joined)
+        }
+    };
+    let mut announce = Some(if rejoined {
+        format!(
+            "rejoined as node {} with its identity (certificate {})",
+            joined.node_id, joined.cert_serial
+        )
+    } else {
+        format!("joined as node {}", joined.node_id)
+    });
+    loop {
+        if let Err(e) = state.save_identity(&key, &joined) {
+            tracing::warn!(error = %e, "the identity was not kept: the next boot needs a token");
+        }
+        // Said once what it holds is kept.
+        if let Some(line) = announce.take() {
+            println!("{line}");
+        }
+        let beat = stop.child_token();
+        let beating = tokio::spawn(heartbeat(
+            http.clone(),
+            cfg.api.clone(),
+            joined.session_token.clone(),
+            AgentRole::Node,
+            cfg.heartbeat,
+            beat.clone(),
+        ));
+        let until = renew_in(&joined);
+        tokio::select! {
+            _ = beat.cancelled() => {
+                let _ = beating.await;
+                if stop.is_cancelled() {
+                    return Ok(());
+                }
+                // The session ended (its identity revoked): nothing to
+                // rejoin with.
+                return Err(AgentError::SessionEnded);
+            }
+            _ = tokio::time::sleep(until) => {
+                beat.cancel();
+                let _ = beating.await;
+            }
+        }
+        let next = SigningKey::generate(&mut rand::rngs::OsRng);
+        match rejoin(&http, &cfg, &key, &joined, Some(&next), &stop).await {
+            Ok(renewed) => {
+                tracing::info!(node = %renewed.node_id, old = %joined.cert_serial, new = %renewed.cert_serial, "certificate renewed");
+                announce = Some(format!("renewed certificate {}", renewed.cert_serial));
+                (key, joined) = (next, renewed);
+            }
+            Err(AgentError::JoinRefused(why)) => {
+                tracing::error!(
+                    why,
+                    "the renewal is refused: the identity is no longer in force"
+                );
+                return Err(AgentError::JoinRefused(why));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -102,6 +102,11 @@ enum Mode {
         /// What this machine calls itself (adopt).
         #[arg(long)]
         hostname: Option<String>,
+        /// Where the identity is kept across boots (created 0700, its file
+        /// 0600: root only). With an identity in force here, no token is
+        /// needed: bcd rejoins with it.
+        #[arg(long, default_value = "/var/lib/bcd")]
+        state_dir: PathBuf,
     },
 }
 
@@ -186,16 +191,17 @@ async fn main() -> anyhow::Result<()> {
             token,
             env_file,
             hostname,
+            state_dir,
         } => {
             let file = std::fs::read_to_string(&env_file).unwrap_or_default();
             let api = api.or_else(|| env_value(&file, "BCD_API")).ok_or_else(|| {
                 anyhow::anyhow!("no --api and no BCD_API in {}", env_file.display())
             })?;
+            // Without a token only a kept identity can rejoin (checked when
+            // it is refused).
             let token = token
                 .or_else(|| env_value(&file, "BCD_JOIN_TOKEN"))
-                .ok_or_else(|| {
-                    anyhow::anyhow!("no --token and no BCD_JOIN_TOKEN in {}", env_file.display())
-                })?;
+                .unwrap_or_default();
             let (ca_pem, _) = pinned(&ca_file, &image_keys_file, &[])?;
             agent::run_node(
                 AgentConfig {
@@ -211,7 +217,7 @@ async fn main() -> anyhow::Result<()> {
                     cache: None,
                     heartbeat: Duration::from_secs(10),
                     wipe_stripes: 0,
-                    state_dir: None,
+                    state_dir: Some(state_dir),
                     // `bcd node` runs no destructive command.
                     quorum_anchor: None,
                 },

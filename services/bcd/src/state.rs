@@ -1,7 +1,9 @@
 //! What `bcd ramdisk` keeps across a restart of its own process (a crash,
 //! an init system restarting it) in a directory on the machine — `/run/bcd`
 //! in the ramdisk: tmpfs, gone with the boot, as the ramdisk's identity
-//! should be: its key (before it joins, so a join retried after a restart
+//! should be — and what `bcd node` keeps on the installed OS's disk
+//! (`/var/lib/bcd`): its identity, key and certificate in one file, that
+//! it rejoins with after every boot. The ramdisk keeps its key (before it joins, so a join retried after a restart
 //! holds the same key and gets the same identity back) and its session,
 //! and per command id that it began and the result it posted. A command is
 //! then run at most once by this machine even when bcd dies mid-run (it is
@@ -15,6 +17,15 @@ use ed25519_dalek::SigningKey;
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
+
+/// An identity as kept on disk.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct KeptIdentity {
+    /// The ed25519 secret key, hex.
+    key: String,
+    joined: JoinResponse,
+}
 
 /// The agent's durable state (or none: every record is then forgotten).
 #[derive(Debug, Clone, Default)]
@@ -42,7 +53,17 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .open(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path)?;
+    // Synced again under its new name, then its directory: a power cut (a
+    // BMC's power cycle) must not lose the rename, and on FAT (an
+    // installed disk's boot partition) the new directory entry gets the
+    // file's size and first cluster only when the file itself is written
+    // back — synced as the temporary file, it would come back empty.
+    std::fs::File::open(path)?.sync_all()?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 impl AgentState {
@@ -110,6 +131,28 @@ impl AgentState {
             let _ = std::fs::remove_file(d.join("session.json"));
             let _ = std::fs::remove_file(d.join("key.json"));
         }
+    }
+
+    /// An installed OS's kept identity (`bcd node`'s state directory on its
+    /// disk): the key and the answer it holds a certificate by, in one
+    /// file, so a renewal that dies half-way leaves the old pair or the
+    /// new one, never a key with another key's certificate.
+    pub fn identity(&self) -> Option<(SigningKey, JoinResponse)> {
+        let kept: KeptIdentity = self.read("identity.json")?;
+        let bytes = hex::decode(&kept.key).ok()?;
+        let key = SigningKey::from_bytes(&<[u8; 32]>::try_from(bytes.as_slice()).ok()?);
+        Some((key, kept.joined))
+    }
+
+    /// Keeps an identity (after a join, a rejoin or a renewal).
+    pub fn save_identity(&self, key: &SigningKey, joined: &JoinResponse) -> std::io::Result<()> {
+        self.write(
+            "identity.json",
+            &KeptIdentity {
+                key: hex::encode(key.to_bytes()),
+                joined: joined.clone(),
+            },
+        )
     }
 
     /// Records that command `id` begins: false if it had begun before.

@@ -12,6 +12,13 @@ use bcm_testkit::{Options, TestEnv};
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
+/// A fresh state directory for one `bcd node` (never the host's
+/// `/var/lib/bcd`).
+fn state_dir(what: &str) -> String {
+    let d = std::env::temp_dir().join(format!("bcd-node-{what}-{}", rand::random::<u64>()));
+    d.to_string_lossy().into_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bcd_node_with_a_pool_token_is_adopted() {
     let env = TestEnv::start_with(Options::with_site())
@@ -47,6 +54,8 @@ async fn a_bcd_node_with_a_pool_token_is_adopted() {
             &token,
             "--hostname",
             "db-7",
+            "--state-dir",
+            &state_dir("first"),
         ])
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -97,6 +106,7 @@ async fn a_bcd_node_with_a_pool_token_is_adopted() {
     // The token was spent.
     let again = tokio::process::Command::new(env!("CARGO_BIN_EXE_bcd"))
         .args(["node", "--api", &env.base, "--token", &token])
+        .args(["--state-dir", &state_dir("again")])
         .output()
         .await
         .expect("bcd node again");
@@ -152,6 +162,7 @@ async fn a_bcd_node_with_a_pool_token_is_adopted() {
             let token = body["token"].as_str().expect("token").to_owned();
             let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bcd"))
                 .args(["node", "--api", &env.base, "--token", &token])
+                .args(["--state-dir", &state_dir("acceptance")])
                 .stdout(Stdio::piped())
                 .kill_on_drop(true)
                 .spawn()

@@ -77,6 +77,7 @@ pub fn asyncapi() -> Value {
     );
     for (name, address, description, request, reply) in [
         ("attestJoin", "attest.join", "Request/reply (core NATS, queue group attestation): an agent's join forwarded by the API; the reply carries the node certificate or an error code.", "attest.join.request.json", "attest.join.reply.json"),
+        ("attestRejoin", "attest.rejoin", "Request/reply (core NATS, queue group attestation): an installed OS's agent rejoining with the identity it kept (a signature of a certificate in force, no token), forwarded by the API; with a CSR it renews the certificate; the reply carries the certificate or an error code.", "attest.rejoin.request.json", "attest.rejoin.reply.json"),
         ("attestResult", "attest.result", "Request/reply (core NATS, queue group attestation): an agent's result forwarded by the API; recorded only if its signature verifies against the stored command row.", "attest.result.request.json", "attest.result.reply.json"),
     ] {
         channels.insert(

@@ -171,7 +171,8 @@ impl Subjects {
         }
     }
 
-    /// Requests to the attestation service: `attest.join`, `attest.result`.
+    /// Requests to the attestation service: `attest.join`, `attest.rejoin`,
+    /// `attest.result`.
     pub fn attest(&self, what: &str) -> String {
         self.p(format!("attest.{what}"))
     }

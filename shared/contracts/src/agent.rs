@@ -213,6 +213,92 @@ impl JoinRequest {
     }
 }
 
+/// An installed OS's agent rejoining with the identity it kept (`POST
+/// /api/agent/rejoin`): no token; the key of a certificate in force signs
+/// [`RejoinRequest::signing_input`]. With a CSR it renews: a new
+/// certificate for the CSR's key. The answer is a [`JoinResponse`]; the
+/// same signed request asked again gets the same one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RejoinRequest {
+    #[schema(pattern = "^node_[0-9A-HJKMNP-TV-Z]{26}$")]
+    pub node_id: String,
+    /// The serial (hex) of the certificate whose key signs.
+    #[schema(pattern = "^[0-9a-f]{2,64}$")]
+    pub cert_serial: String,
+    /// When the agent signed (RFC 3339, UTC): within 300 s of the control
+    /// plane's clock, and newer than every rejoin this certificate signed.
+    #[schema(min_length = 20, max_length = 40)]
+    pub signed_at: String,
+    /// To renew: a PKCS#10 request (PEM) for the agent's next key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 16384,
+        pattern = "-----BEGIN CERTIFICATE REQUEST-----[\\s\\S]*-----END CERTIFICATE REQUEST-----"
+    )]
+    pub csr: Option<String>,
+    /// The ed25519 signature (standard base64) of the signing input.
+    #[schema(pattern = "^[A-Za-z0-9+/]{86}==$")]
+    pub signature: String,
+}
+
+impl RejoinRequest {
+    /// The bytes the certificate's key signs: a domain tag, then the node,
+    /// the serial, the time and the CSR (empty without), NUL-separated.
+    pub fn signing_input(
+        node_id: &str,
+        cert_serial: &str,
+        signed_at: &str,
+        csr: Option<&str>,
+    ) -> Vec<u8> {
+        let mut out = b"bcm-agent-rejoin-v1".to_vec();
+        for part in [node_id, cert_serial, signed_at, csr.unwrap_or("")] {
+            out.push(0);
+            out.extend_from_slice(part.as_bytes());
+        }
+        out
+    }
+
+    /// What the schema states beyond the types.
+    pub fn check(&self) -> Result<(), ContractError> {
+        let bad = |why: &str| ContractError::Undecodable {
+            what: "rejoin request",
+            why: why.to_owned(),
+        };
+        if self.node_id.parse::<bcm_core::NodeId>().is_err() {
+            return Err(bad("nodeId is not a node id"));
+        }
+        if !(2..=64).contains(&self.cert_serial.len())
+            || !self
+                .cert_serial
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(bad("certSerial must be 2-64 lowercase hex digits"));
+        }
+        if !(20..=40).contains(&self.signed_at.len())
+            || chrono::DateTime::parse_from_rfc3339(&self.signed_at).is_err()
+        {
+            return Err(bad("signedAt must be an RFC 3339 time"));
+        }
+        if let Some(csr) = &self.csr {
+            let begin = csr.find(CSR_BEGIN);
+            let end = csr.rfind(CSR_END);
+            let ordered = matches!((begin, end), (Some(b), Some(e)) if b + CSR_BEGIN.len() <= e);
+            if !(1..=16384).contains(&csr.chars().count()) || !ordered {
+                return Err(bad(
+                    "csr must be a PEM certificate signing request of at most 16384 characters",
+                ));
+            }
+        }
+        if self.signature.len() != 88 {
+            return Err(bad("signature must be a base64 ed25519 signature"));
+        }
+        Ok(())
+    }
+}
+
 /// The answer to a join.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

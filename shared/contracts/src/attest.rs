@@ -48,6 +48,25 @@ pub struct JoinGranted {
     pub image_keys: Vec<String>,
 }
 
+/// `attest.rejoin`: an installed OS's agent rejoining with its identity
+/// (and, with a CSR, renewing it), forwarded by the API with the hash of
+/// the session token it derives from the signature (the token is never on
+/// the bus). Answered with a [`JoinGranted`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AttestRejoin {
+    pub node_id: String,
+    pub cert_serial: String,
+    pub signed_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csr: Option<String>,
+    /// The agent's signature (base64) as it sent it.
+    pub signature: String,
+    /// SHA-256 of the session token the API hands the agent, hex.
+    #[schemars(regex(pattern = "^[0-9a-f]{64}$"))]
+    pub session_hash: String,
+}
+
 /// `attest.result`: a result from an authenticated agent session, forwarded
 /// by the API; the attestation service records it and verifies its
 /// signature against the stored command row.

@@ -5,7 +5,9 @@
 use schemars::schema_for;
 use serde_json::Value;
 
-use crate::attest::{AttestJoin, AttestReply, AttestResult, JoinGranted, ResultRecorded};
+use crate::attest::{
+    AttestJoin, AttestRejoin, AttestReply, AttestResult, JoinGranted, ResultRecorded,
+};
 use crate::envelope::CloudEvent;
 use crate::events::*;
 use crate::work::ReconcileRequest;
@@ -93,6 +95,11 @@ pub fn json_schemas() -> Vec<(&'static str, Value)> {
         ("attest.join.request.json", s(schema_for!(AttestJoin))),
         (
             "attest.join.reply.json",
+            s(schema_for!(AttestReply<JoinGranted>)),
+        ),
+        ("attest.rejoin.request.json", s(schema_for!(AttestRejoin))),
+        (
+            "attest.rejoin.reply.json",
             s(schema_for!(AttestReply<JoinGranted>)),
         ),
         ("attest.result.request.json", s(schema_for!(AttestResult))),

@@ -264,6 +264,38 @@ pub async fn cert_in_force_in_txn(
     .await?)
 }
 
+/// Records that the certificate signed a rejoin at `signed_at`, if that is
+/// newer than every rejoin it signed before; false for an older or equal
+/// one (a replay).
+pub async fn cert_mark_rejoin_in_txn(
+    tx: &mut Tx<'_>,
+    serial: &str,
+    signed_at: DateTime<Utc>,
+) -> Result<bool, DbError> {
+    let done = sqlx::query(
+        "UPDATE node_certs SET last_rejoin_at = $2 \
+         WHERE serial = $1 AND (last_rejoin_at IS NULL OR last_rejoin_at < $2)",
+    )
+    .bind(serial)
+    .bind(signed_at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// The certificate of the live session whose bearer token has this hash.
+pub async fn session_cert_of_hash_in_txn(
+    tx: &mut Tx<'_>,
+    hash: &[u8],
+) -> Result<Option<String>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT cert_serial FROM agent_sessions WHERE token_hash = $1 AND expires_at > now()",
+    )
+    .bind(hash)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
 /// How many live (unrevoked, unexpired) certificates a node has.
 pub async fn certs_live_count(db: &Db, node_id: &str) -> Result<i64, DbError> {
     Ok(sqlx::query_scalar(

@@ -61,6 +61,10 @@ pub struct CheckedCert {
     /// issued before epochs).
     pub epoch: u32,
     pub public_key: Vec<u8>,
+    /// The end of its validity window (an agent renews before it).
+    pub not_after: DateTime<Utc>,
+    /// The start of its validity window.
+    pub not_before: DateTime<Utc>,
 }
 
 /// The URI a node certificate's subject alternative name holds: node,
@@ -274,6 +278,10 @@ fn check_der(ca_der: &[u8], cert_pem: &str, at: DateTime<Utc>) -> Result<Checked
         purpose,
         epoch,
         public_key: cert.public_key().subject_public_key.data.to_vec(),
+        not_after: DateTime::from_timestamp(cert.validity().not_after.timestamp(), 0)
+            .unwrap_or_default(),
+        not_before: DateTime::from_timestamp(cert.validity().not_before.timestamp(), 0)
+            .unwrap_or_default(),
     };
     Ok(checked)
 }

@@ -51,6 +51,9 @@ pub struct Options {
     pub downloads: bcm_api::downloads::DownloadsConfig,
     /// Hardware profiles besides the shipped ones.
     pub hardware_profiles: std::collections::BTreeMap<String, bcm_core::hardware::HardwareProfile>,
+    /// The lifetime of an installed OS's certificate (default: the
+    /// attestation service's).
+    pub node_cert_ttl_secs: Option<u64>,
 }
 
 impl Default for Options {
@@ -69,6 +72,7 @@ impl Default for Options {
             agent_db_connections: 4,
             downloads: Default::default(),
             hardware_profiles: Default::default(),
+            node_cert_ttl_secs: None,
         }
     }
 }
@@ -287,8 +291,11 @@ impl TestEnv {
             env.spawn_relay(RelayFaults::default());
         }
         if opts.attestation {
-            env.spawn_attestation(bcm_attestation::AttestationConfig::ephemeral())
-                .await?;
+            let mut cfg = bcm_attestation::AttestationConfig::ephemeral();
+            if let Some(ttl) = opts.node_cert_ttl_secs {
+                cfg.node_cert_ttl_secs = ttl;
+            }
+            env.spawn_attestation(cfg).await?;
         }
         if let Some(sim) = opts.site.clone() {
             if opts.engine {
