@@ -226,14 +226,20 @@ pub async fn join(
         inventory: req.inventory,
     };
     let granted: JoinGranted = attest(&app, "join", &ask).await?;
-    Ok(Json(JoinResponse {
+    Ok(Json(answer(granted, session)))
+}
+
+/// The agent's answer to a join or a rejoin: the identity the attestation
+/// service granted, and the session token derived here.
+fn answer(granted: JoinGranted, session_token: String) -> JoinResponse {
+    JoinResponse {
         node_id: granted.node_id,
-        session_token: session,
+        session_token,
         cert_serial: granted.cert_serial,
         certificate: granted.certificate,
         ca_certificate: granted.ca_certificate,
         image_keys: granted.image_keys,
-    }))
+    }
 }
 
 /// `POST /api/agent/rejoin`: an installed OS's agent back with the identity
@@ -264,14 +270,7 @@ pub async fn rejoin(
         session_hash: hex::encode(session_hash),
     };
     let granted: JoinGranted = attest(&app, "rejoin", &ask).await?;
-    Ok(Json(JoinResponse {
-        node_id: granted.node_id,
-        session_token: session,
-        cert_serial: granted.cert_serial,
-        certificate: granted.certificate,
-        ca_certificate: granted.ca_certificate,
-        image_keys: granted.image_keys,
-    }))
+    Ok(Json(answer(granted, session)))
 }
 
 /// `POST /api/agent/heartbeat`.

@@ -24,16 +24,7 @@ async fn a_bcd_node_with_a_pool_token_is_adopted() {
     let env = TestEnv::start_with(Options::with_site())
         .await
         .expect("env");
-    let (status, body) = env
-        .post(
-            "/api/compute/metal/joinTokens",
-            Some(&env.admin_token),
-            &json!({"tenantId": "a", "poolId": "a-pool", "ttlSecs": 600}),
-        )
-        .await
-        .expect("post");
-    assert_eq!(status, 200, "{body}");
-    let token = body["token"].as_str().expect("token").to_owned();
+    let token = env.pool_join_token("a", "a-pool").await.expect("token");
     // Another tenant's pool is not found.
     let (status, _) = env
         .post(
@@ -151,15 +142,7 @@ async fn a_bcd_node_with_a_pool_token_is_adopted() {
                 .await
                 .expect("pool");
             assert_eq!(s, 204, "{b}");
-            let (_, body) = env
-                .post(
-                    "/api/compute/metal/joinTokens",
-                    Some(&env.admin_token),
-                    &json!({"tenantId": "a", "poolId": "a-pool", "ttlSecs": 600}),
-                )
-                .await
-                .expect("post");
-            let token = body["token"].as_str().expect("token").to_owned();
+            let token = env.pool_join_token("a", "a-pool").await.expect("token");
             let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bcd"))
                 .args(["node", "--api", &env.base, "--token", &token])
                 .args(["--state-dir", &state_dir("acceptance")])

@@ -23,19 +23,6 @@ use tokio::process::{Child, ChildStdout};
 /// Renewed at two thirds of its life: after 20 s.
 const TTL: u64 = 30;
 
-async fn pool_token(env: &TestEnv) -> String {
-    let (status, body) = env
-        .post(
-            "/api/compute/metal/joinTokens",
-            Some(&env.admin_token),
-            &json!({"tenantId": "a", "poolId": "a-pool", "ttlSecs": 600}),
-        )
-        .await
-        .expect("post");
-    assert_eq!(status, 200, "{body}");
-    body["token"].as_str().expect("token").to_owned()
-}
-
 fn bcd_node(
     env: &TestEnv,
     dir: &std::path::Path,
@@ -96,7 +83,7 @@ async fn a_bcd_node_rejoins_with_its_kept_identity_and_renews_it() {
     .await
     .expect("env");
     let dir = std::env::temp_dir().join(format!("bcd-rejoin-{}", rand::random::<u64>()));
-    let token = pool_token(&env).await;
+    let token = env.pool_join_token("a", "a-pool").await.expect("token");
 
     // Joined once with the token; the identity is kept, root only.
     let (mut first, mut lines) = bcd_node(&env, &dir, Some(&token));

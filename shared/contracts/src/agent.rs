@@ -169,6 +169,15 @@ pub const MAX_JOIN_INVENTORY_ITEMS: usize = 1024;
 const CSR_BEGIN: &str = "-----BEGIN CERTIFICATE REQUEST-----";
 const CSR_END: &str = "-----END CERTIFICATE REQUEST-----";
 
+/// Whether `csr` is shaped as the schema says: a PEM certificate signing
+/// request of 1-16384 characters (whether it parses is the CA's to say).
+fn is_csr_pem(csr: &str) -> bool {
+    let begin = csr.find(CSR_BEGIN);
+    let end = csr.rfind(CSR_END);
+    let ordered = matches!((begin, end), (Some(b), Some(e)) if b + CSR_BEGIN.len() <= e);
+    (1..=16384).contains(&csr.chars().count()) && ordered
+}
+
 impl JoinRequest {
     /// What the schema states beyond the types: lengths and the host name's
     /// characters.
@@ -180,10 +189,7 @@ impl JoinRequest {
         if !(1..=256).contains(&self.token.chars().count()) {
             return Err(bad("token must be 1-256 characters"));
         }
-        let begin = self.csr.find(CSR_BEGIN);
-        let end = self.csr.rfind(CSR_END);
-        let ordered = matches!((begin, end), (Some(b), Some(e)) if b + CSR_BEGIN.len() <= e);
-        if !(1..=16384).contains(&self.csr.chars().count()) || !ordered {
+        if !is_csr_pem(&self.csr) {
             return Err(bad(
                 "csr must be a PEM certificate signing request of at most 16384 characters",
             ));
@@ -283,10 +289,7 @@ impl RejoinRequest {
             return Err(bad("signedAt must be an RFC 3339 time"));
         }
         if let Some(csr) = &self.csr {
-            let begin = csr.find(CSR_BEGIN);
-            let end = csr.rfind(CSR_END);
-            let ordered = matches!((begin, end), (Some(b), Some(e)) if b + CSR_BEGIN.len() <= e);
-            if !(1..=16384).contains(&csr.chars().count()) || !ordered {
+            if !is_csr_pem(csr) {
                 return Err(bad(
                     "csr must be a PEM certificate signing request of at most 16384 characters",
                 ));

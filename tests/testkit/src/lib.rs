@@ -646,6 +646,23 @@ impl TestEnv {
         Ok(tokens)
     }
 
+    /// A one-time `node` join token of `pool` of `tenant` (the adopt path),
+    /// minted through the API as the admin.
+    pub async fn pool_join_token(&self, tenant: &str, pool: &str) -> anyhow::Result<String> {
+        let (status, body) = self
+            .post(
+                "/api/compute/metal/joinTokens",
+                Some(&self.admin_token),
+                &json!({"tenantId": tenant, "poolId": pool, "ttlSecs": 600}),
+            )
+            .await?;
+        anyhow::ensure!(status == 200, "joinTokens: {status} {body}");
+        body["token"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| anyhow::anyhow!("joinTokens answered no token: {body}"))
+    }
+
     /// Enrolls a node in `pool` of `tenant` as the admin, with a unique BMC.
     pub async fn enroll(&self, tenant: &str, pool: &str) -> anyhow::Result<Value> {
         let (status, body) = self
