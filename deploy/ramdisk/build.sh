@@ -16,7 +16,9 @@
 #     NoCloud seed (`/var/lib/cloud/seed/nocloud/user-data`, written by
 #     `bcd` at deploy time) is mounted and `bcd node --env-file` joins with
 #     the token in it, keeping its identity on that partition
-#     (`var/lib/bcd`, root only), which it rejoins with after a reboot.
+#     (`var/lib/bcd`, root only), which it rejoins with after a reboot;
+#     a quorum anchor on that partition (`etc/bcd/trust/quorum-anchor.json`,
+#     its operator's) is what a `node.wipe` is verified against.
 #
 # Reproducible: files sorted, times clamped to SOURCE_DATE_EPOCH (default:
 # the kernel package's date), `cpio --reproducible`, `gzip -n`. Prints the
@@ -207,7 +209,15 @@ for p in $(ls /sys/class/block | grep -E '^(vd|sd|nvme)'); do
   mount -o ro "/dev/$p" /mnt 2>/dev/null || continue
   seed=/mnt/var/lib/cloud/seed/nocloud/user-data
   if [ -f "$seed" ]; then
-    cp "$seed" /etc/bcd/join.env; umount /mnt
+    cp "$seed" /etc/bcd/join.env
+    # The quorum anchor the machine's operator pinned on its own disk (an
+    # adopted machine's retire wipes through bcd node, which verifies the
+    # wipe against it); one built into this initramfs comes first.
+    anchor=etc/bcd/trust/quorum-anchor.json
+    if [ -f "/mnt/$anchor" ] && [ ! -f "/$anchor" ]; then
+      mkdir -p /etc/bcd/trust && cp "/mnt/$anchor" "/$anchor"
+    fi
+    umount /mnt
     # bcd keeps its identity (root only) on the installed disk: after a
     # reboot it rejoins with it, no token (the seed's was one-time).
     state=/run/bcd-node

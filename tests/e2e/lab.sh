@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The end-to-end lab's topology: `lab.sh up DIR` / `lab.sh down DIR` (root).
 # Owns, all recorded under DIR (pids in DIR/run/*.pid, logs in DIR/logs/):
-#   - netns bcme2e-lan:  bridge br0, taps tap0..tap2 (libvirt attaches VMs to
+#   - netns bcme2e-lan:  bridge br0, taps tap0..tap3 (libvirt attaches VMs to
 #     them, managed='no'), and libvirtd (so it finds those taps);
 #   - netns bcme2e-dhcp: 10.78.0.2/24 + fd78::2/64, a dnsmasq that hands out
 #     10.78.0.100-150 and sends IPv6 RAs, nothing else (PXE is ours);
@@ -171,7 +171,7 @@ up() {
   ip -n $DHCP addr add 10.78.0.2/24 dev eth0
   ip -n $DHCP addr add fd78::2/64 dev eth0 nodad
   ip -n $CTL addr add 10.78.0.3/24 dev eth0
-  for t in tap0 tap1 tap2; do
+  for t in tap0 tap1 tap2 tap3; do
     ip -n $LAN tuntap add $t mode tap
     ip -n $LAN link set $t master br0 up
   done
@@ -232,7 +232,7 @@ EOF
   cat >"$dir/run/env" <<EOF
 export BCM_E2E_DIR=$dir
 export BCM_E2E_LAN_NS=$LAN BCM_E2E_DHCP_NS=$DHCP BCM_E2E_CTL_NS=$CTL
-export BCM_E2E_CTL_IP=10.78.0.3 BCM_E2E_DHCP_IP=10.78.0.2 BCM_E2E_TAPS="tap0 tap1 tap2"
+export BCM_E2E_CTL_IP=10.78.0.3 BCM_E2E_DHCP_IP=10.78.0.2 BCM_E2E_TAPS="tap0 tap1 tap2 tap3"
 export BCM_E2E_SUSHY_URL=http://127.0.0.1:$SUSHY_PORT BCM_E2E_SUSHY_USER=$SUSHY_USER BCM_E2E_SUSHY_PASSWORD=$SUSHY_PASSWORD
 export BCM_E2E_SUSHY_OOB_URL=http://127.0.0.1:$SUSHY_OOB_PORT BCM_E2E_SUSHY_OOB_PASSWORD=$SUSHY_OOB_PASSWORD
 EOF

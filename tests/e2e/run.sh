@@ -29,6 +29,12 @@
 # Its profile is dedicated: the lease goes leased → bound → ending, and the
 # teardown rotates its BMC's password (its own emulator refuses the old one
 # after, and the control plane powers it on with the new one).
+# Beside the negative runs a fifth VM, with no BMC and an OS of its own on
+# its disk (bcd's join file and the site's quorum anchor put there by its
+# operator), is started and adopted with a pool's one-time token, then
+# retired through its own bcd: the disk's file system remounted read-only,
+# the disk crypto-erased by a verified overwrite, the machine powered off
+# by itself, every byte of its disk zero after.
 #
 #   tests/e2e/run.sh [DIR]      (root; default DIR .bcm/e2e/<time>)
 #
@@ -790,10 +796,85 @@ step_timeout() {
     || { echo "want the join wait's time-out in lastError" >&2; return 1; }
 }
 
-# Both negative runs at once, each on its own machine.
+# A machine with an OS of its own, already running when it is adopted:
+# not enrolled, no BMC (libvirt starts it; no emulator is told of it). Its
+# operator put bcd's join file (the API and a pool's one-time token) and
+# the site's quorum anchor on its disk; it boots from that disk, bcd node
+# joins and the pool's acceptance moves it to adopted. Its retire has no
+# BMC to boot a ramdisk: its own bcd remounts the disk's file system
+# read-only, crypto-erases the disk by a verified overwrite (reported),
+# powers the machine off itself, and its identity is revoked.
+adopt() {
+  local name=e2e-adopt mac=52:54:00:78:00:20 token node
+  token=$(ctl -o json join-token --pool e2e --ttl-secs 900 | jq -r .token)
+  local raw="$dir/img/$name.raw" part_offset
+  cp "$dir/img/os.raw" "$raw"
+  # shellcheck disable=SC1091
+  . "$dir/img/os.layout"
+  printf 'BCD_API=%s\nBCD_JOIN_TOKEN=%s\n' "$API" "$token" > "$dir/run/$name.join.env"
+  export MTOOLS_SKIP_CHECK=1
+  mmd -i "$raw@@$part_offset" ::/var ::/var/lib ::/var/lib/cloud ::/var/lib/cloud/seed \
+    ::/var/lib/cloud/seed/nocloud ::/etc/bcd ::/etc/bcd/trust
+  mcopy -i "$raw@@$part_offset" "$dir/run/$name.join.env" ::/var/lib/cloud/seed/nocloud/user-data
+  mcopy -i "$raw@@$part_offset" "$dir/quorum/anchor.json" ::/etc/bcd/trust/quorum-anchor.json
+  rm -f "$dir/run/$name.join.env"
+  qemu-img convert -f raw -O qcow2 "$raw" "$dir/img/$name.qcow2"
+  rm -f "$raw"
+  "$here/vm.sh" define "$lab" "$name" bios "$mac" tap3 "$dir/img/$name.qcow2" >/dev/null
+  virsh -q -c qemu:///system start "$name" >/dev/null
+  local serial="$lab/logs/$name.serial" i
+  for i in $(seq 1 180); do
+    node=$(grep -ao 'joined as node node_[0-9a-z]*' "$serial" 2>/dev/null | head -n1 | awk '{print $4}')
+    [ -n "$node" ] && break
+    sleep 1
+  done
+  [ -n "$node" ] || { echo "$name: bcd node did not join (see $serial)" >&2; return 1; }
+  echo "$node" > "$dir/run/node-$name"
+  say "  $name: running, joined as node $node with the pool's token"
+  wait_state "$name" "$node" adopted 120
+  local inv
+  inv=$(ctl show "$node" -o json | jq -c '{cpus: .inventory.cpus, disks: [.inventory.disks[] | {name, serial}], bmc: .bmc.driver}')
+  say "  $name: adopted: $inv"
+  jq -e --arg s "$name-d0" '.disks == [{name: "vda", serial: $s}]' <<<"$inv" >/dev/null \
+    || { echo "$name: the inventory does not list vda ($name-d0)" >&2; return 1; }
+  ctl retire "$node" >/dev/null
+  wait_state "$name" "$node" retired 600
+  local erase
+  erase=$(psql_ctl -At -c "SELECT string_agg((d->>'name') || ' ' || (d->>'method') || ' by ' || (d->>'erase') || ' ' || (d->>'outcome'), '; ')
+    FROM commands c, jsonb_array_elements(c.result->'output'->'disks') d
+    WHERE c.node_id = '$node' AND c.kind = 'node.wipe' AND c.status = 'succeeded' AND c.attested_by IS NOT NULL")
+  say "  $name: retired; its own bcd's wipe: $erase"
+  [ "$erase" = "vda crypto-erase by overwrite-verified verified" ] \
+    || { echo "want vda crypto-erased by overwrite-verified, verified and attested" >&2; return 1; }
+  grep -aq "remounted read-only before the wipe" "$serial" \
+    || { echo "$name: bcd did not remount the disk's file system read-only first" >&2; return 1; }
+  local st=""
+  for i in $(seq 1 60); do
+    st=$(virsh -q -c qemu:///system domstate "$name" 2>/dev/null)
+    [ "$st" = "shut off" ] && break
+    sleep 1
+  done
+  [ "$st" = "shut off" ] || { echo "$name: still $st after node.powerOff" >&2; return 1; }
+  grep -q "shutting down, reason=shutdown" "$lab/logs/$name.qemu.log" \
+    || { echo "$name: libvirt did not see the guest power itself off" >&2; return 1; }
+  say "  $name: powered itself off (libvirt: reason=shutdown)"
+  local raw2="$dir/img/$name.check.raw" diff
+  disk_raw "$name" "$raw2"
+  diff=$(cmp "$raw2" /dev/zero 2>&1 || true)
+  grep -q "EOF on $raw2" <<<"$diff" \
+    || { echo "the retired disk is not zero from end to end: $diff" >&2; return 1; }
+  rm -f "$raw2"
+  say "  $name: every byte of the retired disk is zero"
+  check_events "$name" enrolled adopting adopted retiring retired
+}
+
+# Both negative runs at once, each on its own machine, beside the adopted
+# machine's run.
 negatives() {
   local pids=() rc=0 p
   ( negative "$neg" ) > >(sed -u "s/^/[$neg] /") 2>&1 &
+  pids+=($!)
+  ( adopt ) > >(sed -u "s/^/[adopt] /") 2>&1 &
   pids+=($!)
   if [ -n "$swap" ]; then
     ( swapped "$swap" ) > >(sed -u "s/^/[$swap] /") 2>&1 &
@@ -870,7 +951,7 @@ if [ "${E2E_NEGATIVE:-1}" = 1 ]; then
   neg=e2e-bios; grep -qw bios <<<"$FIRMWARE" || neg="e2e-$(awk '{print $1}' <<<"$FIRMWARE")"
   swap=$(tr ' ' '\n' <<<"$FIRMWARE" | grep -vx "${neg#e2e-}" | head -n1 || true)
   [ -z "$swap" ] || swap="e2e-$swap"
-  phase "negatives: read-only disk ($neg), swapped disk (${swap:-none}) at release → failed UNVERIFIED_WIPE; then $neg retired (crypto-erase by a verified overwrite), ${swap:-none} unplugged (a step time-out)" negatives
+  phase "negatives: read-only disk ($neg), swapped disk (${swap:-none}) at release → failed UNVERIFIED_WIPE; then $neg retired (crypto-erase by a verified overwrite), ${swap:-none} unplugged (a step time-out); beside them a running VM adopted and retired through its own bcd" negatives
 fi
 # What the BMC was asked, in the emulator's request log (tests/peers/
 # sushy_accounts.py logs every write with its body): the ramdisk boots were

@@ -17,7 +17,7 @@ use bcm_contracts::agent::{
     RejoinRequest,
 };
 use bcm_contracts::commands::{Command, DeployImageParams, WipeParams};
-use bcm_contracts::outputs::{KexecLoaded, WipeReport};
+use bcm_contracts::outputs::{KexecLoaded, PoweringOff, WipeReport};
 use bcm_contracts::Output;
 use ed25519_dalek::{Signer, SigningKey, VerifyingKey};
 use serde_json::{json, Value};
@@ -59,6 +59,18 @@ pub struct AgentConfig {
     /// kernel command line): a destructive command runs only under an
     /// approved batch verified against it.
     pub quorum_anchor: Option<bcm_quorum::Anchor>,
+    /// What `node.powerOff` does once its result is posted.
+    pub power_off: PowerOff,
+}
+
+/// What `node.powerOff` does once its result is posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PowerOff {
+    /// Sync and power the machine off (its job on a real machine).
+    #[default]
+    Machine,
+    /// Only stop bcd (tests, on a host that must stay up).
+    Exit,
 }
 
 /// Why the agent stopped.
@@ -285,6 +297,7 @@ pub struct Outcome {
     pub output: Value,
     pub error: Option<String>,
     pub then_kexec: bool,
+    pub then_power_off: bool,
 }
 
 impl Outcome {
@@ -294,6 +307,7 @@ impl Outcome {
             output: output.to_json(),
             error: None,
             then_kexec: false,
+            then_power_off: false,
         }
     }
 
@@ -303,6 +317,7 @@ impl Outcome {
             output: json!({}),
             error: Some(error),
             then_kexec: false,
+            then_power_off: false,
         }
     }
 
@@ -340,7 +355,20 @@ pub fn execute(cfg: &AgentConfig, image_keys: &[VerifyingKey], cmd: &AgentComman
         Command::Inventory(_) => {
             Outcome::ok(Output::Inventory(crate::inventory::collect(&cfg.disks)))
         }
-        Command::DiskWipe(p) => wipe(cfg, &p),
+        Command::DiskWipe(p) => match wipe(cfg, &p, false) {
+            Ok(report) => Outcome::ok(Output::DiskWipe(report)),
+            Err(e) => Outcome::failed(e),
+        },
+        // The machine's own OS wipes the disks it runs on: their file
+        // systems go read-only first.
+        Command::NodeWipe(p) => match wipe(cfg, &p, true) {
+            Ok(report) => Outcome::ok(Output::NodeWipe(report)),
+            Err(e) => Outcome::failed(e),
+        },
+        Command::NodePowerOff(_) => Outcome {
+            then_power_off: true,
+            ..Outcome::ok(Output::NodePowerOff(PoweringOff { powering_off: true }))
+        },
         Command::DeployImage(p) => deploy(cfg, image_keys, &p, &cmd.join_tokens),
         Command::DiagDcgm(p) => match crate::dcgm::run(p.level) {
             Ok(report) => Outcome::ok(Output::DiagDcgm(report)),
@@ -359,29 +387,34 @@ pub fn execute(cfg: &AgentConfig, image_keys: &[VerifyingKey], cmd: &AgentComman
     }
 }
 
-/// `disk.wipe`: every disk, each read back; the report lists them all.
-fn wipe(cfg: &AgentConfig, p: &WipeParams) -> Outcome {
+/// `disk.wipe` (`node.wipe` from the running OS, `from_os`: each disk's
+/// file systems remounted read-only first): every disk, each read back;
+/// the report lists them all.
+fn wipe(cfg: &AgentConfig, p: &WipeParams, from_os: bool) -> Result<WipeReport, String> {
     let Some(method) = crate::wipe::Method::of(p.mode) else {
-        return Outcome::failed("disk.wipe with mode none erases nothing".into());
+        return Err("a wipe with mode none erases nothing".into());
     };
     let found = match disks::discover(&cfg.disks) {
         Ok(d) if !d.is_empty() => d,
-        Ok(_) => return Outcome::failed("no disks found".into()),
-        Err(e) => return Outcome::failed(format!("finding disks: {e}")),
+        Ok(_) => return Err("no disks found".into()),
+        Err(e) => return Err(format!("finding disks: {e}")),
     };
     let reports = found
         .iter()
         .map(|d| {
+            if from_os && d.is_block {
+                crate::mounts::remount_read_only(&d.name);
+            }
             tracing::info!(disk = %d.name, size = d.size_bytes, ?method, "wiping");
             let r = crate::wipe::wipe_disk(d, method, &p.methods, cfg.wipe_stripes);
             tracing::info!(disk = %d.name, outcome = ?r.outcome, erase = ?r.erase, reason = ?r.reason, millis = r.millis, "wiped");
             r
         })
         .collect();
-    Outcome::ok(Output::DiskWipe(WipeReport {
+    Ok(WipeReport {
         disks: reports,
         sim: false,
-    }))
+    })
 }
 
 /// `deploy.image`: the signed image to the target disk, then the user data
@@ -529,119 +562,167 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
         AgentState::default()
     });
     let session = join(&http, &cfg, &state, &stop).await?;
-    let node = session.joined.node_id.clone();
-    let token = session.joined.session_token.clone();
     let hb_stop = stop.child_token();
     tokio::spawn(heartbeat(
         http.clone(),
         cfg.api.clone(),
-        token.clone(),
+        session.joined.session_token.clone(),
         cfg.role,
         cfg.heartbeat,
         hb_stop.clone(),
     ));
-    let cfg = Arc::new(cfg);
-    let keys = Arc::new(session.image_keys.clone());
-    // Results of commands already run, by id: a command is never run twice.
-    let mut done: HashMap<String, AgentResult> = HashMap::new();
-    let mut attempt = 0;
-    while !stop.is_cancelled() && !hb_stop.is_cancelled() {
-        let polled = tokio::select! {
-            _ = stop.cancelled() => break,
-            r = http.get(format!("{}/api/agent/commands?waitMs=25000", cfg.api)).bearer_auth(&token).send() => r,
-        };
-        let cmds: Vec<AgentCommand> = match polled {
-            Ok(r) if r.status().is_success() => {
-                attempt = 0;
-                match r.json().await {
-                    Ok(cmds) => cmds,
-                    Err(e) => {
-                        // Leased to this session and not taken: they time
-                        // out and their steps retry; say why.
-                        tracing::error!(error = %e, "the control plane's commands could not be read");
-                        vec![]
+    let mut served = Served {
+        cfg: Arc::new(cfg),
+        keys: Arc::new(session.image_keys.clone()),
+        http,
+        state,
+        done: HashMap::new(),
+    };
+    let ran = served
+        .serve(&session.key, &session.joined, &hb_stop, &stop)
+        .await;
+    hb_stop.cancel();
+    ran
+}
+
+/// What serves an agent's commands across its sessions: the results of the
+/// commands already run, by id (a command is never run twice), and where
+/// they are kept.
+struct Served {
+    cfg: Arc<AgentConfig>,
+    keys: Arc<Vec<VerifyingKey>>,
+    http: reqwest::Client,
+    state: AgentState,
+    done: HashMap<String, AgentResult>,
+}
+
+impl Served {
+    /// Long-polls the session's commands and runs each at most once, until
+    /// `end` (looked at between commands only: a command that began is
+    /// finished and its result posted, retried until `stop`) or the session
+    /// ends. A result is signed with `key`.
+    async fn serve(
+        &mut self,
+        key: &SigningKey,
+        joined: &JoinResponse,
+        end: &CancellationToken,
+        stop: &CancellationToken,
+    ) -> Result<(), AgentError> {
+        let (cfg, http, state) = (self.cfg.clone(), self.http.clone(), &self.state);
+        let (node, token) = (&joined.node_id, &joined.session_token);
+        let mut attempt = 0;
+        while !end.is_cancelled() {
+            let polled = tokio::select! {
+                _ = end.cancelled() => break,
+                r = http.get(format!("{}/api/agent/commands?waitMs=25000", cfg.api)).bearer_auth(token).send() => r,
+            };
+            let cmds: Vec<AgentCommand> = match polled {
+                Ok(r) if r.status().is_success() => {
+                    attempt = 0;
+                    match r.json().await {
+                        Ok(cmds) => cmds,
+                        Err(e) => {
+                            // Leased to this session and not taken: they time
+                            // out and their steps retry; say why.
+                            tracing::error!(error = %e, "the control plane's commands could not be read");
+                            vec![]
+                        }
                     }
                 }
-            }
-            Ok(r) if r.status().as_u16() == 401 => {
-                state.forget_session();
-                return Err(AgentError::SessionEnded);
-            }
-            other => {
-                if let Err(e) = other {
-                    tracing::warn!(error = %e, "polling: retrying");
+                Ok(r) if r.status().as_u16() == 401 => {
+                    state.forget_session();
+                    return Err(AgentError::SessionEnded);
                 }
-                attempt += 1;
-                tokio::time::sleep(backoff(attempt)).await;
-                continue;
-            }
-        };
-        for cmd in cmds {
-            if let Some(r) = state.result(&cmd.command_id) {
-                done.entry(cmd.command_id.clone()).or_insert(r);
-            }
-            let result = match done.get(&cmd.command_id) {
-                Some(r) => r.clone(),
-                None if !state.begin(&cmd.command_id).unwrap_or(true) => {
-                    // Begun by this machine before bcd restarted, with no
-                    // result kept: what it did is unknown, and it is not
-                    // run again (the step retries with a new command).
-                    tracing::warn!(command = %cmd.command_id, "interrupted by a restart of bcd; not run again");
-                    let r = signed_result(&session.key, &node, &cmd, &Outcome::interrupted());
-                    let r = AgentResult {
-                        retryable: true,
-                        ..r
-                    };
-                    let _ = state.save_result(&r);
-                    done.insert(cmd.command_id.clone(), r.clone());
-                    r
-                }
-                None => {
-                    tracing::info!(command = %cmd.command_id, kind = %cmd.kind, "running");
-                    let (c, k, command) = (cfg.clone(), keys.clone(), cmd.clone());
-                    let outcome = match tokio::task::spawn_blocking(move || {
-                        execute(&c, &k, &command)
-                    })
-                    .await
-                    {
-                        Ok(o) => o,
-                        Err(e) => Outcome::failed(format!("the command panicked: {e}")),
-                    };
-                    let r = signed_result(&session.key, &node, &cmd, &outcome);
-                    if let Err(e) = state.save_result(&r) {
-                        tracing::warn!(command = %cmd.command_id, error = %e, "the result was not kept");
+                other => {
+                    if let Err(e) = other {
+                        tracing::warn!(error = %e, "polling: retrying");
                     }
-                    done.insert(cmd.command_id.clone(), r.clone());
-                    post_result(
-                        &http,
-                        &cfg.api,
-                        &token,
-                        &r,
-                        cmd.traceparent.as_deref(),
-                        &stop,
-                    )
-                    .await?;
-                    if outcome.then_kexec {
-                        tracing::info!("rebooting into the installed kernel");
-                        let why = crate::kexec::exec();
-                        tracing::error!(%why, "kexec failed");
+                    attempt += 1;
+                    tokio::select! {
+                        _ = end.cancelled() => break,
+                        _ = tokio::time::sleep(backoff(attempt)) => {}
                     }
                     continue;
                 }
             };
-            post_result(
-                &http,
-                &cfg.api,
-                &token,
-                &result,
-                cmd.traceparent.as_deref(),
-                &stop,
-            )
-            .await?;
+            for cmd in cmds {
+                if let Some(r) = state.result(&cmd.command_id) {
+                    self.done.entry(cmd.command_id.clone()).or_insert(r);
+                }
+                let (result, then) = match self.done.get(&cmd.command_id) {
+                    Some(r) => (r.clone(), None),
+                    None if !state.begin(&cmd.command_id).unwrap_or(true) => {
+                        // Begun by this machine before bcd restarted, with no
+                        // result kept: what it did is unknown, and it is not
+                        // run again (the step retries with a new command).
+                        tracing::warn!(command = %cmd.command_id, "interrupted by a restart of bcd; not run again");
+                        let r = signed_result(key, node, &cmd, &Outcome::interrupted());
+                        let r = AgentResult {
+                            retryable: true,
+                            ..r
+                        };
+                        let _ = state.save_result(&r);
+                        self.done.insert(cmd.command_id.clone(), r.clone());
+                        (r, None)
+                    }
+                    None => {
+                        tracing::info!(command = %cmd.command_id, kind = %cmd.kind, "running");
+                        let (c, k, command) = (cfg.clone(), self.keys.clone(), cmd.clone());
+                        let outcome =
+                            match tokio::task::spawn_blocking(move || execute(&c, &k, &command))
+                                .await
+                            {
+                                Ok(o) => o,
+                                Err(e) => Outcome::failed(format!("the command panicked: {e}")),
+                            };
+                        let r = signed_result(key, node, &cmd, &outcome);
+                        if let Err(e) = state.save_result(&r) {
+                            tracing::warn!(command = %cmd.command_id, error = %e, "the result was not kept");
+                        }
+                        self.done.insert(cmd.command_id.clone(), r.clone());
+                        (r, Some(outcome))
+                    }
+                };
+                post_result(
+                    &http,
+                    &cfg.api,
+                    token,
+                    &result,
+                    cmd.traceparent.as_deref(),
+                    stop,
+                )
+                .await?;
+                match then {
+                    Some(o) if o.then_kexec => {
+                        tracing::info!("rebooting into the installed kernel");
+                        let why = crate::kexec::exec();
+                        tracing::error!(%why, "kexec failed");
+                    }
+                    Some(o) if o.then_power_off => {
+                        println!("powering off (node.powerOff {})", cmd.command_id);
+                        if cfg.power_off == PowerOff::Machine {
+                            let why = power_off();
+                            tracing::error!(%why, "power-off failed");
+                        }
+                        stop.cancel();
+                        return Ok(());
+                    }
+                    _ => {}
+                }
+            }
         }
+        Ok(())
     }
-    hb_stop.cancel();
-    Ok(())
+}
+
+/// Syncs and powers the machine off. Returns only on failure.
+fn power_off() -> String {
+    // SAFETY: syncs, then asks the kernel to power off.
+    unsafe {
+        libc::sync();
+        libc::reboot(libc::LINUX_REBOOT_CMD_POWER_OFF);
+    }
+    format!("reboot(POWER_OFF): {}", std::io::Error::last_os_error())
 }
 
 /// Rejoins with a kept identity (`key` holds the certificate of `kept`):
@@ -719,7 +800,9 @@ fn renew_in(joined: &JoinResponse) -> Duration {
 /// in the state directory (`/var/lib/bcd`, root only): after every boot it
 /// rejoins with it — no token —, and renews its certificate before it
 /// expires; only a machine without a kept identity in force joins with the
-/// one-time token of its user data. It heartbeats in between.
+/// one-time token of its user data. It heartbeats in between and runs the
+/// commands an adopted machine's own OS is sent (`node.wipe`,
+/// `node.powerOff`), each at most once (recorded in the same directory).
 pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), AgentError> {
     let http = http_client(&cfg)?;
     let state = AgentState::open(cfg.state_dir.clone())
@@ -749,6 +832,17 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
             (session.key, session.joined)
         }
     };
+    // Destructive commands are checked against the node they are for.
+    let mut served = Served {
+        cfg: Arc::new(AgentConfig {
+            node: Some(joined.node_id.clone()),
+            ..cfg.clone()
+        }),
+        keys: Arc::new(vec![]),
+        http: http.clone(),
+        state: state.clone(),
+        done: HashMap::new(),
+    };
     let mut announce = Some(if rejoined {
         format!(
             "rejoined as node {} with its identity (certificate {})",
@@ -775,20 +869,29 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
             beat.clone(),
         ));
         let until = renew_in(&joined);
-        tokio::select! {
-            _ = beat.cancelled() => {
-                let _ = beating.await;
-                if stop.is_cancelled() {
-                    return Ok(());
+        // The session's commands are served until its renewal is due (a
+        // command that began is finished first), the process stops or the
+        // session ends.
+        let renewal = {
+            let beat = beat.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(until) => { beat.cancel(); true }
+                    _ = beat.cancelled() => false,
                 }
-                // The session ended (its identity revoked): nothing to
-                // rejoin with.
-                return Err(AgentError::SessionEnded);
-            }
-            _ = tokio::time::sleep(until) => {
-                beat.cancel();
-                let _ = beating.await;
-            }
+            })
+        };
+        let served_until = served.serve(&key, &joined, &beat, &stop).await;
+        beat.cancel();
+        let _ = beating.await;
+        let renew_due = renewal.await.unwrap_or(false);
+        match served_until {
+            _ if stop.is_cancelled() => return Ok(()),
+            Err(e) => return Err(e),
+            // The session ended (its identity revoked): nothing to rejoin
+            // with.
+            Ok(()) if !renew_due => return Err(AgentError::SessionEnded),
+            Ok(()) => {}
         }
         let next = SigningKey::generate(&mut rand::rngs::OsRng);
         match rejoin(&http, &cfg, &key, &joined, Some(&next), &stop).await {
@@ -829,6 +932,7 @@ mod tests {
             wipe_stripes: 0,
             state_dir: None,
             quorum_anchor: None,
+            power_off: PowerOff::Exit,
         }
     }
 

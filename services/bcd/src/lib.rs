@@ -3,7 +3,9 @@
 //! `inventory`, `disk.wipe`, `deploy.image` (with the profile's user data
 //! as a NoCloud seed on the installed root), `boot.kexec` and `diag.dcgm`,
 //! posting node-signed results. `bcd node` is the installed OS's (or an
-//! adopted machine's) agent. One static binary; besides the kernel it needs
+//! adopted machine's) agent: it keeps its identity, rejoins with it after
+//! every boot and renews it, and runs an adopted machine's own commands
+//! (`node.wipe`, `node.powerOff`: it has no BMC to boot it a ramdisk). One static binary; besides the kernel it needs
 //! nothing a minimal initramfs lacks.
 
 pub mod agent;
@@ -13,6 +15,7 @@ pub mod disks;
 pub mod image;
 pub mod inventory;
 pub mod kexec;
+pub mod mounts;
 pub mod nvme;
 pub mod qcow2;
 pub mod seed;

@@ -107,6 +107,14 @@ enum Mode {
         /// needed: bcd rejoins with it.
         #[arg(long, default_value = "/var/lib/bcd")]
         state_dir: PathBuf,
+        /// Only these disks (block devices or plain files) for inventory and
+        /// `node.wipe`, for tests; default: every disk of the machine.
+        #[arg(long = "disk")]
+        disks: Vec<PathBuf>,
+        /// What `node.powerOff` does once answered: power the machine off,
+        /// or only stop bcd (tests, on a host that must stay up).
+        #[arg(long, value_enum, default_value = "machine")]
+        power_off: agent::PowerOff,
     },
 }
 
@@ -181,6 +189,7 @@ async fn main() -> anyhow::Result<()> {
                     wipe_stripes,
                     state_dir: Some(state_dir),
                     quorum_anchor,
+                    power_off: agent::PowerOff::Machine,
                 },
                 stop,
             )
@@ -192,6 +201,8 @@ async fn main() -> anyhow::Result<()> {
             env_file,
             hostname,
             state_dir,
+            disks,
+            power_off,
         } => {
             let file = std::fs::read_to_string(&env_file).unwrap_or_default();
             let api = api.or_else(|| env_value(&file, "BCD_API")).ok_or_else(|| {
@@ -203,6 +214,15 @@ async fn main() -> anyhow::Result<()> {
                 .or_else(|| env_value(&file, "BCD_JOIN_TOKEN"))
                 .unwrap_or_default();
             let (ca_pem, _) = pinned(&ca_file, &image_keys_file, &[])?;
+            // What the machine's operator pinned (the OS has no kernel
+            // command line from the site): without it, the wipe an
+            // adopted machine's retire sends is refused.
+            let quorum_anchor = if args.quorum_anchor_file.exists() {
+                Some(bcm_quorum::anchor_from_file(&args.quorum_anchor_file)?)
+            } else {
+                tracing::warn!(file = %args.quorum_anchor_file.display(), "no quorum trust anchor: a node.wipe will be refused");
+                None
+            };
             agent::run_node(
                 AgentConfig {
                     api,
@@ -210,7 +230,7 @@ async fn main() -> anyhow::Result<()> {
                     join_token: token,
                     role: AgentRole::Node,
                     hostname,
-                    disks: vec![],
+                    disks,
                     image_keys: vec![],
                     ca_pem,
                     proxy: None,
@@ -218,8 +238,8 @@ async fn main() -> anyhow::Result<()> {
                     heartbeat: Duration::from_secs(10),
                     wipe_stripes: 0,
                     state_dir: Some(state_dir),
-                    // `bcd node` runs no destructive command.
-                    quorum_anchor: None,
+                    quorum_anchor,
+                    power_off,
                 },
                 stop,
             )

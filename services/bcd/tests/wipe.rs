@@ -222,6 +222,7 @@ fn a_wipe_without_a_valid_batch_authority_touches_nothing() {
         wipe_stripes: 4,
         state_dir: None,
         quorum_anchor: Some(anchor.clone()),
+        power_off: bcm_bcd::agent::PowerOff::Exit,
     };
     let wipe = |authority: Option<BatchAuthority>| bcm_contracts::agent::AgentCommand {
         command_id: "cmd_01jd0000000000000000000000".into(),

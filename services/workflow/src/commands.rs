@@ -19,7 +19,7 @@ use bcm_core::hardware::Concern;
 use bcm_core::workflow::{
     disks_unaccounted, wipe_verdict, CommandStatus, DiskId, StepKind, StepOutcome, UnverifiedWipe,
 };
-use bcm_core::PowerAction;
+use bcm_core::{PowerAction, WipeMode};
 use bcm_db::nodes::Node;
 use bcm_db::{DbError, Tx};
 
@@ -147,13 +147,9 @@ pub async fn command_for(
             )
             .await?,
         }),
-        StepKind::DiskWipe { mode } => Command::DiskWipe(WipeParams {
-            mode: *mode,
-            verify: true,
-            methods: bcm_db::tenancy::pool_erase_policy_in_txn(tx, node.pool_id.as_str())
-                .await?
-                .for_mode(*mode),
-        }),
+        StepKind::DiskWipe { mode } => Command::DiskWipe(wipe_params(tx, node, *mode).await?),
+        StepKind::NodeWipe { mode } => Command::NodeWipe(wipe_params(tx, node, *mode).await?),
+        StepKind::NodePowerOff => Command::NodePowerOff(NoParams {}),
         StepKind::BmcBootCd { persistent } => {
             boot_device(bmc(tx, node, kind).await?, BootDevice::Cd, *persistent)
         }
@@ -208,6 +204,17 @@ pub async fn command_for(
         | StepKind::WaitOsBack { .. }
         | StepKind::RetiredEnsureRamdisk => return Ok(None),
     }))
+}
+
+/// A wipe of `mode`, read back, by the methods the node's pool admits.
+async fn wipe_params(tx: &mut Tx<'_>, node: &Node, mode: WipeMode) -> Result<WipeParams, DbError> {
+    Ok(WipeParams {
+        mode,
+        verify: true,
+        methods: bcm_db::tenancy::pool_erase_policy_in_txn(tx, node.pool_id.as_str())
+            .await?
+            .for_mode(mode),
+    })
 }
 
 /// `deploy.image` from the node's deploy profile snapshot, its user data
@@ -319,7 +326,7 @@ pub struct RecordedDisk {
 /// inventory for `disk.wipe`, the BMC's for `bmc.diskErase`.
 pub const fn inventory_fact(kind: CommandKind) -> Option<&'static str> {
     match kind {
-        CommandKind::DiskWipe => Some("inventory"),
+        CommandKind::DiskWipe | CommandKind::NodeWipe => Some("inventory"),
         CommandKind::BmcDiskErase => Some(OOB_INVENTORY_FACT),
         _ => None,
     }
@@ -373,7 +380,7 @@ pub fn judge(
             format!("{}: the result breaks its contract: {e}", cmd.kind),
             raw,
         ),
-        Ok(Output::DiskWipe(report)) => {
+        Ok(Output::DiskWipe(report) | Output::NodeWipe(report)) => {
             let verified: Vec<bool> = report
                 .disks
                 .iter()
@@ -390,7 +397,8 @@ pub fn judge(
             let unaccounted = disks_unaccounted(&recorded, &reported);
             // Each disk's method must be one the pool admitted for the
             // mode (the command carries the list it was given).
-            if let Ok(Command::DiskWipe(asked)) = Command::from_parts(&cmd.kind, cmd.params.clone())
+            if let Ok(Command::DiskWipe(asked) | Command::NodeWipe(asked)) =
+                Command::from_parts(&cmd.kind, cmd.params.clone())
             {
                 let refused: Vec<String> = if asked.methods.is_empty() {
                     vec![]
@@ -508,7 +516,7 @@ pub async fn recorded_disks(
         );
         return Ok(None);
     };
-    let disks = if kind == CommandKind::DiskWipe {
+    let disks = if matches!(kind, CommandKind::DiskWipe | CommandKind::NodeWipe) {
         serde_json::from_value::<Inventory>(fact).map(|inv| {
             inv.disks
                 .into_iter()

@@ -2,7 +2,7 @@
 //! schedule the next ones, all in one transaction.
 
 use bcm_bus::Bus;
-use bcm_contracts::agent::AgentPresence;
+use bcm_contracts::agent::{AgentPresence, AgentPurpose};
 use bcm_contracts::events::{StepFinished, WorkflowFinished};
 use bcm_contracts::{CommandEnvelope, CommandKind, Output};
 use bcm_core::workflow::{
@@ -767,7 +767,7 @@ async fn start_attempt(
     }
     step.command_id = Some(cmd_id);
     step.due_at = step.deadline_at;
-    if def.kind.target() == StepTarget::Ramdisk {
+    if matches!(def.kind.target(), StepTarget::Ramdisk | StepTarget::Node) {
         // Looked at again when the agent would have been silent too long
         // (its requests move that later; see `check_agent_alive`).
         let watch = now + chrono::Duration::milliseconds(ctx.cfg.agent_silence_ms as i64);
@@ -789,7 +789,7 @@ async fn check_running(
         // A join it waits for; or an engine step found running (those end
         // in the transaction that starts them, so only damage leaves one):
         // run it again (each is idempotent).
-        StepTarget::ControlPlane | StepTarget::Node => run_in_engine(tx, at, steps, pos).await,
+        StepTarget::ControlPlane => run_in_engine(tx, at, steps, pos).await,
         StepTarget::Site => {
             let command_id = steps[pos].command_id.clone().unwrap_or_default();
             match check_command(tx, &at.def.kind, &mut steps[pos], at.now, writes).await? {
@@ -799,11 +799,11 @@ async fn check_running(
                 None => Ok(None),
             }
         }
-        StepTarget::Ramdisk => {
+        target @ (StepTarget::Ramdisk | StepTarget::Node) => {
             let ended = check_command(tx, &at.def.kind, &mut steps[pos], at.now, writes).await?;
             match ended {
                 Some(ended) => Ok(Some(ended)),
-                None => check_agent_alive(tx, at, &mut steps[pos]).await,
+                None => check_agent_alive(tx, at, target, &mut steps[pos]).await,
             }
         }
     }
@@ -1116,7 +1116,7 @@ async fn check_command(
     }))
 }
 
-/// A step waiting on a ramdisk agent's result: failed (retryably) once the
+/// A step waiting on an agent's result (the ramdisk's, or an adopted OS's): failed (retryably) once the
 /// agent has been silent longer than `agent_silence_ms` — no poll, heartbeat
 /// or result, and no long poll held open, counted from the engine's start
 /// or the end of a database outage at the earliest — else looked at again when that
@@ -1125,12 +1125,18 @@ async fn check_command(
 async fn check_agent_alive(
     tx: &mut Tx<'_>,
     at: &At<'_>,
+    target: StepTarget,
     step: &mut StepRow,
 ) -> Result<Option<Ended>, DbError> {
+    let (purpose, who) = match target {
+        StepTarget::Node => (AgentPurpose::Node, "the node's own agent"),
+        _ => (AgentPurpose::Discovery, "the ramdisk agent"),
+    };
     let Some((serial, alive_until)) =
-        bcm_db::agents::session_newest_in_txn(tx, &at.node.id.to_string(), "discovery").await?
+        bcm_db::agents::session_newest_in_txn(tx, &at.node.id.to_string(), purpose.as_str())
+            .await?
     else {
-        // No live ramdisk session at all: the deadline decides.
+        // No live session of that agent at all: the deadline decides.
         return Ok(None);
     };
     let silence = chrono::Duration::milliseconds(at.ctx.cfg.agent_silence_ms as i64);
@@ -1142,7 +1148,7 @@ async fn check_agent_alive(
         return Ok(Some(Ended::failed(
             true,
             format!(
-                "the ramdisk agent (session of certificate {serial}) has been silent for {}s (no poll, heartbeat or result); command {} is unanswered",
+                "{who} (session of certificate {serial}) has been silent for {}s (no poll, heartbeat or result); command {} is unanswered",
                 silent_for.num_seconds(),
                 step.command_id.as_deref().unwrap_or("?"),
             ),

@@ -540,14 +540,20 @@ mod tests {
     }
 
     #[test]
-    fn only_a_ramdisk_session_runs_agent_commands() {
+    fn a_ramdisk_runs_agent_commands_and_an_adopted_os_its_own() {
         use crate::commands::Family;
         for k in CommandKind::ALL {
             let by = k.run_by();
             assert_eq!(by.is_some(), k.family() == Family::Agent, "{k}");
         }
         assert!(CommandKind::run_by_purpose(AgentPurpose::Provisioned).is_empty());
-        assert!(CommandKind::run_by_purpose(AgentPurpose::Node).is_empty());
+        assert_eq!(
+            CommandKind::run_by_purpose(AgentPurpose::Node),
+            vec![CommandKind::NodeWipe, CommandKind::NodePowerOff]
+        );
+        assert!(
+            !CommandKind::run_by_purpose(AgentPurpose::Discovery).contains(&CommandKind::NodeWipe)
+        );
         assert!(
             CommandKind::run_by_purpose(AgentPurpose::Discovery).contains(&CommandKind::DiskWipe)
         );

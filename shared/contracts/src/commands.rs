@@ -96,6 +96,13 @@ command_kinds! {
     DeployImage = "deploy.image" => Agent,
     /// Load the installed kernel and boot it.
     BootKexec = "boot.kexec" => Agent,
+    /// An adopted machine's own OS wipes every disk and verifies by
+    /// read-back (no BMC boots it a ramdisk): `bcd node`, with the file
+    /// systems on those disks remounted read-only first.
+    NodeWipe = "node.wipe" => Agent,
+    /// An adopted machine's own OS powers it off once its result is
+    /// posted (no BMC can).
+    NodePowerOff = "node.powerOff" => Agent,
 }
 
 impl CommandKind {
@@ -108,14 +115,18 @@ impl CommandKind {
             .ok_or_else(|| ContractError::UnknownKind(s.chars().take(64).collect()))
     }
 
-    /// The agent identity that runs the command: every agent command is
+    /// The agent identity that runs the command: `node.*` is an adopted
+    /// machine's own OS's (a `node` identity), every other agent command
     /// the ramdisk's (a `discovery` session); the others are no agent's.
     /// A poll hands a command only to a session of this purpose, and a
     /// result is kept only from one.
     pub const fn run_by(self) -> Option<crate::agent::AgentPurpose> {
-        match self.family() {
-            Family::Agent => Some(crate::agent::AgentPurpose::Discovery),
-            Family::Bmc | Family::Site => None,
+        match (self.family(), self) {
+            (Family::Agent, CommandKind::NodeWipe | CommandKind::NodePowerOff) => {
+                Some(crate::agent::AgentPurpose::Node)
+            }
+            (Family::Agent, _) => Some(crate::agent::AgentPurpose::Discovery),
+            (Family::Bmc | Family::Site, _) => None,
         }
     }
 
@@ -141,6 +152,8 @@ impl CommandKind {
                 | CommandKind::DiskWipe
                 | CommandKind::DeployImage
                 | CommandKind::BootKexec
+                | CommandKind::NodeWipe
+                | CommandKind::NodePowerOff
         )
     }
 }
@@ -374,7 +387,8 @@ pub struct HttpProxyParams {
     pub upstream_proxy: Option<String>,
 }
 
-/// The parameters of a kind that takes none (`inventory`): `{}`.
+/// The parameters of a kind that takes none (`inventory`,
+/// `node.powerOff`): `{}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NoParams {}
@@ -487,6 +501,10 @@ pub enum Command {
     DeployImage(DeployImageParams),
     #[serde(rename = "boot.kexec")]
     BootKexec(KexecParams),
+    #[serde(rename = "node.wipe")]
+    NodeWipe(WipeParams),
+    #[serde(rename = "node.powerOff")]
+    NodePowerOff(NoParams),
 }
 
 impl Command {
@@ -509,6 +527,8 @@ impl Command {
             Command::DiskWipe(_) => CommandKind::DiskWipe,
             Command::DeployImage(_) => CommandKind::DeployImage,
             Command::BootKexec(_) => CommandKind::BootKexec,
+            Command::NodeWipe(_) => CommandKind::NodeWipe,
+            Command::NodePowerOff(_) => CommandKind::NodePowerOff,
         }
     }
 

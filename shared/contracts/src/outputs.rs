@@ -423,6 +423,15 @@ pub struct KexecLoaded {
     pub loaded: String,
 }
 
+/// `node.powerOff`: the machine powers off once this is posted (so no
+/// later answer can say it did).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoweringOff {
+    /// Always true: the agent syncs and powers off after posting.
+    pub powering_off: bool,
+}
+
 /// A command's output, one variant per kind. It serializes as the inner
 /// type; it is decoded with its kind.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
@@ -444,6 +453,8 @@ pub enum Output {
     DiskWipe(WipeReport),
     DeployImage(DeployReport),
     BootKexec(KexecLoaded),
+    NodeWipe(WipeReport),
+    NodePowerOff(PoweringOff),
 }
 
 impl Output {
@@ -466,6 +477,8 @@ impl Output {
             Output::DiskWipe(_) => CommandKind::DiskWipe,
             Output::DeployImage(_) => CommandKind::DeployImage,
             Output::BootKexec(_) => CommandKind::BootKexec,
+            Output::NodeWipe(_) => CommandKind::NodeWipe,
+            Output::NodePowerOff(_) => CommandKind::NodePowerOff,
         }
     }
 
@@ -498,6 +511,8 @@ impl Output {
             K::DiskWipe => Output::DiskWipe(as_(kind, value)?),
             K::DeployImage => Output::DeployImage(as_(kind, value)?),
             K::BootKexec => Output::BootKexec(as_(kind, value)?),
+            K::NodeWipe => Output::NodeWipe(as_(kind, value)?),
+            K::NodePowerOff => Output::NodePowerOff(as_(kind, value)?),
         })
     }
 

@@ -221,6 +221,12 @@ fn every_command() -> Vec<Command> {
             initrd: None,
             cmdline: "root=/dev/vda1".into(),
         }),
+        Command::NodeWipe(WipeParams {
+            mode: WipeMode::CryptoErase,
+            verify: true,
+            methods: vec![bcm_core::erase::EraseMethod::OverwriteVerified],
+        }),
+        Command::NodePowerOff(NoParams {}),
     ];
     let kinds: Vec<CommandKind> = cmds.iter().map(Command::kind).collect();
     assert_eq!(kinds, CommandKind::ALL, "a sample of every kind, in order");
@@ -355,7 +361,7 @@ fn every_output() -> Vec<Output> {
             sim: false,
         }),
         Output::DiskWipe(WipeReport {
-            disks: vec![disk],
+            disks: vec![disk.clone()],
             sim: false,
         }),
         Output::DeployImage(DeployReport {
@@ -382,6 +388,11 @@ fn every_output() -> Vec<Output> {
         Output::BootKexec(KexecLoaded {
             loaded: "/boot/vmlinuz".into(),
         }),
+        Output::NodeWipe(WipeReport {
+            disks: vec![disk],
+            sim: false,
+        }),
+        Output::NodePowerOff(PoweringOff { powering_off: true }),
     ];
     let kinds: Vec<CommandKind> = outs.iter().map(Output::kind).collect();
     assert_eq!(

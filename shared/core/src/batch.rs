@@ -263,11 +263,14 @@ pub(crate) fn profiles_of_mode(state: ProvisionState, agent: AgentMode) -> Vec<P
     out
 }
 
-/// The profiles a workflow-driven state may run on any pool.
+/// The profiles a workflow-driven state may run on any pool, with an
+/// adopted machine's retire beside the others.
 pub(crate) fn profiles_of(state: ProvisionState) -> Vec<Profile> {
+    let adopted = (state == ProvisionState::Retiring).then(workflow::metal_retire_adopted);
     AgentMode::ALL
         .iter()
         .flat_map(|a| profiles_of_mode(state, *a))
+        .chain(adopted)
         .collect()
 }
 
@@ -352,6 +355,11 @@ mod tests {
         assert!(!inspect.contains(&"bmc.rotateCredentials"));
         assert!(!deploy.contains(&"bmc.rotateCredentials"));
         assert_eq!(destructive_kinds(Operation::PowerOff), vec!["bmc.power"]);
+        // An adopted machine's retire wipes and powers off through its own
+        // OS; nothing else sends those.
+        let retire = destructive_kinds(Operation::Retire);
+        assert!(retire.contains(&"node.wipe") && retire.contains(&"node.powerOff"));
+        assert!(!undeploy.contains(&"node.wipe") && !inspect.contains(&"node.powerOff"));
         assert!(allows(Operation::PowerOff, None, "disk.wipe", None, None).is_err());
         assert!(allows(Operation::Inspect, None, "deploy.image", None, None).is_err());
         assert!(allows(Operation::Deploy, None, "deploy.image", None, None).is_ok());

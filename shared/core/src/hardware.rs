@@ -152,7 +152,10 @@ impl StepKind {
             | StepKind::StoreInventory
             | StepKind::RevokeIdentity
             | StepKind::ForgetBmcCredentials
-            | StepKind::WaitOsBack { .. } => return None,
+            | StepKind::WaitOsBack { .. }
+            // An adopted machine's own OS: no driver is involved.
+            | StepKind::NodeWipe { .. }
+            | StepKind::NodePowerOff => return None,
         })
     }
 }

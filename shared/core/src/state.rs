@@ -67,10 +67,18 @@ pub enum IdentitiesEnded {
 /// What the transition `from` → `to` ends: entering `releasing`,
 /// `retiring` or `retired` ends every identity; any other transition ends
 /// the ramdisk's. The installed OS's and an adopted machine's identities
-/// live on through rescue and back.
-pub fn identities_ended(from: ProvisionState, to: ProvisionState) -> IdentitiesEnded {
+/// live on through rescue and back. An `adopted` machine (no BMC) is
+/// retired by its own OS, which wipes its disks and powers it off: its
+/// identity lives on into `retiring` (the retire revokes it once the
+/// machine is off) and ends in `retired`.
+pub fn identities_ended(
+    from: ProvisionState,
+    to: ProvisionState,
+    adopted: bool,
+) -> IdentitiesEnded {
     use ProvisionState::*;
     match to {
+        Retiring if adopted && from != to => IdentitiesEnded::Ramdisk,
         Releasing | Retiring | Retired => IdentitiesEnded::All,
         _ if from == to => IdentitiesEnded::Nothing,
         _ => IdentitiesEnded::Ramdisk,
@@ -84,19 +92,54 @@ mod identity_tests {
     #[test]
     fn release_undeploy_and_retire_end_every_identity_other_moves_the_ramdisks() {
         use ProvisionState::*;
-        assert_eq!(identities_ended(Deployed, Releasing), IdentitiesEnded::All);
-        assert_eq!(identities_ended(Rescue, Releasing), IdentitiesEnded::All);
-        assert_eq!(identities_ended(Ready, Retiring), IdentitiesEnded::All);
-        assert_eq!(identities_ended(Retiring, Retired), IdentitiesEnded::All);
         assert_eq!(
-            identities_ended(Deploying, Deployed),
+            identities_ended(Deployed, Releasing, false),
+            IdentitiesEnded::All
+        );
+        assert_eq!(
+            identities_ended(Rescue, Releasing, false),
+            IdentitiesEnded::All
+        );
+        assert_eq!(
+            identities_ended(Ready, Retiring, false),
+            IdentitiesEnded::All
+        );
+        assert_eq!(
+            identities_ended(Retiring, Retired, false),
+            IdentitiesEnded::All
+        );
+        assert_eq!(
+            identities_ended(Deploying, Deployed, false),
             IdentitiesEnded::Ramdisk
         );
-        assert_eq!(identities_ended(Rescue, Deployed), IdentitiesEnded::Ramdisk);
         assert_eq!(
-            identities_ended(Inspecting, Commissioning),
+            identities_ended(Rescue, Deployed, false),
             IdentitiesEnded::Ramdisk
         );
-        assert_eq!(identities_ended(Rescue, Rescue), IdentitiesEnded::Nothing);
+        assert_eq!(
+            identities_ended(Inspecting, Commissioning, false),
+            IdentitiesEnded::Ramdisk
+        );
+        assert_eq!(
+            identities_ended(Rescue, Rescue, false),
+            IdentitiesEnded::Nothing
+        );
+        // An adopted machine's own OS wipes it in `retiring`.
+        assert_eq!(
+            identities_ended(Adopted, Retiring, true),
+            IdentitiesEnded::Ramdisk
+        );
+        assert_eq!(
+            identities_ended(Failed, Retiring, true),
+            IdentitiesEnded::Ramdisk
+        );
+        assert_eq!(
+            identities_ended(Retiring, Retired, true),
+            IdentitiesEnded::All
+        );
+        assert_eq!(
+            identities_ended(Adopted, Retiring, false),
+            IdentitiesEnded::All
+        );
     }
 }

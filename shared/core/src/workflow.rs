@@ -17,7 +17,8 @@ pub enum StepTarget {
     ControlPlane,
     /// A site service: `bmc` or `boot`, over `cmd.<siteId>.<kind>`.
     Site,
-    /// The installed OS's agent.
+    /// The installed OS's agent (an adopted machine's `bcd node`), over
+    /// the agent endpoints.
     Node,
     /// The ramdisk agent, over the agent endpoints.
     Ramdisk,
@@ -107,6 +108,11 @@ pub enum StepKind {
     /// false: commissioning) or compare them with the recorded ones
     /// (`check`: a dedicated teardown; a change fails the step for good).
     BmcFirmware { check: bool },
+    /// An adopted machine's own OS wipes every disk with `mode` and
+    /// verifies by read-back (no BMC can boot it a ramdisk).
+    NodeWipe { mode: WipeMode },
+    /// An adopted machine's own OS powers it off once it has answered.
+    NodePowerOff,
     /// Profile v1's one-step `metal.ensureRamdisk`, which no site service
     /// executes; kept only so workflows stored before v2 still load. The
     /// engine fails it for good (the node goes to `failed`; `recover` runs
@@ -132,6 +138,9 @@ impl StepKind {
             | StepKind::RevokeIdentity
             | StepKind::ForgetBmcCredentials
             | StepKind::WaitRamdiskJoin
+            // Waits the engine decides from the joins it records.
+            | StepKind::WaitOsJoin { .. }
+            | StepKind::WaitOsBack { .. }
             | StepKind::RetiredEnsureRamdisk => StepTarget::ControlPlane,
             StepKind::BmcErase { .. }
             | StepKind::RotateBmcPassword
@@ -148,7 +157,7 @@ impl StepKind {
             | StepKind::BmcBootDisk { .. }
             | StepKind::BmcPower { .. }
             | StepKind::BmcPowerOff => StepTarget::Site,
-            StepKind::WaitOsJoin { .. } | StepKind::WaitOsBack { .. } => StepTarget::Node,
+            StepKind::NodeWipe { .. } | StepKind::NodePowerOff => StepTarget::Node,
             StepKind::Inventory
             | StepKind::DiagDcgm { .. }
             | StepKind::DiskWipe { .. }
@@ -184,6 +193,8 @@ impl StepKind {
             StepKind::WaitOsBack { .. } => "metal.waitOsBack",
             StepKind::RevokeIdentity => "pki.revoke",
             StepKind::ForgetBmcCredentials => "bmc.forgetCredentials",
+            StepKind::NodeWipe { .. } => "node.wipe",
+            StepKind::NodePowerOff => "node.powerOff",
             StepKind::RetiredEnsureRamdisk => "metal.ensureRamdisk",
         }
     }
@@ -194,6 +205,8 @@ impl StepKind {
         matches!(
             self,
             StepKind::DiskWipe { .. }
+                | StepKind::NodeWipe { .. }
+                | StepKind::NodePowerOff
                 | StepKind::DeployImage
                 | StepKind::BmcPower { .. }
                 | StepKind::BmcPowerOff
@@ -473,6 +486,30 @@ pub fn metal_unrescue() -> Profile {
                 1_200,
             ),
             step("clear-boot-entry", StepKind::BootEntryClear, 60),
+        ],
+        cleanup: vec![],
+    }
+}
+
+/// `metal-retire-adopted` v1: the retire of an adopted machine, which has
+/// no BMC to boot it a ramdisk or power it off: its own OS's agent
+/// crypto-erases every disk (by the pool's erase methods, read back) and
+/// powers it off; then its identity is revoked. There is nothing to clean
+/// up: nothing was booted or changed beside the disks.
+pub fn metal_retire_adopted() -> Profile {
+    Profile {
+        id: "metal-retire-adopted".into(),
+        version: 1,
+        steps: vec![
+            once(
+                "crypto-erase",
+                StepKind::NodeWipe {
+                    mode: WipeMode::CryptoErase,
+                },
+                86_400,
+            ),
+            once("power-off", StepKind::NodePowerOff, 300),
+            step("revoke-identity", StepKind::RevokeIdentity, 60),
         ],
         cleanup: vec![],
     }

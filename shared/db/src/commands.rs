@@ -120,7 +120,7 @@ pub const AGENT_CHANNEL: &str = "bcm_agent";
 /// Whether a node has agent commands waiting (a cheap check before taking).
 pub async fn commands_pending_for_agent(db: &Db, node_id: &str) -> Result<bool, DbError> {
     Ok(sqlx::query_scalar(&format!(
-        "SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = $1 AND target = 'ramdisk' AND {OFFERABLE})"
+        "SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = $1 AND target IN ('ramdisk', 'node') AND {OFFERABLE})"
     ))
     .bind(node_id)
     .fetch_one(db.pool())
@@ -390,7 +390,7 @@ pub async fn commands_take_for_agent_in_txn(
     Ok(sqlx::query_as(&format!(
         "UPDATE commands SET status = 'sent', sent_at = now(), \
            lease_until = now() + make_interval(secs => $4) WHERE id IN ( \
-           SELECT id FROM commands WHERE node_id = $1 AND target = 'ramdisk' AND kind = ANY($6) AND {OFFERABLE} \
+           SELECT id FROM commands WHERE node_id = $1 AND target IN ('ramdisk', 'node') AND kind = ANY($6) AND {OFFERABLE} \
            AND EXISTS (SELECT 1 FROM agent_sessions s WHERE s.node_id = $1 AND s.cert_serial = $3 \
              AND s.purpose = $5 AND s.expires_at > now() \
              AND NOT EXISTS (SELECT 1 FROM agent_sessions n WHERE n.node_id = $1 \

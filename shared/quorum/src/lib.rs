@@ -405,7 +405,9 @@ pub fn check_command(
     }
     let anchor = anchor.ok_or(QuorumError::NoAnchor)?;
     let (wipe, power) = match command {
-        Some(bcm_contracts::Command::DiskWipe(p)) => (Some(p.mode), None),
+        Some(bcm_contracts::Command::DiskWipe(p) | bcm_contracts::Command::NodeWipe(p)) => {
+            (Some(p.mode), None)
+        }
         Some(bcm_contracts::Command::BmcPower(p)) => (None, Some(p.action)),
         _ => (None, None),
     };
