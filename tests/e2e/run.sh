@@ -824,7 +824,7 @@ adopt() {
   virsh -q -c qemu:///system start "$name" >/dev/null
   local serial="$lab/logs/$name.serial" i
   for i in $(seq 1 180); do
-    node=$(grep -ao 'joined as node node_[0-9a-z]*' "$serial" 2>/dev/null | head -n1 | awk '{print $4}')
+    node=$(grep -ao 'joined as node node_[0-9a-z]*' "$serial" 2>/dev/null | head -n1 | awk '{print $4}' || true)
     [ -n "$node" ] && break
     sleep 1
   done

@@ -701,8 +701,8 @@ impl Served {
                     Some(o) if o.then_power_off => {
                         println!("powering off (node.powerOff {})", cmd.command_id);
                         if cfg.power_off == PowerOff::Machine {
-                            let why = power_off();
-                            tracing::error!(%why, "power-off failed");
+                            let how = power_off();
+                            tracing::warn!(%how, "powering off");
                         }
                         stop.cancel();
                         return Ok(());
@@ -715,8 +715,24 @@ impl Served {
     }
 }
 
-/// Syncs and powers the machine off. Returns only on failure.
+/// Powers the machine off: through systemd where it runs the OS (its
+/// units stop and its file systems unmount cleanly), else (the ramdisk's
+/// busybox init) synced and straight through the kernel. Returns only on
+/// failure.
 fn power_off() -> String {
+    if std::path::Path::new("/run/systemd/system").is_dir() {
+        match std::process::Command::new("systemctl")
+            .args(["poweroff", "--no-block"])
+            .status()
+        {
+            // systemd now stops everything, bcd too (SIGTERM).
+            Ok(s) if s.success() => return "systemctl poweroff is under way".to_owned(),
+            Ok(s) => {
+                tracing::warn!(status = %s, "systemctl poweroff refused; powering off directly")
+            }
+            Err(e) => tracing::warn!(error = %e, "no systemctl; powering off directly"),
+        }
+    }
     // SAFETY: syncs, then asks the kernel to power off.
     unsafe {
         libc::sync();
