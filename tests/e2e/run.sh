@@ -865,7 +865,7 @@ adopt() {
     || { echo "the retired disk is not zero from end to end: $diff" >&2; return 1; }
   rm -f "$raw2"
   say "  $name: every byte of the retired disk is zero"
-  check_events "$name" enrolled adopting adopted retiring retired
+  check_events "$name" enrolled adopting adopted retiring workflow retired
 }
 
 # Both negative runs at once, each on its own machine, beside the adopted
