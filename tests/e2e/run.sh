@@ -850,7 +850,7 @@ adopt() {
     || { echo "$name: bcd did not remount the disk's file system read-only first" >&2; return 1; }
   local st=""
   for i in $(seq 1 60); do
-    st=$(virsh -q -c qemu:///system domstate "$name" 2>/dev/null)
+    st=$(virsh -q -c qemu:///system domstate "$name" 2>/dev/null || true)
     [ "$st" = "shut off" ] && break
     sleep 1
   done

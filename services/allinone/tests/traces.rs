@@ -206,9 +206,17 @@ fn assert_causal(trace: &[Received], caller_span: &str, node: &str) {
     for w in SERVICE_ORDER.windows(2) {
         assert!(
             first_start(trace, w[0]) <= first_start(trace, w[1]),
-            "{} first appears after {}",
+            "{} first appears after {}: {:?}",
             w[0],
-            w[1]
+            w[1],
+            {
+                let mut v: Vec<(u64, &str, &str)> = trace
+                    .iter()
+                    .map(|s| (s.start, s.service.as_str(), s.name.as_str()))
+                    .collect();
+                v.sort();
+                v.into_iter().take(12).collect::<Vec<_>>()
+            }
         );
     }
     // Steps and commands name their node, step and command kind.

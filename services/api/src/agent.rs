@@ -351,7 +351,7 @@ pub struct PollParams {
     pub wait_ms: Option<u64>,
 }
 
-/// `GET /api/agent/commands`: the node's pending ramdisk commands, waiting
+/// `GET /api/agent/commands`: the pending commands of the session's purpose (a ramdisk's, or an adopted machine's own OS's), waiting
 /// up to `waitMs` for one.
 #[utoipa::path(get, path = "/api/agent/commands", tag = "agent",
     params(("waitMs" = Option<u64>, Query, minimum = 0, maximum = 30000, description = "How long to wait for a command, at most 30000 ms.")),

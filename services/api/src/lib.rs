@@ -278,9 +278,10 @@ impl Default for AgentProtocolConfig {
 }
 
 fn default_command_lease_ms() -> u64 {
-    // Longer than an agent needs to read a poll's answer; agents run one
-    // command at a time and poll again only once it is answered, so a
-    // lease never runs out under a command that is still running.
+    // Longer than an agent needs to read a poll's answer. A lease may run
+    // out under a command still running (a wipe takes hours), but nobody
+    // else polls that session meanwhile: agents poll again only once it is
+    // answered, and one restarted answers it from its record.
     30_000
 }
 fn default_busy_heartbeat_secs() -> u32 {

@@ -18,7 +18,7 @@ use bcm_contracts::agent::{
 };
 use bcm_contracts::commands::{Command, DeployImageParams, WipeParams};
 use bcm_contracts::outputs::{KexecLoaded, PoweringOff, WipeReport};
-use bcm_contracts::Output;
+use bcm_contracts::{CommandKind, Output};
 use ed25519_dalek::{Signer, SigningKey, VerifyingKey};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -361,10 +361,15 @@ pub fn execute(cfg: &AgentConfig, image_keys: &[VerifyingKey], cmd: &AgentComman
         },
         // The machine's own OS wipes the disks it runs on: their file
         // systems go read-only first.
-        Command::NodeWipe(p) => match wipe(cfg, &p, true) {
-            Ok(report) => Outcome::ok(Output::NodeWipe(report)),
-            Err(e) => Outcome::failed(e),
-        },
+        Command::NodeWipe(p) => {
+            // What this process runs on stays in memory: its pages are
+            // never read back from a disk being erased.
+            lock_memory();
+            match wipe(cfg, &p, true) {
+                Ok(report) => Outcome::ok(Output::NodeWipe(report)),
+                Err(e) => Outcome::failed(e),
+            }
+        }
         Command::NodePowerOff(_) => Outcome {
             then_power_off: true,
             ..Outcome::ok(Output::NodePowerOff(PoweringOff { powering_off: true }))
@@ -577,6 +582,7 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
         http,
         state,
         done: HashMap::new(),
+        wiped: false,
     };
     let ran = served
         .serve(&session.key, &session.joined, &hb_stop, &stop)
@@ -594,13 +600,15 @@ struct Served {
     http: reqwest::Client,
     state: AgentState,
     done: HashMap<String, AgentResult>,
+    /// A `node.wipe` ran: the state directory's disk is erased.
+    wiped: bool,
 }
 
 impl Served {
     /// Long-polls the session's commands and runs each at most once, until
-    /// `end` (looked at between commands only: a command that began is
-    /// finished and its result posted, retried until `stop`) or the session
-    /// ends. A result is signed with `key`.
+    /// `end` (looked at between polls only: the commands a poll handed are
+    /// all run and answered, each result posted until `stop`) or the
+    /// session ends. A result is signed with `key`.
     async fn serve(
         &mut self,
         key: &SigningKey,
@@ -651,7 +659,7 @@ impl Served {
                 }
                 let (result, then) = match self.done.get(&cmd.command_id) {
                     Some(r) => (r.clone(), None),
-                    None if !state.begin(&cmd.command_id).unwrap_or(true) => {
+                    None if !self.wiped && !state.begin(&cmd.command_id).unwrap_or(true) => {
                         // Begun by this machine before bcd restarted, with no
                         // result kept: what it did is unknown, and it is not
                         // run again (the step retries with a new command).
@@ -676,7 +684,17 @@ impl Served {
                                 Err(e) => Outcome::failed(format!("the command panicked: {e}")),
                             };
                         let r = signed_result(key, node, &cmd, &outcome);
-                        if let Err(e) = state.save_result(&r) {
+                        if cmd.kind == CommandKind::NodeWipe {
+                            // The state directory is on a disk just erased
+                            // (its file systems read-only, or written back
+                            // over the read-back): nothing more is kept
+                            // there; this process answers a repeat from
+                            // memory.
+                            self.wiped = true;
+                        }
+                        if self.wiped {
+                            tracing::info!(command = %cmd.command_id, "the disks are erased: the result is kept in memory only");
+                        } else if let Err(e) = state.save_result(&r) {
                             tracing::warn!(command = %cmd.command_id, error = %e, "the result was not kept");
                         }
                         self.done.insert(cmd.command_id.clone(), r.clone());
@@ -701,8 +719,8 @@ impl Served {
                     Some(o) if o.then_power_off => {
                         println!("powering off (node.powerOff {})", cmd.command_id);
                         if cfg.power_off == PowerOff::Machine {
-                            let how = power_off();
-                            tracing::warn!(%how, "powering off");
+                            let why = power_off();
+                            tracing::error!(%why, "power-off failed");
                         }
                         stop.cancel();
                         return Ok(());
@@ -715,24 +733,20 @@ impl Served {
     }
 }
 
-/// Powers the machine off: through systemd where it runs the OS (its
-/// units stop and its file systems unmount cleanly), else (the ramdisk's
-/// busybox init) synced and straight through the kernel. Returns only on
-/// failure.
-fn power_off() -> String {
-    if std::path::Path::new("/run/systemd/system").is_dir() {
-        match std::process::Command::new("systemctl")
-            .args(["poweroff", "--no-block"])
-            .status()
-        {
-            // systemd now stops everything, bcd too (SIGTERM).
-            Ok(s) if s.success() => return "systemctl poweroff is under way".to_owned(),
-            Ok(s) => {
-                tracing::warn!(status = %s, "systemctl poweroff refused; powering off directly")
-            }
-            Err(e) => tracing::warn!(error = %e, "no systemctl; powering off directly"),
-        }
+/// Locks the process's pages in memory (best effort, logged): `bcd node`
+/// is about to erase the disk its binary may have been read from.
+fn lock_memory() {
+    // SAFETY: mlockall takes flags only.
+    if unsafe { libc::mlockall(libc::MCL_CURRENT) } != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "could not lock bcd in memory; wiping anyway");
     }
+}
+
+/// Syncs and powers the machine off straight through the kernel. Not
+/// through the init system: `node.powerOff` follows the erase of the disks
+/// the OS runs from, so nothing on them (units, shutdown binaries) can be
+/// relied on. Returns only on failure.
+fn power_off() -> String {
     // SAFETY: syncs, then asks the kernel to power off.
     unsafe {
         libc::sync();
@@ -798,6 +812,18 @@ pub async fn rejoin(
     .await
 }
 
+/// Whether the identity `joined` holds runs commands: an adopted machine's
+/// (purpose `node`) does; the OS a deploy wrote (`provisioned`) runs none,
+/// so it holds no poll open (a deployed fleet only heartbeats).
+fn runs_commands(joined: &JoinResponse) -> bool {
+    bcm_pki::ca::check_against(
+        &joined.ca_certificate,
+        &joined.certificate,
+        chrono::Utc::now(),
+    )
+    .is_ok_and(|c| c.purpose == bcm_contracts::agent::AgentPurpose::Node.as_str())
+}
+
 /// How long until a certificate just obtained is renewed: two thirds of
 /// what is left of its life (its `notBefore` is set back for clock skew,
 /// so the time it was obtained counts as its start).
@@ -858,6 +884,7 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
         http: http.clone(),
         state: state.clone(),
         done: HashMap::new(),
+        wiped: false,
     };
     let mut announce = Some(if rejoined {
         format!(
@@ -885,19 +912,31 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
             beat.clone(),
         ));
         let until = renew_in(&joined);
-        // The session's commands are served until its renewal is due (a
-        // command that began is finished first), the process stops or the
-        // session ends.
+        // Until the renewal is due (`period`, also ended with the heartbeat:
+        // the process stops or the session ends), an adopted machine's
+        // commands are served; a command that began is finished and
+        // answered first, with the heartbeat going on meanwhile. An
+        // installed OS a deploy wrote runs no command: it does not poll.
+        let period = beat.child_token();
         let renewal = {
-            let beat = beat.clone();
+            let period = period.clone();
             tokio::spawn(async move {
                 tokio::select! {
-                    _ = tokio::time::sleep(until) => { beat.cancel(); true }
-                    _ = beat.cancelled() => false,
+                    _ = tokio::time::sleep(until) => { period.cancel(); true }
+                    _ = period.cancelled() => false,
                 }
             })
         };
-        let served_until = served.serve(&key, &joined, &beat, &stop).await;
+        let served_until = if runs_commands(&joined) {
+            served.serve(&key, &joined, &period, &stop).await
+        } else {
+            period.cancelled().await;
+            Ok(())
+        };
+        // The heartbeat ended the period (a revoked identity) or goes on
+        // until the served command was answered.
+        let session_over = beat.is_cancelled();
+        period.cancel();
         beat.cancel();
         let _ = beating.await;
         let renew_due = renewal.await.unwrap_or(false);
@@ -906,7 +945,7 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
             Err(e) => return Err(e),
             // The session ended (its identity revoked): nothing to rejoin
             // with.
-            Ok(()) if !renew_due => return Err(AgentError::SessionEnded),
+            Ok(()) if session_over || !renew_due => return Err(AgentError::SessionEnded),
             Ok(()) => {}
         }
         let next = SigningKey::generate(&mut rand::rngs::OsRng);

@@ -217,11 +217,14 @@ async fn main() -> anyhow::Result<()> {
             // What the machine's operator pinned (the OS has no kernel
             // command line from the site): without it, the wipe an
             // adopted machine's retire sends is refused.
-            let quorum_anchor = if args.quorum_anchor_file.exists() {
-                Some(bcm_quorum::anchor_from_file(&args.quorum_anchor_file)?)
-            } else {
-                tracing::warn!(file = %args.quorum_anchor_file.display(), "no quorum trust anchor: a node.wipe will be refused");
-                None
+            // An OS that never runs one (a deployed machine's) must not
+            // stop over a broken file: it is named and left out.
+            let quorum_anchor = match bcm_quorum::anchor_from_file(&args.quorum_anchor_file) {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no quorum trust anchor: a node.wipe will be refused");
+                    None
+                }
             };
             agent::run_node(
                 AgentConfig {

@@ -4,10 +4,12 @@
 //! disk every file system on it is synced and remounted read-only. The
 //! kernel then writes nothing of its own back over the wipe (a FAT or an
 //! ext4 journal flushed after the read-back would leave a signature
-//! behind). A file system that cannot be remounted (files open for
-//! writing, the root of a busy OS) is named in the log and the wipe goes
-//! on: the disk is erased either way, and its read-back says whether it
-//! stayed so.
+//! behind). The file systems of a disk are those on it, on its
+//! partitions, and on what is built over them (device-mapper: LVM,
+//! dm-crypt; md), found through `holders` in sysfs. A file system that
+//! cannot be remounted (files open for writing, the root of a busy OS) is
+//! named in the log and the wipe goes on: the disk is erased either way,
+//! though what the kernel writes to it after the read-back is not read.
 
 use std::ffi::CString;
 use std::path::Path;
@@ -19,16 +21,35 @@ pub struct Mounted {
     pub target: String,
 }
 
-/// The kernel's name of `disk` and of each of its partitions
-/// (`/sys/class/block/<disk>/<part>/partition`), e.g. `vda`, `vda1`.
+/// The names `/proc/mounts` may give what is on `disk`: the disk, each of
+/// its partitions (`/sys/class/block/<disk>/<part>/partition`), and every
+/// device built over them (`holders`, followed to the end), a
+/// device-mapper one also as `mapper/<its dm name>`; e.g. `vda`, `vda2`,
+/// `dm-0`, `mapper/vg-root`.
 pub fn names_of(disk: &str) -> Vec<String> {
+    let sys = Path::new("/sys/class/block");
     let mut names = vec![disk.to_owned()];
-    if let Ok(entries) = std::fs::read_dir(Path::new("/sys/class/block").join(disk)) {
+    if let Ok(entries) = std::fs::read_dir(sys.join(disk)) {
         for e in entries.flatten() {
             if e.path().join("partition").exists() {
                 names.push(e.file_name().to_string_lossy().into_owned());
             }
         }
+    }
+    let mut i = 0;
+    while i < names.len() && names.len() < 256 {
+        if let Ok(holders) = std::fs::read_dir(sys.join(&names[i]).join("holders")) {
+            for h in holders.flatten() {
+                let h = h.file_name().to_string_lossy().into_owned();
+                if !names.contains(&h) {
+                    if let Ok(dm) = std::fs::read_to_string(sys.join(&h).join("dm/name")) {
+                        names.push(format!("mapper/{}", dm.trim()));
+                    }
+                    names.push(h);
+                }
+            }
+        }
+        i += 1;
     }
     names
 }
