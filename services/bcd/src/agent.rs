@@ -254,13 +254,17 @@ pub fn http_client(cfg: &AgentConfig) -> Result<reqwest::Client, AgentError> {
 
 /// Heartbeats until `stop`, every `default` until the control plane's
 /// answer names another cadence (then at that one, until an answer says
-/// otherwise; an unanswered or unreadable heartbeat keeps the last).
+/// otherwise; an unanswered or unreadable heartbeat keeps the last), and
+/// at once when `nudge` is notified (a command begins: the agent polls no
+/// more until it is answered, and an idle cadence must not leave the
+/// engine thinking it silent).
 pub async fn heartbeat(
     http: reqwest::Client,
     api: String,
     session: String,
     role: AgentRole,
     default: Duration,
+    nudge: Arc<tokio::sync::Notify>,
     stop: CancellationToken,
 ) {
     let mut every = default;
@@ -285,6 +289,7 @@ pub async fn heartbeat(
         }
         tokio::select! {
             _ = stop.cancelled() => return,
+            _ = nudge.notified() => {}
             _ = tokio::time::sleep(every) => {}
         }
     }
@@ -568,12 +573,14 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
     });
     let session = join(&http, &cfg, &state, &stop).await?;
     let hb_stop = stop.child_token();
+    let nudge = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(heartbeat(
         http.clone(),
         cfg.api.clone(),
         session.joined.session_token.clone(),
         cfg.role,
         cfg.heartbeat,
+        nudge.clone(),
         hb_stop.clone(),
     ));
     let mut served = Served {
@@ -583,6 +590,7 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
         state,
         done: HashMap::new(),
         wiped: false,
+        nudge,
     };
     let ran = served
         .serve(&session.key, &session.joined, &hb_stop, &stop)
@@ -602,6 +610,8 @@ struct Served {
     done: HashMap<String, AgentResult>,
     /// A `node.wipe` ran: the state directory's disk is erased.
     wiped: bool,
+    /// Wakes the heartbeat when a command begins.
+    nudge: Arc<tokio::sync::Notify>,
 }
 
 impl Served {
@@ -675,6 +685,7 @@ impl Served {
                     }
                     None => {
                         tracing::info!(command = %cmd.command_id, kind = %cmd.kind, "running");
+                        self.nudge.notify_one();
                         let (c, k, command) = (cfg.clone(), self.keys.clone(), cmd.clone());
                         let outcome =
                             match tokio::task::spawn_blocking(move || execute(&c, &k, &command))
@@ -875,6 +886,7 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
         }
     };
     // Destructive commands are checked against the node they are for.
+    let nudge = Arc::new(tokio::sync::Notify::new());
     let mut served = Served {
         cfg: Arc::new(AgentConfig {
             node: Some(joined.node_id.clone()),
@@ -885,6 +897,7 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
         state: state.clone(),
         done: HashMap::new(),
         wiped: false,
+        nudge: nudge.clone(),
     };
     let mut announce = Some(if rejoined {
         format!(
@@ -909,6 +922,7 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
             joined.session_token.clone(),
             AgentRole::Node,
             cfg.heartbeat,
+            nudge.clone(),
             beat.clone(),
         ));
         let until = renew_in(&joined);
