@@ -18,8 +18,8 @@ use bcm_core::ProvisionState;
 use bcm_testkit::{Options, TestEnv};
 use serde_json::json;
 use support::*;
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Child;
 
 /// `bcd node` on `disk` only, keeping its identity in `state`, with the
 /// quorum anchor `anchor` (or a path that does not exist: none).
@@ -32,14 +32,6 @@ fn bcd_node(env: &TestEnv, token: &str, state: &str, disk: &str, anchor: &str) -
         .kill_on_drop(true)
         .spawn()
         .expect("bcd node")
-}
-
-async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>, within: Duration) -> String {
-    tokio::time::timeout(within, lines.next_line())
-        .await
-        .expect("a line in time")
-        .expect("read")
-        .expect("a line")
 }
 
 /// The `kind` commands of `node`, oldest first.

@@ -8,6 +8,8 @@
 //! INVALID_ARGUMENT, and the same signed request asked again gets the same
 //! answer. Real API, attestation, Postgres and JetStream.
 
+mod support;
+
 use std::os::unix::fs::PermissionsExt as _;
 use std::process::Stdio;
 use std::time::Duration;
@@ -17,6 +19,7 @@ use bcm_contracts::agent::RejoinRequest;
 use bcm_testkit::{Options, TestEnv};
 use ed25519_dalek::{Signer as _, SigningKey};
 use serde_json::{json, Value};
+use support::next_line;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
@@ -43,14 +46,6 @@ fn bcd_node(
         .expect("bcd node");
     let stdout = child.stdout.take().expect("stdout");
     (child, BufReader::new(stdout).lines())
-}
-
-async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>, within: Duration) -> String {
-    tokio::time::timeout(within, lines.next_line())
-        .await
-        .expect("a line in time")
-        .expect("read")
-        .expect("a line")
 }
 
 fn kept(dir: &std::path::Path) -> Value {

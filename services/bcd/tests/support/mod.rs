@@ -216,3 +216,15 @@ impl Drop for LyingDisk {
         let _ = self.child.wait();
     }
 }
+
+/// The next line a child wrote, within `within` (a test failure otherwise).
+pub async fn next_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    within: Duration,
+) -> String {
+    tokio::time::timeout(within, lines.next_line())
+        .await
+        .expect("a line in time")
+        .expect("read")
+        .expect("a line")
+}
