@@ -210,12 +210,7 @@ pub async fn join(
     // Neither the join token nor the session token goes on the bus: the
     // attestation service gets their hashes, and the session token is
     // derived here, the same for every answer to one join.
-    let key = app.inner.join_key.as_ref().ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::InvalidConfig,
-            "the control plane holds no join key (api.join_key.file); agents cannot join",
-        )
-    })?;
+    let key = join_key(&app, "join")?;
     let (session, session_hash) = key.session_token(&req.token, &req.csr);
     let ask = AttestJoin {
         token_hash: hex::encode(bcm_pki::tokens::hash(&req.token)),
@@ -227,6 +222,19 @@ pub async fn join(
     };
     let granted: JoinGranted = attest(&app, "join", &ask).await?;
     Ok(Json(answer(granted, session)))
+}
+
+/// The join key session tokens are derived under: without one, agents
+/// cannot `what` (join, rejoin).
+fn join_key<'a>(app: &'a AppState, what: &str) -> Result<&'a bcm_pki::JoinKey, ApiError> {
+    app.inner.join_key.as_ref().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidConfig,
+            format!(
+                "the control plane holds no join key (api.join_key.file); agents cannot {what}"
+            ),
+        )
+    })
 }
 
 /// The agent's answer to a join or a rejoin: the identity the attestation
@@ -254,12 +262,7 @@ pub async fn rejoin(
     Body(req): Body<RejoinRequest>,
 ) -> Result<Json<JoinResponse>, ApiError> {
     req.check().map_err(|e| ApiError::invalid(e.to_string()))?;
-    let key = app.inner.join_key.as_ref().ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::InvalidConfig,
-            "the control plane holds no join key (api.join_key.file); agents cannot rejoin",
-        )
-    })?;
+    let key = join_key(&app, "rejoin")?;
     let (session, session_hash) = key.session_token(&req.signature, &req.cert_serial);
     let ask = AttestRejoin {
         node_id: req.node_id,

@@ -512,9 +512,7 @@ async fn run_verb(
             ));
         }
     }
-    if node.bmc_driver == BmcDriver::None
-        && matches!(extra, Extra::Power { .. } | Extra::Rotate { .. })
-    {
+    if node.is_adopted() && matches!(extra, Extra::Power { .. } | Extra::Rotate { .. }) {
         return Err(ApiError::new(
             ErrorCode::InvalidConfig,
             format!("node {} was adopted and has no BMC", node.id),

@@ -240,9 +240,7 @@ fn profile_for(node: &Node, commission_wipe: WipeMode, agent: AgentMode) -> Opti
             agent,
         ),
         // An adopted machine has no BMC: its own OS erases and powers off.
-        ProvisionState::Retiring if node.bmc_driver == bcm_core::BmcDriver::None => {
-            Some(workflow::metal_retire_adopted())
-        }
+        ProvisionState::Retiring if node.is_adopted() => Some(workflow::metal_retire_adopted()),
         // A node its tenant had root on is torn down as such.
         ProvisionState::Releasing if bcm_metal::tenant_root::is_dedicated(node) => {
             let wipe = node.release_wipe.unwrap_or(WipeMode::SecureErase);

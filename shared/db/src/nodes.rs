@@ -56,6 +56,14 @@ pub struct Node {
 }
 
 impl Node {
+    /// Whether the node is an adopted machine: it has no BMC on record
+    /// (only adoption makes such a node; enroll refuses the driver
+    /// `none`), so what a BMC would do its own OS's agent does, or nothing
+    /// does.
+    pub fn is_adopted(&self) -> bool {
+        self.bmc_driver == bcm_core::BmcDriver::None
+    }
+
     /// The node's driver per concern: the snapshot taken at enroll, else
     /// its BMC driver for every BMC concern.
     pub fn drivers(&self) -> bcm_core::hardware::Drivers {

@@ -63,8 +63,7 @@ pub async fn commit_in_txn(
         )
         .await?;
     }
-    let adopted = next.bmc_driver == bcm_core::BmcDriver::None;
-    let ended = bcm_core::state::identities_ended(t.from, t.to, adopted);
+    let ended = bcm_core::state::identities_ended(t.from, t.to, next.is_adopted());
     let revoked = crate::identity::end_in_txn(tx, &next.id.to_string(), ended).await?;
     if revoked > 0 {
         tracing::info!(node = %next.id, from = %t.from, to = %t.to, ?ended, revoked, "identities ended");
