@@ -102,6 +102,9 @@ pg_up() {
   # already answered can be lost, which no control plane can make up for).
   local speed="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
   [ "${BCM_STACK_PG_DURABLE:-}" = 1 ] && speed=""
+  # BCM_STACK_PG_STATEMENTS=1 loads pg_stat_statements (benchmarks read
+  # which statements Postgres spends its time on).
+  [ "${BCM_STACK_PG_STATEMENTS:-}" = 1 ] && speed="$speed -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all"
   # TLS as a deployment has it: a CA of the stack's own signs the server's
   # certificate (for 127.0.0.1 and localhost), so a client can connect with
   # sslmode=verify-full and sslrootcert=$BCM_STACK_PG_CA.

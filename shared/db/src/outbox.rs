@@ -125,6 +125,16 @@ impl RelayLease {
             .fetch_one(&mut conn)
             .await?;
         if got {
+            // The outbox grows from empty by thousands of rows a second
+            // between two autoanalyze runs. A generic plan cached while it
+            // was small (a sequential scan filtering `seq = ANY($1)`) stays
+            // cached while it grows, and each mark then reads the whole
+            // table: 80–180 ms a batch at 5,000–8,000 rows (auto_explain,
+            // bench-lifecycle N=1,000), the "relay stall". Planned for each
+            // call, the marks and fetches use the indexes the table has now.
+            sqlx::query("SET plan_cache_mode = force_custom_plan")
+                .execute(&mut conn)
+                .await?;
             Ok(Some(Self { conn }))
         } else {
             let _ = conn.close().await;
