@@ -9,7 +9,10 @@
 # another (another serial) before a release, must each end in `failed` with
 # UNVERIFIED_WIPE (the second naming the recorded disk that did not report).
 # The BIOS machine's first deploy is aborted mid-way and recovered to
-# ready, and once deployed it is rescued and unrescued: its installed OS's
+# ready, and once deployed it is rescued and unrescued: each rescue first
+# asks the installed OS's bcd to power the machine off (node.powerOff,
+# checked against the quorum anchor the deploy left on its disk) and waits
+# for the BMC to read it off; after unrescue the installed OS's
 # bcd rejoins with the identity it kept on its disk, no token; the UEFI
 # machine is rescued with an SSH key (its rescue ramdisk
 # comes up, root logs in over SSH with that key, another key is refused) and
@@ -214,6 +217,11 @@ configure() {
 listen = "0.0.0.0:8080"
 database_url = "$DATABASE_URL"
 admin_token = "$TOKEN"
+[api.agents]
+# A lab of four machines, not a fleet: an idle installed OS beats every
+# 15 s (the default, 60 s, spares 10,000 nodes' worth of requests), so a
+# rescue's ask to power off reaches it within about 15 s.
+idle_heartbeat_secs = 15
 [api.bus]
 url = "$NATS_ADDR"
 nkey_file = "$dir/nats/control.nk"
@@ -546,6 +554,21 @@ wait_rescue_up() {
   [ "$status" = succeeded ] || { echo "the rescue ramdisk did not come up: metal-rescue $status" >&2; return 1; }
 }
 
+# check_clean_shutdown NAME NODE FROM: the rescue asked the installed OS to
+# power the machine off, and it did before the BMC booted the ramdisk: its
+# bcd answered node.powerOff (the serial console since line FROM says so)
+# and the BMC read the machine off (os-power-off and wait-os-off succeeded,
+# not skipped).
+check_clean_shutdown() {
+  local name=$1 node=$2 from=$3 steps line
+  steps=$(wf_steps "$node" rescue false)
+  grep -q "os-power-off=succeeded wait-os-off=succeeded" <<<"$steps" \
+    || { echo "the rescue did not shut the installed OS down cleanly: $steps" >&2; return 1; }
+  line=$(tail -n +"$from" "$lab/logs/$name.serial" | tr -d '\r' | grep -m1 "powering off (node.powerOff" || true)
+  [ -n "$line" ] || { echo "the installed OS's bcd did not say it powers off (logs/lab/$name.serial)" >&2; return 1; }
+  say "  $name: the installed OS shut down for the rescue: $line"
+}
+
 # Rescue a deployed machine with an operator's SSH key (the rescue ramdisk
 # boots: the metal-rescue workflow succeeds once it joined), log in as root
 # over SSH with that key at the address the ramdisk's serial console shows,
@@ -560,6 +583,7 @@ rescue_undeploy() {
   ctl rescue "$node" --ssh-public-key "$key.pub" >/dev/null
   wait_rescue_up "$node"
   say "  $name: rescue ramdisk up ($(wf_steps "$node" rescue false))"
+  check_clean_shutdown "$name" "$node" "$from"
   tail -n +"$from" "$serial" | tr -d '\r' | grep -q "bcm-ramdisk: rescue SSH on port 22" \
     || { echo "the rescue ramdisk started no SSH server (logs/lab/$name.serial)" >&2; return 1; }
   ip=$(tail -n +"$from" "$serial" | tr -d '\r' | sed -n 's|.*bcm-ramdisk: eth0 \([0-9.]*\)/.*|\1|p' | tail -n1)
@@ -585,8 +609,10 @@ rescue_undeploy() {
 rescue_unrescue() {
   local name=$1 node serial="$lab/logs/$1.serial" from line
   node=$(cat "$dir/run/node-$name")
+  from=$(wc -l < "$serial")
   ctl rescue "$node" >/dev/null
   wait_rescue_up "$node"
+  check_clean_shutdown "$name" "$node" "$from"
   say "  $name: rescue ramdisk up; unrescue"
   from=$(wc -l < "$serial")
   ctl unrescue "$node" >/dev/null

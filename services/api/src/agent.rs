@@ -299,6 +299,7 @@ pub async fn heartbeat(
             running,
             rand::random::<f64>(),
         ),
+        poll_commands: polls_commands(&agent.purpose, running),
     };
     if !running {
         return Ok(Json(ack));
@@ -318,6 +319,18 @@ pub async fn heartbeat(
     bcm_db::workflows::steps_nudge_for_node_in_txn(&mut tx, &agent.node_id).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     Ok(Json(ack))
+}
+
+/// Whether an installed OS's agent is asked to hold a poll open: an
+/// adopted machine's always (nothing else reaches it, and they are few), a
+/// deployed OS's only while its node runs a workflow (which may ask it to
+/// power off), so an idle deployed fleet holds no polls.
+fn polls_commands(purpose: &str, workflow_running: bool) -> bool {
+    match AgentPurpose::parse(purpose) {
+        Ok(AgentPurpose::Node) => true,
+        Ok(AgentPurpose::Provisioned) => workflow_running,
+        _ => false,
+    }
 }
 
 /// The cadence asked of an agent: busy while its node runs a workflow or
@@ -496,8 +509,17 @@ pub async fn results(
 
 #[cfg(test)]
 mod tests {
-    use super::{heartbeat_cadence, requested_wait_ms};
+    use super::{heartbeat_cadence, polls_commands, requested_wait_ms};
     use crate::AgentProtocolConfig;
+
+    #[test]
+    fn an_idle_deployed_os_holds_no_poll_and_an_adopted_one_always_does() {
+        assert!(!polls_commands("provisioned", false));
+        assert!(polls_commands("provisioned", true));
+        assert!(polls_commands("node", false));
+        assert!(!polls_commands("discovery", true), "a ramdisk polls anyway");
+        assert!(!polls_commands("what-is-this", true));
+    }
 
     #[test]
     fn an_idle_installed_os_beats_slowly_with_jitter_and_a_busy_or_ramdisk_agent_often() {

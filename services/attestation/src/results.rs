@@ -116,13 +116,12 @@ async fn check_identity(
                 "certificate {cert_serial} is revoked, expired or of an ended epoch"
             ))
         })?;
-    let wanted = CommandKind::parse(&cmd.kind)
-        .ok()
-        .and_then(CommandKind::run_by)
-        .map(|p| p.as_str());
-    if cmd.node_id.as_deref() != Some(cert.node_id.as_str())
-        || wanted != Some(cert.purpose.as_str())
-    {
+    let runs = CommandKind::parse(&cmd.kind).is_ok_and(|k| {
+        k.run_by()
+            .iter()
+            .any(|p| p.as_str() == cert.purpose.as_str())
+    });
+    if cmd.node_id.as_deref() != Some(cert.node_id.as_str()) || !runs {
         return Err(AttestError::Rejected(format!(
             "command {} is not for a {} identity of node {}",
             cmd.id, cert.purpose, cert.node_id

@@ -3,7 +3,7 @@
 //! and the stored result, and the signature must verify against a
 //! certificate of that node that chains to the CA, is in its validity
 //! window and is not revoked (the caller passes only the node's
-//! certificates in force: unrevoked, of its current epoch), of the purpose
+//! certificates in force: unrevoked, of its current epoch), of a purpose
 //! the command is for ([`CommandKind::run_by`]), and naming the epoch its
 //! row says.
 
@@ -25,10 +25,11 @@ pub fn verify_stored(
 ) -> Result<String, String> {
     let node_id = cmd.node_id.as_deref().ok_or("the command has no node")?;
     let kind = CommandKind::parse(&cmd.kind).map_err(|e| e.to_string())?;
-    let purpose = kind
-        .run_by()
-        .ok_or_else(|| format!("a {kind} is no agent's command"))?
-        .as_str();
+    let purposes = kind.run_by();
+    if purposes.is_empty() {
+        return Err(format!("a {kind} is no agent's command"));
+    }
+    let runs = |p: &str| purposes.iter().any(|q| q.as_str() == p);
     let sig = cmd.signature.as_deref().ok_or("the result is not signed")?;
     let sig = Signature::from_slice(sig).map_err(|_| "not an ed25519 signature")?;
     let result = cmd.result.as_ref().ok_or("the command has no result")?;
@@ -64,10 +65,13 @@ pub fn verify_stored(
         if checked.node_id != node_id || cert.node_id != node_id {
             continue;
         }
-        if checked.purpose != purpose || cert.purpose != purpose {
+        if !runs(&checked.purpose) || checked.purpose != cert.purpose {
+            let wanted: Vec<&str> = purposes.iter().map(|p| p.as_str()).collect();
             why = format!(
-                "certificate {} is a {} identity; a {kind} is answered only by a {purpose} one",
-                cert.serial, checked.purpose
+                "certificate {} is a {} identity; a {kind} is answered only by a {} one",
+                cert.serial,
+                checked.purpose,
+                wanted.join(" or ")
             );
             continue;
         }

@@ -257,7 +257,9 @@ pub fn http_client(cfg: &AgentConfig) -> Result<reqwest::Client, AgentError> {
 /// otherwise; an unanswered or unreadable heartbeat keeps the last), and
 /// at once when `nudge` is notified (a command begins: the agent polls no
 /// more until it is answered, and an idle cadence must not leave the
-/// engine thinking it silent).
+/// engine thinking it silent). Each answer's `pollCommands` goes to
+/// `polls`, when given (an installed OS polls only while asked to).
+#[allow(clippy::too_many_arguments)]
 pub async fn heartbeat(
     http: reqwest::Client,
     api: String,
@@ -265,6 +267,7 @@ pub async fn heartbeat(
     role: AgentRole,
     default: Duration,
     nudge: Arc<tokio::sync::Notify>,
+    polls: Option<tokio::sync::watch::Sender<bool>>,
     stop: CancellationToken,
 ) {
     let mut every = default;
@@ -284,6 +287,9 @@ pub async fn heartbeat(
             if r.status().is_success() {
                 if let Ok(ack) = r.json::<HeartbeatAck>().await {
                     every = ack.next();
+                    if let Some(p) = &polls {
+                        p.send_replace(ack.poll_commands);
+                    }
                 }
             }
         }
@@ -472,7 +478,7 @@ fn deploy(
         // written in place of their references; the signed parameters keep
         // the references.
         let user_data = bcm_pki::join_key::substitute(user_data, join_tokens);
-        match crate::seed::write_nocloud(&disk, &user_data, node) {
+        match crate::seed::write_nocloud(&disk, &user_data, node, cfg.quorum_anchor.as_ref()) {
             Ok(seed) => report.user_data = Some(seed),
             Err(e) => {
                 return Outcome {
@@ -581,6 +587,7 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
         cfg.role,
         cfg.heartbeat,
         nudge.clone(),
+        None,
         hb_stop.clone(),
     ));
     let mut served = Served {
@@ -593,7 +600,7 @@ pub async fn run_ramdisk(cfg: AgentConfig, stop: CancellationToken) -> Result<()
         nudge,
     };
     let ran = served
-        .serve(&session.key, &session.joined, &hb_stop, &stop)
+        .serve(&session.key, &session.joined, None, &hb_stop, &stop)
         .await;
     hb_stop.cancel();
     ran
@@ -623,13 +630,29 @@ impl Served {
         &mut self,
         key: &SigningKey,
         joined: &JoinResponse,
+        gate: Option<&mut tokio::sync::watch::Receiver<bool>>,
         end: &CancellationToken,
         stop: &CancellationToken,
     ) -> Result<(), AgentError> {
         let (cfg, http, state) = (self.cfg.clone(), self.http.clone(), &self.state);
         let (node, token) = (&joined.node_id, &joined.session_token);
         let mut attempt = 0;
+        let mut gate = gate;
         while !end.is_cancelled() {
+            // An installed OS polls only while its heartbeat's answer asks
+            // it to (a workflow runs, or it is an adopted machine).
+            if let Some(g) = gate.as_deref_mut() {
+                tokio::select! {
+                    _ = end.cancelled() => break,
+                    open = g.wait_for(|poll| *poll) => {
+                        if open.is_err() {
+                            // The heartbeat ended (the session with it).
+                            end.cancelled().await;
+                            break;
+                        }
+                    }
+                }
+            }
             let polled = tokio::select! {
                 _ = end.cancelled() => break,
                 r = http.get(format!("{}/api/agent/commands?waitMs=25000", cfg.api)).bearer_auth(token).send() => r,
@@ -730,8 +753,14 @@ impl Served {
                     Some(o) if o.then_power_off => {
                         println!("powering off (node.powerOff {})", cmd.command_id);
                         if cfg.power_off == PowerOff::Machine {
-                            let why = power_off();
-                            tracing::error!(%why, "power-off failed");
+                            let down = if self.wiped {
+                                Err(power_off())
+                            } else {
+                                shut_down()
+                            };
+                            if let Err(why) = down {
+                                tracing::error!(%why, "power-off failed");
+                            }
                         }
                         stop.cancel();
                         return Ok(());
@@ -764,6 +793,29 @@ fn power_off() -> String {
         libc::reboot(libc::LINUX_REBOOT_CMD_POWER_OFF);
     }
     format!("reboot(POWER_OFF): {}", std::io::Error::last_os_error())
+}
+
+/// Shuts the machine down cleanly through its init system (its services
+/// stopped, its file systems unmounted), as a rescue asks of a deployed
+/// OS before the BMC boots the ramdisk; where no systemd runs (a small
+/// OS's busybox init), syncs and powers off through the kernel. Ok once
+/// systemd took the job (bcd exits; the machine goes down after it).
+fn shut_down() -> Result<(), String> {
+    if std::path::Path::new("/run/systemd/system").is_dir() {
+        match std::process::Command::new("systemctl")
+            .args(["poweroff", "--no-block"])
+            .status()
+        {
+            Ok(s) if s.success() => return Ok(()),
+            Ok(s) => {
+                tracing::warn!(status = %s, "systemctl poweroff failed; powering off through the kernel")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "systemctl poweroff failed; powering off through the kernel")
+            }
+        }
+    }
+    Err(power_off())
 }
 
 /// Rejoins with a kept identity (`key` holds the certificate of `kept`):
@@ -823,18 +875,6 @@ pub async fn rejoin(
     .await
 }
 
-/// Whether the identity `joined` holds runs commands: an adopted machine's
-/// (purpose `node`) does; the OS a deploy wrote (`provisioned`) runs none,
-/// so it holds no poll open (a deployed fleet only heartbeats).
-fn runs_commands(joined: &JoinResponse) -> bool {
-    bcm_pki::ca::check_against(
-        &joined.ca_certificate,
-        &joined.certificate,
-        chrono::Utc::now(),
-    )
-    .is_ok_and(|c| c.purpose == bcm_contracts::agent::AgentPurpose::Node.as_str())
-}
-
 /// How long until a certificate just obtained is renewed: two thirds of
 /// what is left of its life (its `notBefore` is set back for clock skew,
 /// so the time it was obtained counts as its start).
@@ -854,8 +894,9 @@ fn renew_in(joined: &JoinResponse) -> Duration {
 /// rejoins with it — no token —, and renews its certificate before it
 /// expires; only a machine without a kept identity in force joins with the
 /// one-time token of its user data. It heartbeats in between and runs the
-/// commands an adopted machine's own OS is sent (`node.wipe`,
-/// `node.powerOff`), each at most once (recorded in the same directory).
+/// commands an installed OS is sent (an adopted machine's `node.wipe`;
+/// `node.powerOff`, which a rescue also asks of a deployed OS), each at
+/// most once (recorded in the same directory).
 pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), AgentError> {
     let http = http_client(&cfg)?;
     let state = AgentState::open(cfg.state_dir.clone())
@@ -916,6 +957,7 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
             println!("{line}");
         }
         let beat = stop.child_token();
+        let (polls, mut polls_rx) = tokio::sync::watch::channel(false);
         let beating = tokio::spawn(heartbeat(
             http.clone(),
             cfg.api.clone(),
@@ -923,14 +965,16 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
             AgentRole::Node,
             cfg.heartbeat,
             nudge.clone(),
+            Some(polls),
             beat.clone(),
         ));
         let until = renew_in(&joined);
         // Until the renewal is due (`period`, also ended with the heartbeat:
-        // the process stops or the session ends), an adopted machine's
-        // commands are served; a command that began is finished and
-        // answered first, with the heartbeat going on meanwhile. An
-        // installed OS a deploy wrote runs no command: it does not poll.
+        // the process stops or the session ends), the machine's commands
+        // are served (the control plane hands each identity only its own:
+        // an adopted machine's `node.wipe` and `node.powerOff`, a deployed
+        // OS's `node.powerOff`); a command that began is finished and
+        // answered first, with the heartbeat going on meanwhile.
         let period = beat.child_token();
         let renewal = {
             let period = period.clone();
@@ -941,12 +985,9 @@ pub async fn run_node(cfg: AgentConfig, stop: CancellationToken) -> Result<(), A
                 }
             })
         };
-        let served_until = if runs_commands(&joined) {
-            served.serve(&key, &joined, &period, &stop).await
-        } else {
-            period.cancelled().await;
-            Ok(())
-        };
+        let served_until = served
+            .serve(&key, &joined, Some(&mut polls_rx), &period, &stop)
+            .await;
         // The heartbeat ended the period (a revoked identity) or goes on
         // until the served command was answered.
         let session_over = beat.is_cancelled();

@@ -199,8 +199,21 @@ fn attach_partition(disk: &Disk, offset: u64, len: u64) -> Result<(PathBuf, File
     Ok((path, dev))
 }
 
-/// Writes the NoCloud seed onto the installed root of `disk`.
-pub fn write_nocloud(disk: &Disk, user_data: &str, node_id: &str) -> Result<SeedReport, String> {
+/// Where an installed OS's `bcd node` reads the quorum anchor.
+const ANCHOR: &str = "etc/bcd/trust/quorum-anchor.json";
+
+/// Writes the NoCloud seed onto the installed root of `disk`, and the
+/// quorum anchor this deploy was verified under (`anchor`) where the
+/// installed OS's `bcd node` reads it, unless the image pins its own: the
+/// OS then checks what a rescue asks of it (`node.powerOff`) as the ramdisk
+/// checked the deploy, against the site's approvers and never against
+/// anything the control plane sent.
+pub fn write_nocloud(
+    disk: &Disk,
+    user_data: &str,
+    node_id: &str,
+    anchor: Option<&bcm_quorum::Anchor>,
+) -> Result<SeedReport, String> {
     if !disk.is_block {
         return Err(format!(
             "{} is a plain file: no partitions to find the installed root in",
@@ -251,7 +264,8 @@ pub fn write_nocloud(disk: &Disk, user_data: &str, node_id: &str) -> Result<Seed
                         format!("instance-id: {node_id}\nlocal-hostname: {node_id}\n"),
                     )
                 })
-                .and_then(|()| File::open(dir.join("user-data"))?.sync_all());
+                .and_then(|()| File::open(dir.join("user-data"))?.sync_all())
+                .and_then(|()| write_anchor(&at, anchor));
             umount(&at);
             let _ = std::fs::remove_dir(&at);
             return match wrote {
@@ -270,4 +284,25 @@ pub fn write_nocloud(disk: &Disk, user_data: &str, node_id: &str) -> Result<Seed
         "no partition of {} holds an installed root (a file system with /etc)",
         disk.name
     ))
+}
+
+/// The anchor at `root/etc/bcd/trust/quorum-anchor.json`, unless a file is
+/// there already (the image's own comes first).
+fn write_anchor(root: &Path, anchor: Option<&bcm_quorum::Anchor>) -> std::io::Result<()> {
+    let Some(anchor) = anchor else {
+        return Ok(());
+    };
+    let path = root.join(ANCHOR);
+    if path.exists() {
+        tracing::info!(path = %path.display(), "the image pins its own quorum anchor; keeping it");
+        return Ok(());
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let json = serde_json::to_vec_pretty(anchor).map_err(std::io::Error::other)?;
+    std::fs::write(&path, json)?;
+    File::open(&path)?.sync_all()?;
+    tracing::info!(path = %path.display(), "wrote the quorum anchor for the installed OS's bcd");
+    Ok(())
 }

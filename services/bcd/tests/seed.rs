@@ -35,7 +35,16 @@ fn user_data_is_written_as_a_nocloud_seed_on_the_installed_root() {
     assert!(disk.is_loop(), "this test needs loop devices");
     let d = disks::describe(&disk.dev).expect("describe");
     let user_data = "#cloud-config\nwrite_files:\n- path: /etc/bcd/join.env\n  content: BCD_JOIN_TOKEN=bcmj_x\n";
-    let report = seed::write_nocloud(&d, user_data, "node_42").expect("seed");
+    let anchor = bcm_quorum::Anchor {
+        approvers: vec![bcm_quorum::AnchorKey {
+            id: "alice".into(),
+            public_key: "AAAA".into(),
+            tenants: vec![],
+        }],
+        quorum: 1,
+        auto_approver: None,
+    };
+    let report = seed::write_nocloud(&d, user_data, "node_42", Some(&anchor)).expect("seed");
     assert_eq!(report.fs_type, "ext4");
     // Read back on the host through a loop device at the partition's
     // offset (this kernel may lack partition support; bcd handles both).
@@ -57,6 +66,10 @@ fn user_data_is_written_as_a_nocloud_seed_on_the_installed_root() {
     let read = |path: &str| ok("debugfs", &["-R", &format!("cat {path}"), &part]);
     assert_eq!(read("/var/lib/cloud/seed/nocloud/user-data"), user_data);
     assert!(read("/var/lib/cloud/seed/nocloud/meta-data").contains("instance-id: node_42"));
+    // The anchor the deploy ran under, where the OS's bcd node reads it.
+    let written: bcm_quorum::Anchor =
+        serde_json::from_str(&read("/etc/bcd/trust/quorum-anchor.json")).expect("an anchor");
+    assert_eq!(written, anchor);
     assert_eq!(
         read("/etc/os-release"),
         "ID=test\n",
@@ -68,13 +81,13 @@ fn user_data_is_written_as_a_nocloud_seed_on_the_installed_root() {
     let blank = dir.0.join("blank.img");
     sparse(&blank, 64 << 20);
     let b = LoopDisk::attach_partscan(&blank);
-    let err = seed::write_nocloud(&disks::describe(&b.dev).expect("d"), user_data, "n")
+    let err = seed::write_nocloud(&disks::describe(&b.dev).expect("d"), user_data, "n", None)
         .expect_err("no partitions");
     assert!(
         err.contains("no partitions") && err.contains("no GPT"),
         "{err}"
     );
-    let err = seed::write_nocloud(&disks::describe(&blank).expect("d"), user_data, "n")
+    let err = seed::write_nocloud(&disks::describe(&blank).expect("d"), user_data, "n", None)
         .expect_err("plain file");
     assert!(err.contains("plain file"), "{err}");
 }

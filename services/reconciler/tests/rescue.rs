@@ -142,3 +142,130 @@ async fn a_rescue_key_reaches_the_rescue_ramdisk_only_and_ends_with_the_rescue()
         .expect("undeploy from rescue → ready");
     assert_eq!(access(&env, &id).await, None, "a release forgets the key");
 }
+
+/// The steps of the node's newest `metal-rescue` workflow, by name: its
+/// status, error and command.
+async fn rescue_steps(
+    env: &TestEnv,
+    id: &NodeId,
+) -> Vec<(
+    String,
+    bcm_core::workflow::StepStatus,
+    Option<String>,
+    Option<String>,
+)> {
+    let wfs = bcm_db::workflows::workflows_of_node(&env.db, &id.to_string())
+        .await
+        .expect("workflows");
+    let wf = wfs
+        .iter()
+        .filter(|w| w.profile_id == "metal-rescue")
+        .max_by_key(|w| w.created_at)
+        .expect("a rescue workflow");
+    bcm_db::workflows::steps_fetch(&env.db, &wf.id)
+        .await
+        .expect("steps")
+        .into_iter()
+        .filter(|s| !s.cleanup)
+        .map(|s| (s.name, s.status, s.error, s.command_id))
+        .collect()
+}
+
+/// Rescue asks the installed OS to power the machine off cleanly before
+/// the BMC boots the ramdisk: the OS's agent answers `node.powerOff`
+/// (checked against the site's anchor) and the BMC reads off. An OS whose
+/// agent takes no command is waited for only up to the step's time-out:
+/// the ask and the wait are skipped, the BMC power-cycles it as before,
+/// and the unanswered `node.powerOff` is never handed out afterwards — not
+/// even to the same OS once it runs again after unrescue.
+#[tokio::test]
+async fn rescue_shuts_the_installed_os_down_first_and_does_without_an_os_that_does_not_answer() {
+    use bcm_core::workflow::StepStatus::{Skipped, Succeeded};
+    let mut opts = Options::with_site();
+    opts.step_timeouts.insert(
+        "os-power-off".into(),
+        std::num::NonZeroU32::MIN.saturating_add(1),
+    );
+    let env = TestEnv::start_with(opts).await.expect("env");
+
+    // An OS that answers: it powers the machine off, the BMC reads it off.
+    let id = env.deployed_sim("rescue-clean").await;
+    env.verb_ok("rescue", &id, json!({})).await;
+    rescue_ramdisk_up(&env, &id, 0).await;
+    let steps = rescue_steps(&env, &id).await;
+    let status = |steps: &[(String, _, Option<String>, Option<String>)], name: &str| {
+        steps
+            .iter()
+            .find(|s| s.0 == name)
+            .map(|s| (s.1, s.2.clone().unwrap_or_default(), s.3.clone()))
+            .unwrap_or_else(|| panic!("no step {name}: {steps:?}"))
+    };
+    assert_eq!(status(&steps, "os-power-off").0, Succeeded, "{steps:?}");
+    assert_eq!(status(&steps, "wait-os-off").0, Succeeded, "{steps:?}");
+    let cmd = status(&steps, "os-power-off").2.expect("a command");
+    let row = bcm_db::commands::command_fetch(&env.db, &cmd)
+        .await
+        .expect("command");
+    assert_eq!(
+        (row.kind.as_str(), row.target.as_str()),
+        ("node.powerOff", "node")
+    );
+    assert_eq!(row.status, bcm_core::workflow::CommandStatus::Succeeded);
+    assert_eq!(
+        row.result
+            .as_ref()
+            .map(|r| r["output"]["poweringOff"] == true),
+        Some(true)
+    );
+    assert!(row.signature.is_some(), "the OS signs its answer");
+    env.verb_ok("unrescue", &id, json!({})).await;
+    env.wait_state(&id, ProvisionState::Deployed, T)
+        .await
+        .expect("unrescue → deployed");
+
+    // An OS that takes no command (booted so): the ask times out after the
+    // configured 2 s and is skipped with the wait; the rescue goes on.
+    env.faults
+        .set("sim://rescue-mute", bcm_sim::Fault::OsTakesNoCommands);
+    let id = env.deployed_sim("rescue-mute").await;
+    env.verb_ok("rescue", &id, json!({})).await;
+    rescue_ramdisk_up(&env, &id, 0).await;
+    let steps = rescue_steps(&env, &id).await;
+    let (s, why, cmd) = status(&steps, "os-power-off");
+    assert_eq!(s, Skipped, "{steps:?}");
+    assert!(why.contains("os-power-off timed out after 2 s"), "{why}");
+    let (s, why, _) = status(&steps, "wait-os-off");
+    assert_eq!((s, why.as_str()), (Skipped, "skipped with os-power-off"));
+    for name in ["pxe-once", "power-cycle", "wait-ramdisk-join"] {
+        assert_eq!(status(&steps, name).0, Succeeded, "{name}: {steps:?}");
+    }
+    let n = env.node(&id).await.expect("node");
+    assert_eq!(n.last_error, None, "a skipped step is no error: {n:?}");
+
+    // Unrescued, the OS runs again and takes commands. Rescued once more,
+    // it polls while that rescue runs: it is handed the new ask and
+    // answers it, never the old one its step skipped.
+    env.faults
+        .clear("sim://rescue-mute", bcm_sim::Fault::OsTakesNoCommands);
+    env.verb_ok("unrescue", &id, json!({})).await;
+    env.wait_state(&id, ProvisionState::Deployed, T)
+        .await
+        .expect("unrescue → deployed");
+    let stale = cmd.expect("a command");
+    env.verb_ok("rescue", &id, json!({})).await;
+    eventually(T, || async {
+        let steps = rescue_steps(&env, &id).await;
+        let (s, _, c) = status(&steps, "os-power-off");
+        Ok((c.as_deref() != Some(stale.as_str()) && s == Succeeded).then_some(()))
+    })
+    .await
+    .expect("the new rescue's ask is answered");
+    let row = bcm_db::commands::command_fetch(&env.db, &stale)
+        .await
+        .expect("command");
+    assert_eq!(
+        row.status,
+        bcm_core::workflow::CommandStatus::Pending,
+        "the skipped ask is never offered, even to an OS that polls"
+    );
+}

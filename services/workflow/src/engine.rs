@@ -558,7 +558,10 @@ async fn step_once(
     if steps[pos].status == StepStatus::Pending {
         reopen_for_retry(wf, steps, pos);
     }
-    let next = if steps[pos].status.is_finished() {
+    if steps[pos].status == StepStatus::Skipped && !steps[pos].cleanup {
+        skip_following(ctx, wf, steps, node, pos, now, writes);
+    }
+    let next = if !steps[pos].status.is_open() {
         schedule_next(ctx, wf, steps, node, writes)
     } else {
         None
@@ -566,18 +569,41 @@ async fn step_once(
     Ok((next, wrote_node))
 }
 
-/// The kinds of the main steps, in order; `None` when one is unreadable
-/// (such a step fails on its own when it is reached).
-fn main_kinds(steps: &[StepRow]) -> Option<Vec<StepKind>> {
+/// The definitions of the main steps, in order; `None` when one is
+/// unreadable (such a step fails on its own when it is reached).
+fn main_defs(steps: &[StepRow]) -> Option<Vec<StepDef>> {
     steps
         .iter()
         .filter(|s| !s.cleanup)
-        .map(|s| {
-            serde_json::from_value::<StepDef>(s.definition.clone())
-                .ok()
-                .map(|d| d.kind)
-        })
+        .map(|s| serde_json::from_value::<StepDef>(s.definition.clone()).ok())
         .collect()
+}
+
+/// The kinds of the main steps, in order; `None` when one is unreadable.
+fn main_kinds(steps: &[StepRow]) -> Option<Vec<StepKind>> {
+    main_defs(steps).map(|d| d.into_iter().map(|d| d.kind).collect())
+}
+
+/// The optional main steps right after the skipped one at `pos`
+/// (`workflow::skipped_after`: they follow from it) are skipped too.
+fn skip_following(
+    ctx: &Ctx,
+    wf: &WorkflowRow,
+    steps: &mut [StepRow],
+    node: &Node,
+    pos: usize,
+    now: DateTime<Utc>,
+    writes: &mut Writes,
+) {
+    let Some(main) = main_defs(steps) else {
+        return;
+    };
+    let why = format!("skipped with {}", steps[pos].name);
+    for i in workflow::skipped_after(&main, pos) {
+        if steps[i].status.is_open() {
+            skip(ctx, wf, &mut steps[i], node, Some(why.clone()), now, writes);
+        }
+    }
 }
 
 /// A main step at `pos` about to be retried: where the planner says the
@@ -589,17 +615,18 @@ fn reopen_for_retry(wf: &WorkflowRow, steps: &mut [StepRow], pos: usize) {
     if steps[pos].cleanup {
         return;
     }
-    let Some(main) = main_kinds(steps) else {
+    let Some(main) = main_defs(steps) else {
         return;
     };
-    let from = workflow::retry_starts_at(&main, pos);
-    if from >= pos {
+    let repeated = workflow::repeated_for_retry(&main, pos);
+    let Some(&from) = repeated.first() else {
         return;
-    }
+    };
     let retried = steps[pos].name.clone();
     tracing::info!(workflow = %wf.id, step = %retried, from = %steps[from].name, "a retried ramdisk boot starts again at its boot entry");
     let due = steps[pos].due_at.take();
-    for s in &mut steps[from..pos] {
+    for i in repeated {
+        let s = &mut steps[i];
         s.status = StepStatus::Pending;
         s.attempt += 1;
         s.command_id = None;
@@ -717,6 +744,22 @@ async fn start_attempt(
     step.status = StepStatus::Running;
     step.attempt = step.attempt.max(1);
     step.started_at = Some(now);
+    if def.optional && def.kind.target() == StepTarget::Node {
+        // Nobody to ask: an optional ask of the installed OS ends at once
+        // rather than wait out its time.
+        let purpose = installed_os_purpose(node);
+        let silence = chrono::Duration::milliseconds(ctx.cfg.installed_os_silence_ms as i64);
+        let heard =
+            bcm_db::agents::session_newest_in_txn(tx, &node.id.to_string(), purpose.as_str())
+                .await?
+                .map(|(_, alive_until)| alive_until.max(ctx.heard_since()));
+        if heard.is_none_or(|h| now - h > silence) {
+            return Ok(Started::Ended(Ended::failed(
+                false,
+                format!("the installed OS's agent has no live {purpose} session"),
+            )));
+        }
+    }
     step.deadline_at = Some(now + chrono::Duration::seconds(i64::from(def.timeout_secs)));
     let command = match commands::command_for(tx, &ctx.cfg, node, &def.kind).await {
         Ok(Some(c)) => c,
@@ -770,7 +813,11 @@ async fn start_attempt(
     if matches!(def.kind.target(), StepTarget::Ramdisk | StepTarget::Node) {
         // Looked at again when the agent would have been silent too long
         // (its requests move that later; see `check_agent_alive`).
-        let watch = now + chrono::Duration::milliseconds(ctx.cfg.agent_silence_ms as i64);
+        let silence_ms = match def.kind.target() {
+            StepTarget::Node => ctx.cfg.installed_os_silence_ms,
+            _ => ctx.cfg.agent_silence_ms,
+        };
+        let watch = now + chrono::Duration::milliseconds(silence_ms as i64);
         step.due_at = step.due_at.map(|d| d.min(watch)).or(Some(watch));
     }
     Ok(Started::Sent)
@@ -1128,9 +1175,17 @@ async fn check_agent_alive(
     target: StepTarget,
     step: &mut StepRow,
 ) -> Result<Option<Ended>, DbError> {
-    let (purpose, who) = match target {
-        StepTarget::Node => (AgentPurpose::Node, "the node's own agent"),
-        _ => (AgentPurpose::Discovery, "the ramdisk agent"),
+    let (purpose, who, silence_ms) = match target {
+        StepTarget::Node => (
+            installed_os_purpose(at.node),
+            "the installed OS's agent",
+            at.ctx.cfg.installed_os_silence_ms,
+        ),
+        _ => (
+            AgentPurpose::Discovery,
+            "the ramdisk agent",
+            at.ctx.cfg.agent_silence_ms,
+        ),
     };
     let Some((serial, alive_until)) =
         bcm_db::agents::session_newest_in_txn(tx, &at.node.id.to_string(), purpose.as_str())
@@ -1139,7 +1194,7 @@ async fn check_agent_alive(
         // No live session of that agent at all: the deadline decides.
         return Ok(None);
     };
-    let silence = chrono::Duration::milliseconds(at.ctx.cfg.agent_silence_ms as i64);
+    let silence = chrono::Duration::milliseconds(silence_ms as i64);
     let alive_until = alive_until.max(at.ctx.heard_since());
     let silent_for = at.now - alive_until;
     if silent_for > silence {
@@ -1162,6 +1217,16 @@ async fn check_agent_alive(
     Ok(None)
 }
 
+/// The purpose of the identity a node's installed OS holds: an adopted
+/// machine's own (`node`), or the one a deploy gave it (`provisioned`).
+fn installed_os_purpose(node: &Node) -> AgentPurpose {
+    if node.is_adopted() {
+        AgentPurpose::Node
+    } else {
+        AgentPurpose::Provisioned
+    }
+}
+
 /// Applies the planner's answer to an ended attempt: done, retried after a
 /// backoff, or failed for good.
 #[allow(clippy::too_many_arguments)]
@@ -1180,17 +1245,19 @@ fn record_outcome(
     step.output = ended.output.or(step.output.take());
     match workflow::after_outcome(def, attempt, &ended.outcome, jitter) {
         AfterOutcome::Done => {
-            step.status = StepStatus::Succeeded;
-            step.error = None;
-            step.due_at = None;
-            step.finished_at = Some(now);
             if ended.wipe_verified {
                 wf.wipe_verified = true;
             }
-            step_ended(writes, step);
-            writes
-                .events
-                .push(step_event(ctx.bus.subjects(), wf, node, step));
+            end_step(
+                ctx,
+                wf,
+                step,
+                node,
+                StepStatus::Succeeded,
+                None,
+                now,
+                writes,
+            );
         }
         AfterOutcome::Retry { attempt, after_ms } => {
             tracing::info!(workflow = %wf.id, step = %step.name, attempt, after_ms, "retrying step");
@@ -1202,7 +1269,48 @@ fn record_outcome(
             step.due_at = Some(now + chrono::Duration::milliseconds(after_ms as i64));
         }
         AfterOutcome::GiveUp { message } => give_up(ctx, wf, step, node, message, now, writes),
+        AfterOutcome::Skip { message } => {
+            tracing::info!(workflow = %wf.id, step = %step.name, %message, "skipping an optional step");
+            skip(ctx, wf, step, node, Some(message), now, writes);
+        }
     }
+}
+
+/// Ends an optional step as skipped (the workflow goes on without it),
+/// with why.
+fn skip(
+    ctx: &Ctx,
+    wf: &WorkflowRow,
+    step: &mut StepRow,
+    node: &Node,
+    why: Option<String>,
+    now: DateTime<Utc>,
+    writes: &mut Writes,
+) {
+    end_step(ctx, wf, step, node, StepStatus::Skipped, why, now, writes);
+}
+
+/// Ends a step in `status` with `error`: counted, and its
+/// `workflow.step.<status>` event queued.
+#[allow(clippy::too_many_arguments)]
+fn end_step(
+    ctx: &Ctx,
+    wf: &WorkflowRow,
+    step: &mut StepRow,
+    node: &Node,
+    status: StepStatus,
+    error: Option<String>,
+    now: DateTime<Utc>,
+    writes: &mut Writes,
+) {
+    step.status = status;
+    step.error = error;
+    step.due_at = None;
+    step.finished_at = Some(now);
+    step_ended(writes, step);
+    writes
+        .events
+        .push(step_event(ctx.bus.subjects(), wf, node, step));
 }
 
 /// Fails a step for good; the first main step to fail names the
@@ -1219,14 +1327,16 @@ fn give_up(
     if !step.cleanup && wf.error.is_none() {
         wf.error = Some(format!("{}: {message}", step.name));
     }
-    step.status = StepStatus::Failed;
-    step.error = Some(message);
-    step.due_at = None;
-    step.finished_at = Some(now);
-    step_ended(writes, step);
-    writes
-        .events
-        .push(step_event(ctx.bus.subjects(), wf, node, step));
+    end_step(
+        ctx,
+        wf,
+        step,
+        node,
+        StepStatus::Failed,
+        Some(message),
+        now,
+        writes,
+    );
 }
 
 /// Counts a step's last attempt (its start to its end) once committed.

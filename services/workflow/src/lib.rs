@@ -52,6 +52,12 @@ pub struct EngineConfig {
     /// long, instead of waiting out the step's whole deadline.
     #[serde(default = "default_agent_silence_ms")]
     pub agent_silence_ms: u64,
+    /// [`Self::agent_silence_ms`] for an installed OS's agent, which an
+    /// idle node hears from only at its idle heartbeat (the API's
+    /// `idle_heartbeat_secs`, 60 s ±10 % by default) until a heartbeat
+    /// tells it that a workflow runs.
+    #[serde(default = "default_installed_os_silence_ms")]
+    pub installed_os_silence_ms: u64,
     /// A site's own time-outs for steps, by step name (`collect-inventory`,
     /// `wait-ramdisk-join`, `wipe`, …), in seconds, in place of the
     /// profile's: a site whose machines take longer to POST, or whose
@@ -86,6 +92,11 @@ fn default_join_poll_ms() -> u64 {
     10_000
 }
 
+fn default_installed_os_silence_ms() -> u64 {
+    // Two idle heartbeats (66 s at the most, with jitter) missed.
+    135_000
+}
+
 fn default_agent_silence_ms() -> u64 {
     // bcd heartbeats every 10 s and long-polls for 25 s at most; the sim's
     // agents poll. Three missed heartbeats and a lost poll.
@@ -111,6 +122,7 @@ impl EngineConfig {
             join_token_ttl_secs: default_token_ttl(),
             join_poll_ms: default_join_poll_ms(),
             agent_silence_ms: default_agent_silence_ms(),
+            installed_os_silence_ms: default_installed_os_silence_ms(),
             step_timeouts: Default::default(),
         }
     }

@@ -71,7 +71,7 @@ impl AgentRole {
 
 /// Why an agent identity exists: what its join token was minted for and
 /// what its certificate names (OU). A command is answered only by an
-/// identity of the purpose it is for ([`CommandKind::run_by`]), and a
+/// identity of a purpose it is for ([`CommandKind::run_by`]), and a
 /// transition ends the purposes it ends (`bcm_core::identity`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -342,6 +342,13 @@ pub struct HeartbeatAck {
     /// Seconds until the next heartbeat (1 to [`HeartbeatAck::MAX_SECS`]).
     #[schema(minimum = 1, maximum = 3600)]
     pub next_heartbeat_secs: u32,
+    /// Whether an installed OS's agent holds a poll for commands open until
+    /// its next heartbeat: its node runs a workflow that may send it one
+    /// (a rescue's `node.powerOff`), or it is an adopted machine's. An idle
+    /// deployed fleet holds no polls, only heartbeats. Absent: false. A
+    /// ramdisk always polls.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub poll_commands: bool,
 }
 
 impl HeartbeatAck {
@@ -544,9 +551,14 @@ mod tests {
         use crate::commands::Family;
         for k in CommandKind::ALL {
             let by = k.run_by();
-            assert_eq!(by.is_some(), k.family() == Family::Agent, "{k}");
+            assert_eq!(!by.is_empty(), k.family() == Family::Agent, "{k}");
         }
-        assert!(CommandKind::run_by_purpose(AgentPurpose::Provisioned).is_empty());
+        // A deployed OS is only ever asked to power off (a rescue's clean
+        // shutdown); it never wipes.
+        assert_eq!(
+            CommandKind::run_by_purpose(AgentPurpose::Provisioned),
+            vec![CommandKind::NodePowerOff]
+        );
         assert_eq!(
             CommandKind::run_by_purpose(AgentPurpose::Node),
             vec![CommandKind::NodeWipe, CommandKind::NodePowerOff]
@@ -569,10 +581,17 @@ mod tests {
             serde_json::from_str(r#"{"nextHeartbeatSecs":0,"fromANewerPlane":true}"#)
                 .expect("unknown fields are ignored");
         assert_eq!(ack.next().as_secs(), 1, "never a busy loop");
+        assert!(!ack.poll_commands, "absent: no poll");
         let ack = HeartbeatAck {
             next_heartbeat_secs: u32::MAX,
+            poll_commands: false,
         };
         assert_eq!(ack.next().as_secs(), 3600, "never silent for hours");
+        assert_eq!(
+            serde_json::to_value(&ack).expect("json"),
+            serde_json::json!({"nextHeartbeatSecs": u32::MAX}),
+            "written only when true"
+        );
         assert!(serde_json::from_str::<HeartbeatAck>(r#"{"nextHeartbeatSecs":-5}"#).is_err());
         assert!(serde_json::from_str::<HeartbeatAck>("{}").is_err());
     }

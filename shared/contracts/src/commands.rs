@@ -100,8 +100,11 @@ command_kinds! {
     /// read-back (no BMC boots it a ramdisk): `bcd node`, with the file
     /// systems on those disks remounted read-only first.
     NodeWipe = "node.wipe" => Agent,
-    /// An adopted machine's own OS powers it off once its result is
-    /// posted (no BMC can).
+    /// The installed OS powers the machine off once its result is posted:
+    /// an adopted machine's after its wipe (no BMC can; straight through
+    /// the kernel, its disks being erased), a deployed machine's before a
+    /// rescue boots the ramdisk (through its init system, so it shuts down
+    /// cleanly before the BMC powers it on).
     NodePowerOff = "node.powerOff" => Agent,
 }
 
@@ -115,19 +118,25 @@ impl CommandKind {
             .ok_or_else(|| ContractError::UnknownKind(s.chars().take(64).collect()))
     }
 
-    /// The agent identity that runs the command: `node.*` is an adopted
-    /// machine's own OS's (a `node` identity), every other agent command
-    /// the ramdisk's (a `discovery` session); the others are no agent's.
-    /// A poll hands a command only to a session of this purpose, and a
-    /// result is kept only from one.
-    pub const fn run_by(self) -> Option<crate::agent::AgentPurpose> {
+    /// The agent identities that run the command: `node.wipe` is an
+    /// adopted machine's own OS's (a `node` identity), `node.powerOff` any
+    /// installed OS's (`node` or `provisioned`), every other agent command
+    /// the ramdisk's (a `discovery` session); the others are no agent's
+    /// (empty). A poll hands a command only to a session of one of these
+    /// purposes, and a result is kept only from one.
+    pub const fn run_by(self) -> &'static [crate::agent::AgentPurpose] {
+        use crate::agent::AgentPurpose as P;
         match (self.family(), self) {
-            (Family::Agent, CommandKind::NodeWipe | CommandKind::NodePowerOff) => {
-                Some(crate::agent::AgentPurpose::Node)
-            }
-            (Family::Agent, _) => Some(crate::agent::AgentPurpose::Discovery),
-            (Family::Bmc | Family::Site, _) => None,
+            (Family::Agent, CommandKind::NodeWipe) => &[P::Node],
+            (Family::Agent, CommandKind::NodePowerOff) => &[P::Node, P::Provisioned],
+            (Family::Agent, _) => &[P::Discovery],
+            (Family::Bmc | Family::Site, _) => &[],
         }
+    }
+
+    /// Whether an identity of `purpose` runs the command.
+    pub fn is_run_by(self, purpose: crate::agent::AgentPurpose) -> bool {
+        self.run_by().contains(&purpose)
     }
 
     /// The kinds an identity of `purpose` runs.
@@ -135,7 +144,7 @@ impl CommandKind {
         Self::ALL
             .iter()
             .copied()
-            .filter(|k| k.run_by() == Some(purpose))
+            .filter(|k| k.is_run_by(purpose))
             .collect()
     }
 

@@ -291,7 +291,9 @@ pub struct WorkflowFinished {
     pub error: Option<String>,
 }
 
-/// `workflow.step.<status>`: a step ended (`succeeded` or `failed`).
+/// `workflow.step.<status>`: a step ended (`succeeded` or `failed`; or
+/// `skipped`: an optional step that failed for good, `error` saying why,
+/// or one skipped with it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StepFinished {

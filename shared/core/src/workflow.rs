@@ -238,6 +238,13 @@ impl RetryPolicy {
         initial_backoff_ms: 1_000,
         max_backoff_ms: 60_000,
     };
+    /// A poll, not a retry: one read every 2.5–5 s for up to about 3
+    /// minutes (an installed OS's clean shutdown, `wait-os-off`).
+    pub const POLL_SHUTDOWN: RetryPolicy = RetryPolicy {
+        max_attempts: 48,
+        initial_backoff_ms: 5_000,
+        max_backoff_ms: 5_000,
+    };
     /// A poll, not a retry: one read every 2.5–5 s for up to about 50
     /// minutes (an agentless installer's run, `wait-installer`).
     pub const POLL_INSTALLER: RetryPolicy = RetryPolicy {
@@ -281,6 +288,12 @@ pub struct StepDef {
     pub kind: StepKind,
     pub timeout_secs: u32,
     pub retry: RetryPolicy,
+    /// A step the workflow can do without: one that fails for good is
+    /// skipped, with the optional steps right after it (they follow from
+    /// it), and the workflow goes on. Absent (false) in definitions stored
+    /// before it existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
 }
 
 /// A versioned workflow profile: the main steps and the cleanup steps that
@@ -300,6 +313,14 @@ fn step(name: &str, kind: StepKind, timeout_secs: u32) -> StepDef {
         kind,
         timeout_secs,
         retry: RetryPolicy::DEFAULT,
+        optional: false,
+    }
+}
+
+fn optional(def: StepDef) -> StepDef {
+    StepDef {
+        optional: true,
+        ..def
     }
 }
 
@@ -448,15 +469,33 @@ pub fn metal_release_dedicated(mode: WipeMode) -> Profile {
     }
 }
 
-/// `metal-rescue` v3: `metal.ensureRamdisk` (its four steps). Cancelled
-/// (undeploy while the rescue ramdisk still boots) or failed, it clears
-/// the boot entry it made and powers off (v2 had no cleanup, so an
+/// `metal-rescue` v4: `metal.ensureRamdisk`, with the installed OS shut
+/// down cleanly first: its agent is asked to power the machine off
+/// (`node.powerOff`) and the BMC is read until it is off, so its file
+/// systems are left clean before the power cycle boots the ramdisk. Both
+/// are optional: an OS whose agent does not answer (none runs, it hangs,
+/// it refuses) or that does not go off in time is power-cycled as v3 did.
+/// Cancelled (undeploy while the rescue ramdisk still boots) or failed, it
+/// clears the boot entry it made and powers off (v2 had no cleanup, so an
 /// abandoned rescue left its entry and join token behind).
 pub fn metal_rescue() -> Profile {
+    let mut steps = ensure_ramdisk();
+    steps.splice(
+        1..1,
+        [
+            // An idle OS hears of the workflow at its next heartbeat
+            // (about a minute), then takes the command.
+            optional(once("os-power-off", StepKind::NodePowerOff, 150)),
+            optional(StepDef {
+                retry: RetryPolicy::POLL_SHUTDOWN,
+                ..step("wait-os-off", StepKind::WaitPowerOff, 60)
+            }),
+        ],
+    );
     Profile {
         id: "metal-rescue".into(),
-        version: 3,
-        steps: ensure_ramdisk(),
+        version: 4,
+        steps,
         cleanup: boot_cleanup(),
     }
 }
@@ -886,6 +925,10 @@ pub enum AfterOutcome {
     Retry { attempt: u32, after_ms: u64 },
     /// The step failed for good with this message.
     GiveUp { message: String },
+    /// An optional step failed for good with this message: it is skipped
+    /// (with the optional steps right after it, [`skipped_after`]) and the
+    /// workflow goes on.
+    Skip { message: String },
 }
 
 /// Decides what an outcome of attempt `attempt` of `def` leads to. `jitter`
@@ -906,20 +949,37 @@ pub fn after_outcome(
     };
     if retryable && attempt < def.retry.max_attempts {
         let next = attempt + 1;
-        AfterOutcome::Retry {
+        return AfterOutcome::Retry {
             attempt: next,
             after_ms: def.retry.backoff_ms(next, jitter),
-        }
-    } else if retryable {
-        AfterOutcome::GiveUp {
-            message: format!(
-                "{message} (after {attempt} attempt{})",
-                if attempt == 1 { "" } else { "s" }
-            ),
-        }
+        };
+    }
+    let message = if retryable {
+        format!(
+            "{message} (after {attempt} attempt{})",
+            if attempt == 1 { "" } else { "s" }
+        )
+    } else {
+        message
+    };
+    if def.optional {
+        AfterOutcome::Skip { message }
     } else {
         AfterOutcome::GiveUp { message }
     }
+}
+
+/// The steps skipped with the optional step at `pos` that was skipped:
+/// the optional steps right after it (up to the first step that is not
+/// optional), which follow from it — a wait for the power-off an agent
+/// did not do would only wait out its time.
+pub fn skipped_after(steps: &[StepDef], pos: usize) -> std::ops::Range<usize> {
+    let start = (pos + 1).min(steps.len());
+    let end = steps[start..]
+        .iter()
+        .position(|s| !s.optional)
+        .map_or(steps.len(), |n| start + n);
+    start..end
 }
 
 /// Where a retried step starts again: itself, or — for a power action that
@@ -950,6 +1010,18 @@ pub fn retry_starts_at(main: &[StepKind], pos: usize) -> usize {
         .iter()
         .rposition(|k| matches!(k, StepKind::BootEntrySet))
         .unwrap_or(pos)
+}
+
+/// The main steps a retry of main step `pos` opens again: from where
+/// [`retry_starts_at`] says it starts up to `pos`, but for the optional
+/// ones (the installed OS asked to shut down, and the wait for it): those
+/// asked the OS once, what it did stands, and the ramdisk's chain does not
+/// depend on them.
+pub fn repeated_for_retry(main: &[StepDef], pos: usize) -> Vec<usize> {
+    let kinds: Vec<StepKind> = main.iter().map(|d| d.kind.clone()).collect();
+    (retry_starts_at(&kinds, pos)..pos)
+        .filter(|&i| !main[i].optional)
+        .collect()
 }
 
 /// The main step since whose last start a ramdisk join counts for the join

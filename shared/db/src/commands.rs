@@ -128,14 +128,16 @@ pub async fn commands_pending_for_agent(db: &Db, node_id: &str) -> Result<bool, 
 }
 
 /// An agent command that may be handed out: never handed out, or handed
-/// out by a poll whose lease ran out with no result while its step still
-/// waits for it (that poll's answer may never have reached the agent; the
-/// agent answers a repeat from its record). A command its step gave up on
-/// is never offered again.
-const OFFERABLE: &str = "(status = 'pending' OR (status = 'sent' \
-     AND lease_until IS NOT NULL AND lease_until < now() \
+/// out by a poll whose lease ran out with no result (that poll's answer
+/// may never have reached the agent; the agent answers a repeat from its
+/// record) — and, a workflow's, only while its step still waits for it. A
+/// command its step gave up on, skipped or was cancelled from is never
+/// offered, taken or not: an installed OS that comes back long after a
+/// rescue skipped asking it to power off must not power off then.
+const OFFERABLE: &str = "((status = 'pending' OR (status = 'sent' \
+     AND lease_until IS NOT NULL AND lease_until < now())) \
      AND (commands.workflow_id IS NULL OR EXISTS (SELECT 1 FROM workflow_steps w \
-       WHERE w.command_id = commands.id AND w.status = 'running'))))";
+       WHERE w.command_id = commands.id AND w.status = 'running')))";
 
 /// Listens for new agent commands: yields node ids.
 pub struct AgentListener {

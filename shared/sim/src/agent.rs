@@ -142,6 +142,47 @@ async fn post_result(
     }
 }
 
+/// One long-poll of the session's commands, as `bcd` polls: the commands
+/// handed (none when the answer did not read, or after a backoff when the
+/// control plane did not answer), or `None` once the session ended or
+/// `stop`.
+async fn poll(
+    http: &reqwest::Client,
+    api: &str,
+    session: &str,
+    attempt: &mut u32,
+    address: &str,
+    stop: &CancellationToken,
+) -> Option<Vec<AgentCommand>> {
+    let polled = tokio::select! {
+        _ = stop.cancelled() => return None,
+        r = http.get(format!("{api}/api/agent/commands?waitMs=25000")).bearer_auth(session).send() => r,
+    };
+    match polled
+        .as_ref()
+        .map(|r| Answer::of_status(r.status().as_u16()))
+    {
+        Ok(Answer::Done) => {
+            *attempt = 0;
+            match polled {
+                Ok(r) => Some(r.json().await.unwrap_or_else(|e| {
+                    tracing::warn!(%address, error = %e, "sim agent: a poll's answer did not read; polling again");
+                    vec![]
+                })),
+                Err(_) => Some(vec![]),
+            }
+        }
+        Ok(Answer::SessionEnded) => None,
+        _ => {
+            *attempt += 1;
+            tokio::select! {
+                _ = stop.cancelled() => None,
+                _ = tokio::time::sleep(retry_backoff(*attempt)) => Some(vec![]),
+            }
+        }
+    }
+}
+
 /// Runs the ramdisk agent of the machine at `address` until `stop`.
 pub async fn ramdisk(
     http: reqwest::Client,
@@ -171,34 +212,17 @@ pub async fn ramdisk(
     let store = machines.store().clone();
     let mut attempt = 0;
     while !stop.is_cancelled() {
-        let polled = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = http.get(format!("{}/api/agent/commands?waitMs=25000", boot.api)).bearer_auth(&session_token).send() => r,
-        };
-        let answer = match &polled {
-            Ok(r) => Some(Answer::of_status(r.status().as_u16())),
-            Err(_) => None,
-        };
-        let cmds: Vec<AgentCommand> = match (answer, polled) {
-            (Some(Answer::Done), Ok(r)) => match r.json().await {
-                Ok(c) => {
-                    attempt = 0;
-                    c
-                }
-                Err(e) => {
-                    tracing::warn!(%address, error = %e, "sim ramdisk: a poll's answer did not read; polling again");
-                    vec![]
-                }
-            },
-            (Some(Answer::SessionEnded), _) => return,
-            _ => {
-                attempt += 1;
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(retry_backoff(attempt)) => {}
-                }
-                continue;
-            }
+        let Some(cmds) = poll(
+            &http,
+            &boot.api,
+            &session_token,
+            &mut attempt,
+            &address,
+            &stop,
+        )
+        .await
+        else {
+            return;
         };
         if !cmds.is_empty() && faults.has(&address, Fault::RamdiskFallsSilent) {
             tracing::info!(%address, "sim ramdisk: hangs with its commands (fault)");
@@ -286,36 +310,12 @@ pub async fn ramdisk(
                     Err(e.refusal())
                 }
             };
-            let (ok, output, error) = match ran {
-                Ok(output) => (true, output.to_json(), None),
-                Err(e) => (false, serde_json::json!({}), Some(e)),
-            };
             let unsigned =
                 cmd.kind == CommandKind::DiskWipe && faults.has(&address, Fault::UnsignedWipe);
-            let finished_at = chrono::Utc::now();
-            let signature = (!unsigned).then(|| {
-                let input = bcm_pki::signing_input(&bcm_pki::SignedFacts {
-                    command_id: &cmd.command_id,
-                    node_id: &boot.node,
-                    kind: cmd.kind.as_str(),
-                    params: &cmd.params,
-                    issued_at: cmd.issued_at,
-                    ok,
-                    output: &output,
-                    error: error.as_deref(),
-                    finished_at,
-                });
-                base64::engine::general_purpose::STANDARD.encode(key.sign(&input).to_bytes())
-            });
-            let result = AgentResult {
-                command_id: cmd.command_id.clone(),
-                ok,
-                retryable: false,
-                output,
-                error,
-                finished_at,
-                signature,
-            };
+            let mut result = signed(&key, &boot.node, &cmd, ran);
+            if unsigned {
+                result.signature = None;
+            }
             machines.save(&address).await;
             if let Err(e) = store.save_agent_result(&result).await {
                 tracing::warn!(%address, error = %e, "sim ramdisk: the result was not kept");
@@ -597,9 +597,14 @@ fn join_env(user_data: &str) -> Option<(String, String)> {
 }
 
 /// Runs the installed OS's agent of the machine at `address` until `stop`:
-/// joins the first time, heartbeats with role `node` at every boot.
+/// joins the first time, heartbeats with role `node` at every boot, and
+/// while its heartbeat's answer asks it to (its node runs a workflow)
+/// long-polls the commands a deployed OS is sent (`node.powerOff`, a
+/// rescue's clean shutdown), checked against the site's quorum anchor as
+/// `bcd node` checks them, each answered once from the site's record.
 pub async fn os(
     http: reqwest::Client,
+    cfg: Arc<SimConfig>,
     faults: Faults,
     machines: Machines,
     address: String,
@@ -611,21 +616,22 @@ pub async fn os(
     let Some(disk) = machines.disk(&address) else {
         return;
     };
-    let session = match disk.session {
-        Some(s) => s,
+    let key = match decode_key(disk.key.as_deref()) {
+        Some(k) => k,
         None => {
-            let key = match decode_key(disk.key.as_deref()) {
-                Some(k) => k,
-                None => {
-                    let k = SigningKey::generate(&mut rand::rngs::OsRng);
-                    machines.set_os_key(
-                        &address,
-                        base64::engine::general_purpose::STANDARD.encode(k.to_bytes()),
-                    );
-                    machines.save(&address).await;
-                    k
-                }
-            };
+            let k = SigningKey::generate(&mut rand::rngs::OsRng);
+            machines.set_os_key(
+                &address,
+                base64::engine::general_purpose::STANDARD.encode(k.to_bytes()),
+            );
+            machines.save(&address).await;
+            k
+        }
+    };
+    let (session, node) = match (disk.session, disk.node) {
+        // Kept before the node was: heartbeats only.
+        (Some(s), n) => (s, n),
+        (None, _) => {
             match join(
                 &http,
                 &disk.api,
@@ -637,9 +643,9 @@ pub async fn os(
             .await
             {
                 Ok(s) => {
-                    machines.set_session(&address, s.session_token.clone());
+                    machines.set_session(&address, s.session_token.clone(), s.node_id.clone());
                     machines.save(&address).await;
-                    s.session_token
+                    (s.session_token, Some(s.node_id))
                 }
                 Err(e) => {
                     tracing::warn!(%address, error = %e, "sim OS: join failed");
@@ -648,6 +654,23 @@ pub async fn os(
             }
         }
     };
+    let takes_commands = !faults.has(&address, Fault::OsTakesNoCommands);
+    // As bcd: it polls only while its heartbeat's answer asks it to.
+    let (polls, gate) = tokio::sync::watch::channel(false);
+    let polling = node.filter(|_| takes_commands).map(|node| {
+        tokio::spawn(os_commands(
+            http.clone(),
+            cfg,
+            machines.clone(),
+            address.clone(),
+            disk.api.clone(),
+            session.clone(),
+            node,
+            key,
+            gate,
+            stop.clone(),
+        ))
+    });
     // The control plane's answer sets the cadence (bcd's default until one
     // comes).
     let mut every = Duration::from_secs(10);
@@ -664,13 +687,132 @@ pub async fn os(
             if r.status().is_success() {
                 if let Ok(ack) = r.json::<HeartbeatAck>().await {
                     every = ack.next();
+                    polls.send_replace(ack.poll_commands);
                 }
             }
         }
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => break,
             _ = tokio::time::sleep(every) => {}
         }
+    }
+    if let Some(p) = polling {
+        let _ = p.await;
+    }
+}
+
+/// The installed OS's commands: long-polled while the heartbeat's answer
+/// asks for it (`gate`), until `stop` or the session ends;
+/// `node.powerOff` is answered, then the machine goes off.
+#[allow(clippy::too_many_arguments)]
+async fn os_commands(
+    http: reqwest::Client,
+    cfg: Arc<SimConfig>,
+    machines: Machines,
+    address: String,
+    api: String,
+    session: String,
+    node: String,
+    key: SigningKey,
+    mut gate: tokio::sync::watch::Receiver<bool>,
+    stop: CancellationToken,
+) {
+    let store = machines.store().clone();
+    let mut attempt = 0;
+    while !stop.is_cancelled() {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            open = gate.wait_for(|poll| *poll) => if open.is_err() { return },
+        }
+        let Some(cmds) = poll(&http, &api, &session, &mut attempt, &address, &stop).await else {
+            return;
+        };
+        for cmd in cmds {
+            let kept = match store.agent_result(&cmd.command_id).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(%address, error = %e, "sim OS: cannot read the run record; not running the command");
+                    continue;
+                }
+            };
+            let (result, power_off) = match kept {
+                Some(r) => (r, false),
+                None => {
+                    let authorized = bcm_quorum::check_command(
+                        cfg.quorum_anchor.as_ref(),
+                        cmd.kind,
+                        cmd.command().ok().as_ref(),
+                        Some(&node),
+                        cmd.authority.as_ref(),
+                        chrono::Utc::now().timestamp(),
+                    );
+                    let ran = match (authorized, cmd.command()) {
+                        (Err(e), _) => Err(e.refusal()),
+                        (Ok(()), Ok(Command::NodePowerOff(_))) => {
+                            Ok(Output::NodePowerOff(bcm_contracts::outputs::PoweringOff {
+                                powering_off: true,
+                            }))
+                        }
+                        (Ok(()), Ok(other)) => Err(format!(
+                            "sim OS: an installed OS does not run {}",
+                            other.kind()
+                        )),
+                        (Ok(()), Err(e)) => Err(format!("the command breaks its contract: {e}")),
+                    };
+                    let power_off = ran.is_ok();
+                    let result = signed(&key, &node, &cmd, ran);
+                    if let Err(e) = store.save_agent_result(&result).await {
+                        tracing::warn!(%address, error = %e, "sim OS: the result was not kept");
+                    }
+                    (result, power_off)
+                }
+            };
+            if !post_result(&http, &api, &session, &result, None, &stop).await {
+                return;
+            }
+            if power_off {
+                tracing::info!(%address, command = %cmd.command_id, "sim OS: powering the machine off (node.powerOff)");
+                machines.os_powered_off(&address);
+                machines.save(&address).await;
+                return;
+            }
+        }
+    }
+}
+
+/// A result signed by the agent's key, as `bcd` signs it.
+fn signed(
+    key: &SigningKey,
+    node: &str,
+    cmd: &AgentCommand,
+    ran: Result<Output, String>,
+) -> AgentResult {
+    let (ok, output, error) = match ran {
+        Ok(output) => (true, output.to_json(), None),
+        Err(e) => (false, serde_json::json!({}), Some(e)),
+    };
+    let finished_at = chrono::Utc::now();
+    let input = bcm_pki::signing_input(&bcm_pki::SignedFacts {
+        command_id: &cmd.command_id,
+        node_id: node,
+        kind: cmd.kind.as_str(),
+        params: &cmd.params,
+        issued_at: cmd.issued_at,
+        ok,
+        output: &output,
+        error: error.as_deref(),
+        finished_at,
+    });
+    AgentResult {
+        command_id: cmd.command_id.clone(),
+        ok,
+        retryable: false,
+        output,
+        error,
+        finished_at,
+        signature: Some(
+            base64::engine::general_purpose::STANDARD.encode(key.sign(&input).to_bytes()),
+        ),
     }
 }
 

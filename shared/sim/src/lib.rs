@@ -50,6 +50,9 @@ pub enum Fault {
     UnsignedWipe,
     /// The installed OS never joins.
     OsNeverJoins,
+    /// The installed OS heartbeats but takes no command (a `bcd` that
+    /// predates them): booted with this fault, it never polls.
+    OsTakesNoCommands,
     /// The BMC answers every other command of each kind with a retryable
     /// 503 (the first try fails, its retry succeeds).
     BmcFlaky,

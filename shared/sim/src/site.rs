@@ -170,6 +170,7 @@ impl Machines {
                 api,
                 key: None,
                 session: None,
+                node: None,
             })
         });
     }
@@ -188,11 +189,24 @@ impl Machines {
         });
     }
 
+    /// The machine's own OS powered it off (a `node.powerOff`): what the
+    /// BMC reads next is off, and what it ran stops.
+    pub fn os_powered_off(&self, address: &str) {
+        self.with(address, |m| {
+            m.rec.power_on = false;
+            m.rec.booted = None;
+            if let Some(t) = m.running.take() {
+                t.cancel();
+            }
+        });
+    }
+
     /// Keeps the installed OS's session across reboots.
-    pub fn set_session(&self, address: &str, session: String) {
+    pub fn set_session(&self, address: &str, session: String, node: String) {
         self.with(address, |m| {
             if let Some(d) = m.rec.disk.as_mut() {
                 d.session = Some(session);
+                d.node = Some(node);
             }
         });
     }
@@ -995,7 +1009,7 @@ fn start_boot(site: &Arc<Site>, address: &str, boot: Booted, stop: CancellationT
             });
         }
         Booted::Os => {
-            tokio::spawn(agent::os(http, faults, machines, address, stop));
+            tokio::spawn(agent::os(http, cfg, faults, machines, address, stop));
         }
         Booted::Installer { image } => {
             // The installer writes its image and powers the machine off:

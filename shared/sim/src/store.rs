@@ -29,6 +29,9 @@ pub struct Disk {
     #[serde(default)]
     pub key: Option<String>,
     pub session: Option<String>,
+    /// The node it joined as (kept with the session).
+    #[serde(default)]
+    pub node: Option<String>,
 }
 
 /// The ramdisk agent a machine runs: its key (it never leaves the

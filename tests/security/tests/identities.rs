@@ -262,7 +262,13 @@ async fn undeploy_ends_every_identity_and_a_revoked_certificates_result_is_refus
 
 #[tokio::test]
 async fn a_heartbeat_is_never_taken_for_a_join() {
-    let env = TestEnv::start().await.expect("env");
+    // The fleet's cadences (the test kit's idle one is a lab's).
+    let env = TestEnv::start_with(bcm_testkit::Options {
+        agents: bcm_testkit::AgentProtocolConfig::default(),
+        ..Default::default()
+    })
+    .await
+    .expect("env");
     let node = enrolled(&env).await;
     let os = join(&env, &node, "provisioned", "node").await;
     // With no workflow running, a heartbeat keeps the session alive and

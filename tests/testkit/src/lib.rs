@@ -65,7 +65,13 @@ impl Default for Options {
             reconcilers: 1,
             engine: true,
             attestation: true,
-            agents: Default::default(),
+            // A handful of machines, not a fleet: an idle installed OS
+            // beats every 2 s, so what it is asked (a rescue's power-off)
+            // reaches it at once.
+            agents: bcm_api::AgentProtocolConfig {
+                idle_heartbeat_secs: 2,
+                ..Default::default()
+            },
             agent_silence_ms: 60_000,
             step_timeouts: Default::default(),
             rate_limit: Default::default(),

@@ -154,12 +154,15 @@ fn profiles_do_what_the_spec_says() {
     }));
     assert!(kinds(metal_retire()).contains(&StepKind::RevokeIdentity));
     assert!(kinds(metal_retire()).contains(&StepKind::ForgetBmcCredentials));
+    // Rescue boots the ramdisk as the others do, the installed OS asked
+    // to shut down first (optional steps) between the entry and the boot.
     assert_eq!(
-        kinds(metal_rescue()),
-        ensure_ramdisk()
+        metal_rescue()
+            .steps
             .into_iter()
-            .map(|s| s.kind)
-            .collect::<Vec<_>>()
+            .filter(|s| !s.optional)
+            .collect::<Vec<_>>(),
+        ensure_ramdisk()
     );
     // Every profile that needs the ramdisk boots it the same way, then
     // works in it.
@@ -521,4 +524,87 @@ fn a_retried_ramdisk_boot_starts_again_at_its_boot_entry() {
     assert_eq!(join_counts_since_step(&main, 2), None);
     // Out of range is itself, never a panic.
     assert_eq!(retry_starts_at(&main, 7), 7);
+}
+
+/// Rescue asks the installed OS to shut down cleanly and waits for it, but
+/// can do without: an optional step that fails for good is skipped with
+/// the optional steps after it, never failing the workflow; a retried
+/// power cycle repeats its boot entry and PXE boot, not the shutdown.
+#[test]
+fn rescue_shuts_the_os_down_first_and_can_do_without_it() {
+    let p = metal_rescue();
+    let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "prepare-boot-entry",
+            "os-power-off",
+            "wait-os-off",
+            "pxe-once",
+            "power-cycle",
+            "wait-ramdisk-join"
+        ]
+    );
+    let optional: Vec<bool> = p.steps.iter().map(|s| s.optional).collect();
+    assert_eq!(optional, [false, true, true, false, false, false]);
+    assert_eq!(p.steps[1].kind, StepKind::NodePowerOff);
+    assert_eq!(p.steps[1].kind.target(), StepTarget::Node);
+    // Skipping the ask skips the wait for it, and nothing else.
+    assert_eq!(skipped_after(&p.steps, 1), 2..3);
+    assert_eq!(skipped_after(&p.steps, 2), 3..3);
+    assert_eq!(skipped_after(&p.steps, 5), 6..6);
+    assert_eq!(skipped_after(&p.steps, 9), 6..6);
+    // The power cycle's retry repeats the entry and the PXE boot only.
+    assert_eq!(repeated_for_retry(&p.steps, 4), vec![0, 3]);
+    assert_eq!(repeated_for_retry(&p.steps, 3), Vec::<usize>::new());
+    // An optional step's final failure or time-out skips; a retryable one
+    // with attempts left still retries.
+    let ask = &p.steps[1];
+    assert!(matches!(
+        after_outcome(ask, 1, &StepOutcome::TimedOut, 0.5),
+        AfterOutcome::Skip { message } if message.contains("os-power-off timed out after 150 s")
+    ));
+    assert!(matches!(
+        after_outcome(ask, 1, &StepOutcome::Failed { retryable: false, message: "refused".into() }, 0.5),
+        AfterOutcome::Skip { message } if message == "refused"
+    ));
+    let wait = &p.steps[2];
+    assert!(matches!(
+        after_outcome(
+            wait,
+            3,
+            &StepOutcome::Failed {
+                retryable: true,
+                message: "on".into()
+            },
+            0.5
+        ),
+        AfterOutcome::Retry { attempt: 4, .. }
+    ));
+    assert!(matches!(
+        after_outcome(
+            wait,
+            wait.retry.max_attempts,
+            &StepOutcome::Failed {
+                retryable: true,
+                message: "on".into()
+            },
+            0.5
+        ),
+        AfterOutcome::Skip { .. }
+    ));
+    // A step that is not optional still gives up.
+    assert!(matches!(
+        after_outcome(&p.steps[4], 5, &StepOutcome::TimedOut, 0.5),
+        AfterOutcome::GiveUp { .. }
+    ));
+    // Stored before `optional` existed, a definition reads as required and
+    // one that is not optional is written as before.
+    let mut json = serde_json::to_value(&p.steps[4]).expect("json");
+    assert!(json.get("optional").is_none());
+    json.as_object_mut().map(|o| o.remove("optional"));
+    let back: StepDef = serde_json::from_value(json).expect("reads");
+    assert!(!back.optional);
+    let json = serde_json::to_value(ask).expect("json");
+    assert_eq!(json["optional"], true);
 }
