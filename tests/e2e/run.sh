@@ -218,10 +218,10 @@ listen = "0.0.0.0:8080"
 database_url = "$DATABASE_URL"
 admin_token = "$TOKEN"
 [api.agents]
-# A lab of four machines, not a fleet: an idle installed OS beats every
-# 15 s (the default, 60 s, spares 10,000 nodes' worth of requests), so a
-# rescue's ask to power off reaches it within about 15 s.
-idle_heartbeat_secs = 15
+# A lab of five machines, not a fleet: an idle installed OS beats every
+# 5 s (the default, 60 s, spares 10,000 nodes' worth of requests), so a
+# rescue's ask to power off reaches it within about 5 s.
+idle_heartbeat_secs = 5
 [api.bus]
 url = "$NATS_ADDR"
 nkey_file = "$dir/nats/control.nk"
