@@ -189,7 +189,9 @@ fn hands_on(trace: &[Received], a: &str, b: &str) -> bool {
 
 /// Whether the services first appear in the order a verb reaches them.
 fn services_in_order(trace: &[Received]) -> bool {
-    SERVICE_ORDER.windows(2).all(|w| hands_on(trace, w[0], w[1]))
+    SERVICE_ORDER
+        .windows(2)
+        .all(|w| hands_on(trace, w[0], w[1]))
 }
 
 /// One tree under the caller's span, forward in time, and the services in

@@ -228,11 +228,44 @@ pub fn zero_fast(file: &File, is_block: bool, offset: u64, len: u64) -> io::Resu
     }
 }
 
+/// `IO_BLOCK` bytes at a 4 KiB aligned address inside an owned allocation:
+/// what O_DIRECT reads into, and (moved, the allocation stays where it is)
+/// what a reader hands to a hashing thread and gets back.
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+}
+
+impl AlignedBuf {
+    pub fn new() -> Self {
+        let raw = vec![0u8; IO_BLOCK + ALIGN];
+        let start = raw.as_ptr().align_offset(ALIGN);
+        Self { raw, start }
+    }
+
+    fn block_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + IO_BLOCK]
+    }
+}
+
+impl Default for AlignedBuf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    /// The aligned block.
+    fn as_ref(&self) -> &[u8] {
+        &self.raw[self.start..self.start + IO_BLOCK]
+    }
+}
+
 /// Reads a disk around the page cache.
 pub struct DirectReader {
     file: File,
     direct: bool,
-    buf: Vec<u8>,
+    buf: AlignedBuf,
 }
 
 impl DirectReader {
@@ -250,7 +283,7 @@ impl DirectReader {
         Ok(Self {
             file,
             direct,
-            buf: vec![0u8; IO_BLOCK + ALIGN],
+            buf: AlignedBuf::new(),
         })
     }
 
@@ -262,41 +295,61 @@ impl DirectReader {
         len: u64,
         mut each: impl FnMut(&[u8]),
     ) -> io::Result<()> {
-        let start = self.buf.as_ptr().align_offset(ALIGN);
+        let mut buf = std::mem::take(&mut self.buf);
         let mut done = 0u64;
-        while done < len {
+        let read = loop {
+            if done >= len {
+                break Ok(());
+            }
             let n = ((len - done) as usize).min(IO_BLOCK);
-            let at = offset + done;
-            // O_DIRECT needs an aligned length: read whole 4 KiB blocks.
-            let padded = n.div_ceil(ALIGN) * ALIGN;
-            let buf = &mut self.buf[start..start + padded];
-            if !self.direct {
-                // SAFETY: advisory call on our own descriptor.
-                unsafe {
-                    libc::posix_fadvise(
-                        self.file.as_raw_fd(),
-                        at as libc::off_t,
-                        padded as libc::off_t,
-                        libc::POSIX_FADV_DONTNEED,
-                    )
-                };
+            if let Err(e) = self.read_block(offset + done, n, &mut buf) {
+                break Err(e);
             }
-            let mut got = 0;
-            while got < n {
-                let r = self.file.read_at(&mut buf[got..], at + got as u64)?;
-                if r == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!("short read at {}", at + got as u64),
-                    ));
-                }
-                got += r;
-            }
-            each(&buf[..n]);
+            each(&buf.as_ref()[..n]);
             done += n as u64;
+        };
+        self.buf = buf;
+        read
+    }
+
+    /// Reads the `n` (at most [`IO_BLOCK`]) bytes at `at` (4 KiB aligned)
+    /// into the first `n` bytes of `buf`'s block.
+    pub fn read_block(&self, at: u64, n: usize, buf: &mut AlignedBuf) -> io::Result<()> {
+        // O_DIRECT needs an aligned length: read whole 4 KiB blocks.
+        let padded = (n.div_ceil(ALIGN) * ALIGN).min(IO_BLOCK);
+        let block = &mut buf.block_mut()[..padded];
+        if !self.direct {
+            // SAFETY: advisory call on our own descriptor.
+            unsafe {
+                libc::posix_fadvise(
+                    self.file.as_raw_fd(),
+                    at as libc::off_t,
+                    padded as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                )
+            };
+        }
+        let mut got = 0;
+        while got < n {
+            let r = self.file.read_at(&mut block[got..], at + got as u64)?;
+            if r == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("short read at {}", at + got as u64),
+                ));
+            }
+            got += r;
         }
         Ok(())
     }
+}
+
+/// Starts writing back what is dirty in `file`'s pages without waiting for
+/// it, so a long stream of writes reaches the medium while more arrive and
+/// the final flush has little left to do.
+pub fn start_writeback(file: &File) {
+    // SAFETY: advisory call on our own descriptor.
+    unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
 }
 
 #[cfg(test)]

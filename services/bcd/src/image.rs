@@ -1,20 +1,22 @@
 //! `deploy.image`: a signed manifest (URL, format, size, sha256) is checked
 //! against the trusted keys BEFORE the disk is opened; the image streams
-//! over HTTP(S) (through `site.httpProxy` when configured), hashed while it
-//! is written, qcow2 converted on the fly; ranges the image leaves
-//! unallocated are zeroed; the disk is flushed and read back around the
-//! page cache, chunk by chunk, against what was written. A wrong hash, a
-//! short or long image or a read-back mismatch zeroes everything written
-//! and fails with the reason.
+//! over HTTP(S) (through `site.httpProxy` when configured), hashed on a
+//! thread of its own while it is written (`offload`), qcow2 converted on
+//! the fly, its writes pushed towards the medium as they go; ranges the
+//! image leaves unallocated are zeroed; the disk is flushed and read back
+//! around the page cache (O_DIRECT into aligned buffers, the whole-disk
+//! hash again on its own thread), chunk by chunk, against what was written.
+//! A wrong hash, a short or long image or a read-back mismatch zeroes
+//! everything written and fails with the reason.
 
 use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 
 use ed25519_dalek::VerifyingKey;
-use sha2::{Digest, Sha256};
 
-use crate::disks::{self, DirectReader, Disk};
+use crate::disks::{self, AlignedBuf, DirectReader, Disk};
+use crate::offload::Sha256Thread;
 use crate::qcow2;
 
 /// The image formats, and a deploy profile's image: the signed manifest.
@@ -68,25 +70,38 @@ pub fn verify_manifest(m: &Manifest, keys: &[VerifyingKey]) -> Result<usize, Ima
     .ok_or(ImageError::Untrusted)
 }
 
-type ChunkDigest = [u8; 16];
+/// A written chunk's fingerprint for its read-back: XXH3-128, which finds
+/// what a medium lost or changed at memory speed. What proves the image is
+/// the one signed is the sha256 of the whole stream, checked against the
+/// manifest; the read-back proves the disk holds what was written.
+type ChunkDigest = u128;
 
 fn digest(data: &[u8]) -> ChunkDigest {
-    let d = Sha256::digest(data);
-    let mut out = [0u8; 16];
-    out.copy_from_slice(&d[..16]);
-    out
+    xxhash_rust::xxh3::xxh3_128(data)
 }
+
+/// Whether every byte is zero: 4 KiB at a time, each folded without a
+/// branch per byte (so it vectorizes), stopping at the first that is not.
+fn is_zero(data: &[u8]) -> bool {
+    data.chunks(4096)
+        .all(|block| block.iter().fold(0u8, |acc, b| acc | b) == 0)
+}
+
+/// Bytes written between two pushes of the dirty pages towards the medium.
+const WRITEBACK_EVERY: u64 = 64 << 20;
 
 /// What was written, chunk by chunk, for the read-back and the cleanup.
 struct Written {
     chunk: u64,
     digests: HashMap<u64, ChunkDigest>,
     bytes: u64,
+    /// Bytes written since the dirty pages were last pushed.
+    unpushed: u64,
 }
 
 impl Written {
     fn record(&mut self, file: &std::fs::File, guest: u64, data: &[u8]) -> std::io::Result<()> {
-        if data.iter().all(|b| *b == 0) {
+        if is_zero(data) {
             // A run of zeros is a hole: zeroed (fast) with the others.
             return Ok(());
         }
@@ -94,6 +109,11 @@ impl Written {
         // Writes are chunk-aligned and at most one chunk long.
         self.digests.insert(guest / self.chunk, digest(data));
         self.bytes += data.len() as u64;
+        self.unpushed += data.len() as u64;
+        if self.unpushed >= WRITEBACK_EVERY {
+            disks::start_writeback(file);
+            self.unpushed = 0;
+        }
         Ok(())
     }
 
@@ -147,7 +167,7 @@ pub fn deploy(
         .map_err(|e| ImageError::Io(format!("open {}: {e}", disk.path.display())))?;
     let mut sink = Sink::new(m, disk, &file, opts);
     let streamed = stream(&mut source, &mut sink, progress)
-        .and_then(|()| sink.finish())
+        .and_then(|sha| sink.finish(sha))
         .and_then(|(virtual_size, sha)| {
             zero_holes(&file, disk, &sink.written, virtual_size)?;
             disks::flush(&file, disk.is_block).map_err(|e| format!("flush: {e}"))?;
@@ -226,22 +246,47 @@ fn fetch(
     Ok((resp, m.url.clone()))
 }
 
-/// Reads the whole image into the sink, reporting progress.
+/// The buffers a stream reads into: one filled while others are hashed.
+const STREAM_BUFFERS: usize = 4;
+const STREAM_BUFFER: usize = 1 << 20;
+
+/// Reads the whole image into the sink, reporting progress; the image's
+/// sha256 (hex), hashed on its own thread while the sink writes.
 fn stream(
     source: &mut impl Read,
     sink: &mut Sink<'_>,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<(), String> {
-    let mut buf = vec![0u8; 1 << 20];
+) -> Result<String, String> {
+    let hasher = Sha256Thread::spawn(vec![vec![0u8; STREAM_BUFFER]; STREAM_BUFFERS])
+        .map_err(|e| format!("starting the hashing thread: {e}"))?;
     loop {
-        let n = match source.read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) => return Err(format!("reading the image: {e}")),
-        };
+        let mut buf = hasher.buffer().map_err(|e| e.to_string())?;
+        let n = fill(source, &mut buf).map_err(|e| format!("reading the image: {e}"))?;
+        if n == 0 {
+            break;
+        }
         sink.feed(&buf[..n])?;
         progress(sink.downloaded, sink.manifest.size_bytes);
+        hasher.hash(buf, n).map_err(|e| e.to_string())?;
+        if n < STREAM_BUFFER {
+            break;
+        }
     }
+    hasher.finish().map(hex::encode).map_err(|e| e.to_string())
+}
+
+/// Reads until `buf` is full or the stream ends; how much it read.
+fn fill(source: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match source.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 /// Where the image's bytes go as they arrive: hashed, counted, and written
@@ -252,7 +297,6 @@ struct Sink<'a> {
     disk: &'a Disk,
     file: &'a std::fs::File,
     written: Written,
-    hasher: Sha256,
     downloaded: u64,
     /// A raw image's chunk being filled, and where it goes.
     raw_fill: Vec<u8>,
@@ -280,8 +324,8 @@ impl<'a> Sink<'a> {
                 chunk: RAW_CHUNK,
                 digests: HashMap::new(),
                 bytes: 0,
+                unpushed: 0,
             },
-            hasher: Sha256::new(),
             downloaded: 0,
             raw_fill: Vec::with_capacity(RAW_CHUNK as usize),
             raw_at: 0,
@@ -298,7 +342,6 @@ impl<'a> Sink<'a> {
                 self.manifest.size_bytes
             ));
         }
-        self.hasher.update(data);
         match self.manifest.format {
             Format::Raw => self.feed_raw(data),
             Format::Qcow2 => self.feed_qcow2(data),
@@ -348,9 +391,9 @@ impl<'a> Sink<'a> {
         Ok(())
     }
 
-    /// After the last byte: the image's virtual size and its sha256, once
-    /// its length and hash are the manifest's.
-    fn finish(&mut self) -> Result<(u64, String), String> {
+    /// After the last byte, with the stream's sha256: the image's virtual
+    /// size and its sha256, once its length and hash are the manifest's.
+    fn finish(&mut self, sha: String) -> Result<(u64, String), String> {
         if !self.raw_fill.is_empty() {
             self.written
                 .record(self.file, self.raw_at, &self.raw_fill)
@@ -363,7 +406,6 @@ impl<'a> Sink<'a> {
                 self.downloaded, m.size_bytes
             ));
         }
-        let sha = hex::encode(std::mem::take(&mut self.hasher).finalize());
         if sha != m.sha256 {
             return Err(format!(
                 "image sha256 {sha} does not match the manifest's {}",
@@ -410,46 +452,47 @@ fn zero_holes(
     Ok(())
 }
 
+/// Reads the target back around the page cache, each chunk against what
+/// was written (zeros where nothing was); the sha256 of the whole target,
+/// hashed on its own thread while the next block is read.
 fn read_back(disk: &Disk, written: &Written, virtual_size: u64) -> Result<String, String> {
-    let mut reader = DirectReader::open(disk).map_err(|e| format!("read-back open: {e}"))?;
-    let mut whole = Sha256::new();
-    let mut idx = 0u64;
-    let mut pending: Vec<u8> = Vec::with_capacity(written.chunk as usize);
+    let reader = DirectReader::open(disk).map_err(|e| format!("read-back open: {e}"))?;
+    let hasher = Sha256Thread::spawn((0..3).map(|_| AlignedBuf::new()).collect())
+        .map_err(|e| format!("starting the hashing thread: {e}"))?;
+    // A chunk (1 MiB, or a qcow2 cluster: a power of two of at most 2 MiB)
+    // divides a block, so no chunk straddles two.
+    let chunk = written.chunk.max(1);
     let mut bad: Option<u64> = None;
-    let check = |chunk: &[u8], idx: u64, bad: &mut Option<u64>| {
-        let expect = written
-            .digests
-            .get(&idx)
-            .copied()
-            .unwrap_or_else(|| digest(&vec![0u8; chunk.len()]));
-        if digest(chunk) != expect && bad.is_none() {
-            *bad = Some(idx);
-        }
-    };
-    reader
-        .read_range(0, virtual_size, |data| {
-            whole.update(data);
-            let mut rest = data;
-            while !rest.is_empty() {
-                let take = (written.chunk as usize - pending.len()).min(rest.len());
-                pending.extend_from_slice(&rest[..take]);
-                rest = &rest[take..];
-                if pending.len() as u64 == written.chunk {
-                    check(&pending, idx, &mut bad);
-                    idx += 1;
-                    pending.clear();
-                }
+    let mut at = 0u64;
+    while at < virtual_size {
+        let n = (virtual_size - at).min(disks::IO_BLOCK as u64) as usize;
+        let mut buf = hasher.buffer().map_err(|e| e.to_string())?;
+        reader
+            .read_block(at, n, &mut buf)
+            .map_err(|e| format!("read-back: {e}"))?;
+        for (i, piece) in buf.as_ref()[..n].chunks(chunk as usize).enumerate() {
+            let idx = at / chunk + i as u64;
+            let same = match written.digests.get(&idx) {
+                Some(d) => digest(piece) == *d,
+                None => is_zero(piece),
+            };
+            if !same {
+                bad = Some(idx);
+                break;
             }
-        })
-        .map_err(|e| format!("read-back: {e}"))?;
-    if !pending.is_empty() {
-        check(&pending, idx, &mut bad);
+        }
+        hasher.hash(buf, n).map_err(|e| e.to_string())?;
+        if bad.is_some() {
+            break;
+        }
+        at += n as u64;
     }
+    let whole = hasher.finish().map_err(|e| e.to_string())?;
     if let Some(i) = bad {
         return Err(format!(
             "read-back of the target differs from what was written at offset {}",
-            i * written.chunk
+            i * chunk
         ));
     }
-    Ok(hex::encode(whole.finalize()))
+    Ok(hex::encode(whole))
 }

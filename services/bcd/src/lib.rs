@@ -17,6 +17,7 @@ pub mod inventory;
 pub mod kexec;
 pub mod mounts;
 pub mod nvme;
+pub mod offload;
 pub mod qcow2;
 pub mod seed;
 pub mod sgio;

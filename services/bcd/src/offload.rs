@@ -1,0 +1,100 @@
+//! Hashing off the I/O path: a sha256 computed on a thread of its own over
+//! buffers handed to it in order, so hashing an image as it arrives (or a
+//! disk as it is read back) overlaps the network and the disk instead of
+//! adding to them. The buffers go round: the I/O side fills a free one,
+//! hands it over, and gets it back once it is hashed.
+
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::thread::JoinHandle;
+
+use sha2::{Digest, Sha256};
+
+/// Why the hashing thread is gone.
+#[derive(Debug, thiserror::Error)]
+#[error("the hashing thread stopped")]
+pub struct HashThreadGone;
+
+/// A sha256 over every buffer handed to [`Sha256Thread::hash`], in order.
+pub struct Sha256Thread<B: AsRef<[u8]> + Send + 'static> {
+    to_hash: Option<SyncSender<(B, usize)>>,
+    free: Receiver<B>,
+    handle: Option<JoinHandle<Sha256>>,
+}
+
+impl<B: AsRef<[u8]> + Send + 'static> Sha256Thread<B> {
+    /// A hashing thread with these buffers to hand out: at least two, so
+    /// that one is filled while another is hashed.
+    pub fn spawn(buffers: Vec<B>) -> std::io::Result<Self> {
+        let n = buffers.len().max(1);
+        let (to_hash, queued) = sync_channel::<(B, usize)>(n);
+        // Room for every buffer: neither side ever waits to give one back.
+        let (give_back, free) = sync_channel::<B>(n);
+        for b in buffers {
+            let _ = give_back.send(b);
+        }
+        let handle = std::thread::Builder::new()
+            .name("bcd-sha256".into())
+            .spawn(move || {
+                let mut h = Sha256::new();
+                for (buf, len) in queued {
+                    h.update(&buf.as_ref()[..len]);
+                    let _ = give_back.send(buf);
+                }
+                h
+            })?;
+        Ok(Self {
+            to_hash: Some(to_hash),
+            free,
+            handle: Some(handle),
+        })
+    }
+
+    /// The next free buffer; waits while every one is queued or hashed.
+    pub fn buffer(&self) -> Result<B, HashThreadGone> {
+        self.free.recv().map_err(|_| HashThreadGone)
+    }
+
+    /// Hashes the first `len` bytes of `buf`, after what was handed before.
+    pub fn hash(&self, buf: B, len: usize) -> Result<(), HashThreadGone> {
+        let tx = self.to_hash.as_ref().ok_or(HashThreadGone)?;
+        tx.send((buf, len)).map_err(|_| HashThreadGone)
+    }
+
+    /// The digest of everything handed, once the thread has hashed it.
+    pub fn finish(mut self) -> Result<[u8; 32], HashThreadGone> {
+        drop(self.to_hash.take());
+        let h = self
+            .handle
+            .take()
+            .ok_or(HashThreadGone)?
+            .join()
+            .map_err(|_| HashThreadGone)?;
+        Ok(h.finalize().into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digest_is_of_the_handed_bytes_in_order_whatever_the_buffers_held() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let t = Sha256Thread::spawn(vec![vec![0xAAu8; 4096], vec![0x55u8; 4096]]).expect("spawn");
+        for piece in data.chunks(3000) {
+            let mut buf = t.buffer().expect("a free buffer");
+            buf[..piece.len()].copy_from_slice(piece);
+            t.hash(buf, piece.len()).expect("hashed");
+        }
+        let got = t.finish().expect("digest");
+        let want: [u8; 32] = Sha256::digest(&data).into();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn nothing_handed_is_the_empty_digest() {
+        let t = Sha256Thread::spawn(vec![vec![1u8; 16], vec![2u8; 16]]).expect("spawn");
+        let want: [u8; 32] = Sha256::digest(b"").into();
+        assert_eq!(t.finish().expect("digest"), want);
+    }
+}
