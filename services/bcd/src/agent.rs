@@ -496,29 +496,7 @@ fn deploy(
 
 /// Signs and builds the result of `cmd`.
 pub fn signed_result(key: &SigningKey, node: &str, cmd: &AgentCommand, o: &Outcome) -> AgentResult {
-    let finished_at = chrono::Utc::now();
-    let input = bcm_pki::signing_input(&bcm_pki::SignedFacts {
-        command_id: &cmd.command_id,
-        node_id: node,
-        kind: cmd.kind.as_str(),
-        params: &cmd.params,
-        issued_at: cmd.issued_at,
-        ok: o.ok,
-        output: &o.output,
-        error: o.error.as_deref(),
-        finished_at,
-    });
-    AgentResult {
-        command_id: cmd.command_id.clone(),
-        ok: o.ok,
-        retryable: false,
-        output: o.output.clone(),
-        error: o.error.clone(),
-        finished_at,
-        signature: Some(
-            base64::engine::general_purpose::STANDARD.encode(key.sign(&input).to_bytes()),
-        ),
-    }
+    bcm_pki::signed_result(key, node, cmd, o.ok, o.output.clone(), o.error.clone())
 }
 
 async fn post_result(

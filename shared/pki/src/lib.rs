@@ -13,7 +13,7 @@ pub mod tokens;
 
 pub use ca::{csr_pem, Ca, CheckedCert, IssueRequest, IssuedCert};
 pub use join_key::{JoinKey, JoinKeyConfig};
-pub use signing::{canonical_json, format_ts, signing_input, SignedFacts};
+pub use signing::{canonical_json, format_ts, signed_result, signing_input, SignedFacts};
 
 /// What can go wrong in the PKI.
 #[derive(Debug, thiserror::Error)]

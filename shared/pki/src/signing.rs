@@ -4,7 +4,10 @@
 //! made for another command, another node or other parameters never
 //! verifies.
 
+use base64::Engine as _;
+use bcm_contracts::agent::{AgentCommand, AgentResult};
 use chrono::{DateTime, SecondsFormat, Utc};
+use ed25519_dalek::{Signer as _, SigningKey};
 use serde_json::Value;
 
 /// Everything a node signs about one command's result.
@@ -87,6 +90,42 @@ pub fn signing_input(f: &SignedFacts<'_>) -> Vec<u8> {
     let mut input = b"bcm-node-result-v1\n".to_vec();
     input.extend_from_slice(canonical_json(&v).as_bytes());
     input
+}
+
+/// The result of `cmd` as an agent posts it, signed with its key over
+/// [`signing_input`]: how `bcd` answers, and the simulated site's agents
+/// as bcd does.
+pub fn signed_result(
+    key: &SigningKey,
+    node: &str,
+    cmd: &AgentCommand,
+    ok: bool,
+    output: Value,
+    error: Option<String>,
+) -> AgentResult {
+    let finished_at = Utc::now();
+    let input = signing_input(&SignedFacts {
+        command_id: &cmd.command_id,
+        node_id: node,
+        kind: cmd.kind.as_str(),
+        params: &cmd.params,
+        issued_at: cmd.issued_at,
+        ok,
+        output: &output,
+        error: error.as_deref(),
+        finished_at,
+    });
+    AgentResult {
+        command_id: cmd.command_id.clone(),
+        ok,
+        retryable: false,
+        output,
+        error,
+        finished_at,
+        signature: Some(
+            base64::engine::general_purpose::STANDARD.encode(key.sign(&input).to_bytes()),
+        ),
+    }
 }
 
 #[cfg(test)]

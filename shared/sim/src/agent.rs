@@ -14,7 +14,7 @@ use bcm_contracts::outputs::{
     Region, SeedReport, SystemInfo, Transport, WipeOutcome, WipeReport,
 };
 use bcm_contracts::{CommandKind, Output};
-use ed25519_dalek::{Signer, SigningKey};
+use ed25519_dalek::SigningKey;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -787,32 +787,9 @@ fn signed(
     cmd: &AgentCommand,
     ran: Result<Output, String>,
 ) -> AgentResult {
-    let (ok, output, error) = match ran {
-        Ok(output) => (true, output.to_json(), None),
-        Err(e) => (false, serde_json::json!({}), Some(e)),
-    };
-    let finished_at = chrono::Utc::now();
-    let input = bcm_pki::signing_input(&bcm_pki::SignedFacts {
-        command_id: &cmd.command_id,
-        node_id: node,
-        kind: cmd.kind.as_str(),
-        params: &cmd.params,
-        issued_at: cmd.issued_at,
-        ok,
-        output: &output,
-        error: error.as_deref(),
-        finished_at,
-    });
-    AgentResult {
-        command_id: cmd.command_id.clone(),
-        ok,
-        retryable: false,
-        output,
-        error,
-        finished_at,
-        signature: Some(
-            base64::engine::general_purpose::STANDARD.encode(key.sign(&input).to_bytes()),
-        ),
+    match ran {
+        Ok(output) => bcm_pki::signed_result(key, node, cmd, true, output.to_json(), None),
+        Err(e) => bcm_pki::signed_result(key, node, cmd, false, serde_json::json!({}), Some(e)),
     }
 }
 
