@@ -345,9 +345,8 @@ pub async fn start(cfg: &BootConfig, shutdown: CancellationToken) -> Result<Runn
     let tftp_addr = tftp.local_addr()?;
     let stop = shutdown.clone();
     tasks.push(tokio::spawn(async move {
-        tokio::select! {
-            _ = stop.cancelled() => {}
-            r = tftp.serve() => if let Err(e) = r { tracing::error!(error = %e, "TFTP server failed") },
+        if let Err(e) = tftp.serve(stop).await {
+            tracing::error!(error = %e, "TFTP server failed");
         }
     }));
 

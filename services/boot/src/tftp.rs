@@ -182,12 +182,58 @@ impl TftpServer {
             .map_err(|e| BootError::Tftp(e.to_string()))
     }
 
-    /// Serves until the future is dropped.
-    pub async fn serve(self) -> Result<(), BootError> {
-        self.inner
-            .serve()
+    /// Serves until `stop` is cancelled, on a thread of its own.
+    ///
+    /// async-tftp runs its transfers on async-io. Polled from a tokio task,
+    /// every packet's readiness crossed threads: async-io's reactor thread
+    /// saw it and woke the tokio worker that polls the executor.
+    /// `async_io::block_on` makes the thread that runs the transfers poll
+    /// the reactor itself when it has nothing else to do
+    /// (`cargo bench -p bcm-boot --bench boot`, docs/performance.md).
+    ///
+    /// TFTP is lock-step: every block waits for this thread's turn on a
+    /// core before it is sent. On a busy host one thread serving every
+    /// transfer waits behind everything else runnable (in the bench, the
+    /// 200 clients; at a site, the services beside it), where tftp-hpa runs
+    /// a process per transfer. So the thread asks for a higher priority
+    /// (nice −10; root or CAP_SYS_NICE) and serves at the normal one where
+    /// it is refused.
+    pub async fn serve(self, stop: tokio_util::sync::CancellationToken) -> Result<(), BootError> {
+        let (done, served) = tokio::sync::oneshot::channel();
+        let inner = self.inner;
+        std::thread::Builder::new()
+            .name("bcm-tftp".into())
+            .spawn(move || {
+                raise_priority();
+                let ran = async_io::block_on(futures_lite::future::or(
+                    async {
+                        inner
+                            .serve()
+                            .await
+                            .map_err(|e| BootError::Tftp(e.to_string()))
+                    },
+                    async {
+                        stop.cancelled().await;
+                        Ok(())
+                    },
+                ));
+                let _ = done.send(ran);
+            })
+            .map_err(|e| BootError::Tftp(format!("starting its thread: {e}")))?;
+        served
             .await
-            .map_err(|e| BootError::Tftp(e.to_string()))
+            .unwrap_or_else(|_| Err(BootError::Tftp("its thread ended without a word".into())))
+    }
+}
+
+/// Raises the calling thread's priority to nice −10, where allowed.
+fn raise_priority() {
+    // SAFETY: gettid and setpriority only read their integer arguments;
+    // PRIO_PROCESS with a thread id changes that thread alone on Linux.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, -10) };
+    if rc != 0 {
+        tracing::info!(error = %std::io::Error::last_os_error(),
+            "the TFTP thread runs at the normal priority (raising it needs root or CAP_SYS_NICE)");
     }
 }
 
