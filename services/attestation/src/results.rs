@@ -5,7 +5,7 @@
 //! A repeated post of an answered command changes nothing.
 
 use base64::Engine as _;
-use bcm_contracts::agent::AgentResult;
+use bcm_contracts::agent::{AgentPurpose, AgentResult};
 use bcm_contracts::attest::{AttestResult, ResultRecorded};
 use bcm_contracts::commands::Family;
 use bcm_contracts::{CommandKind, Output};
@@ -116,11 +116,8 @@ async fn check_identity(
                 "certificate {cert_serial} is revoked, expired or of an ended epoch"
             ))
         })?;
-    let runs = CommandKind::parse(&cmd.kind).is_ok_and(|k| {
-        k.run_by()
-            .iter()
-            .any(|p| p.as_str() == cert.purpose.as_str())
-    });
+    let runs = CommandKind::parse(&cmd.kind)
+        .is_ok_and(|k| AgentPurpose::parse(&cert.purpose).is_ok_and(|p| k.is_run_by(p)));
     if cmd.node_id.as_deref() != Some(cert.node_id.as_str()) || !runs {
         return Err(AttestError::Rejected(format!(
             "command {} is not for a {} identity of node {}",

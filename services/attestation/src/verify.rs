@@ -7,6 +7,7 @@
 //! the command is for ([`CommandKind::run_by`]), and naming the epoch its
 //! row says.
 
+use bcm_contracts::agent::AgentPurpose;
 use bcm_contracts::CommandKind;
 use bcm_db::agents::CertRow;
 use bcm_db::commands::CommandRow;
@@ -29,7 +30,7 @@ pub fn verify_stored(
     if purposes.is_empty() {
         return Err(format!("a {kind} is no agent's command"));
     }
-    let runs = |p: &str| purposes.iter().any(|q| q.as_str() == p);
+    let runs = |p: &str| AgentPurpose::parse(p).is_ok_and(|p| kind.is_run_by(p));
     let sig = cmd.signature.as_deref().ok_or("the result is not signed")?;
     let sig = Signature::from_slice(sig).map_err(|_| "not an ed25519 signature")?;
     let result = cmd.result.as_ref().ok_or("the command has no result")?;
