@@ -22,6 +22,11 @@ pub struct RelayConfig {
     /// Poll interval when no notification arrives, in milliseconds.
     #[serde(default = "default_poll_ms")]
     pub poll_ms: u64,
+    /// How long the relay lingers after a notification before it reads,
+    /// in milliseconds, so the commits of that moment go out as one batch
+    /// (one read and one mark) rather than one each.
+    #[serde(default = "default_linger_ms")]
+    pub linger_ms: u64,
 }
 
 /// How long published outbox rows are kept.
@@ -36,6 +41,9 @@ fn default_batch() -> i64 {
 fn default_poll_ms() -> u64 {
     1000
 }
+fn default_linger_ms() -> u64 {
+    5
+}
 
 impl Default for RelayConfig {
     fn default() -> Self {
@@ -43,6 +51,7 @@ impl Default for RelayConfig {
             enabled: true,
             batch: default_batch(),
             poll_ms: default_poll_ms(),
+            linger_ms: default_linger_ms(),
         }
     }
 }
@@ -149,7 +158,10 @@ async fn lead(
 ) -> Result<(), RoundError> {
     let mut listener = bcm_db::outbox::outbox_listener(db).await?;
     let poll = Duration::from_millis(cfg.poll_ms.max(10));
+    let linger = Duration::from_millis(cfg.linger_ms.min(100));
     let mut next_prune = tokio::time::Instant::now();
+    // The batch published and not yet marked: marked by the next read.
+    let mut unmarked: Vec<i64> = vec![];
     loop {
         if tokio::time::Instant::now() >= next_prune {
             // Published rows are kept a week for audits, then pruned.
@@ -161,13 +173,22 @@ async fn lead(
             next_prune += Duration::from_secs(600);
         }
         if shutdown.is_cancelled() {
+            if !unmarked.is_empty() {
+                lease.mark_published(&unmarked).await?;
+            }
             return Ok(());
         }
-        let rows = lease.fetch_unpublished(cfg.batch.max(1)).await?;
+        let rows = lease.mark_and_fetch(&unmarked, cfg.batch.max(1)).await?;
+        unmarked.clear();
         if rows.is_empty() {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
-                n = listener.notified() => { n?; }
+                n = listener.notified() => {
+                    n?;
+                    if linger > Duration::ZERO {
+                        tokio::time::sleep(linger).await;
+                    }
+                }
                 _ = tokio::time::sleep(poll) => { lease.check().await?; }
             }
             continue;
@@ -200,8 +221,7 @@ async fn lead(
         {
             return Err(RoundError::Halted);
         }
-        let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-        lease.mark_published(&seqs).await?;
+        unmarked = rows.iter().map(|r| r.seq).collect();
         // From each row's commit (about: its insert) to the server's ack.
         let now = chrono::Utc::now();
         for row in &rows {

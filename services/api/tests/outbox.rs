@@ -57,6 +57,7 @@ async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_or
         enabled: true,
         batch: 7,
         poll_ms: 50,
+        linger_ms: 5,
     };
     let crashed = env.spawn_relay_with(
         small.clone(),

@@ -153,6 +153,32 @@ impl RelayLease {
         .await?)
     }
 
+    /// Marks `published` published and reads the oldest unpublished
+    /// messages other than those, in one statement on the lease's own
+    /// connection: the relay's mark of one batch and its read of the next
+    /// cost one round trip and one commit. (The statement's read sees the
+    /// table as it was before the mark, hence the exclusion.) A relay that
+    /// dies between publishing a batch and this call publishes it again;
+    /// JetStream drops the repeat by its message id.
+    pub async fn mark_and_fetch(
+        &mut self,
+        published: &[i64],
+        limit: i64,
+    ) -> Result<Vec<OutboxMessage>, DbError> {
+        if published.is_empty() {
+            return self.fetch_unpublished(limit).await;
+        }
+        Ok(sqlx::query_as(
+            "WITH marked AS (UPDATE outbox SET published_at = now() WHERE seq = ANY($1)) \
+             SELECT seq, id, subject, payload, headers, created_at FROM outbox \
+             WHERE published_at IS NULL AND seq <> ALL($1) ORDER BY seq LIMIT $2",
+        )
+        .bind(published)
+        .bind(limit)
+        .fetch_all(&mut self.conn)
+        .await?)
+    }
+
     /// Marks messages published, on the lease's own connection.
     pub async fn mark_published(&mut self, seqs: &[i64]) -> Result<(), DbError> {
         sqlx::query("UPDATE outbox SET published_at = now() WHERE seq = ANY($1)")
@@ -175,9 +201,12 @@ pub struct OutboxListener {
 }
 
 impl OutboxListener {
-    /// Waits for the next notification.
+    /// Waits for the next notification, then takes every other one already
+    /// received: commits that landed while the relay was publishing wake
+    /// one read, not one read each.
     pub async fn notified(&mut self) -> Result<(), DbError> {
         self.inner.recv().await?;
+        while self.inner.next_buffered().is_some() {}
         Ok(())
     }
 }

@@ -242,6 +242,7 @@ impl TestEnv {
                 enabled: opts.relay,
                 batch: 64,
                 poll_ms: 200,
+                linger_ms: 5,
             },
             agents: opts.agents.clone(),
             rate_limit: opts.rate_limit.clone(),
@@ -460,6 +461,7 @@ impl TestEnv {
                 enabled: true,
                 batch: 64,
                 poll_ms: 200,
+                linger_ms: 5,
             },
             faults,
         )
