@@ -301,7 +301,15 @@ pub async fn heartbeat(
         ),
         poll_commands: polls_commands(&agent.purpose, running),
     };
-    if !running {
+    // Only an installed OS's heartbeat is something a step waits for (a
+    // deployed machine back after a reboot, `waitOsBack`); a ramdisk's
+    // steps wait for its join and its results, so its heartbeat records
+    // nothing beyond the touch.
+    let heard = matches!(
+        AgentPurpose::parse(&agent.purpose),
+        Ok(AgentPurpose::Provisioned)
+    );
+    if !running || !heard {
         return Ok(Json(ack));
     }
     let mut tx = app.inner.agent_db.begin().await?;
@@ -386,29 +394,31 @@ pub async fn commands(
     // Registered before the first look, so a command written meanwhile wakes it.
     let mut woken = app.inner.agent_wakeups.register(&agent.node_id);
     loop {
-        if bcm_db::commands::commands_pending_for_agent(&app.inner.agent_db, &agent.node_id).await?
-        {
-            let kinds = agent.runs();
-            let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
-            let mut tx = app.inner.agent_db.begin().await?;
-            let taken = bcm_db::commands::commands_take_for_agent_in_txn(
-                &mut tx,
-                &agent.node_id,
-                &agent.cert_serial,
-                &agent.purpose,
-                &kinds,
-                16,
-                app.inner.agents.command_lease_ms,
-            )
-            .await?;
+        let kinds = agent.runs();
+        let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+        let taken = bcm_db::commands::commands_take_for_agent(
+            &app.inner.agent_db,
+            &agent.node_id,
+            &agent.cert_serial,
+            &agent.purpose,
+            &kinds,
+            16,
+            app.inner.agents.command_lease_ms,
+        )
+        .await?;
+        if !taken.is_empty() {
             // A destructive command carries its batch's authority as the
-            // batch stands now (the agent verifies it; one no longer valid
-            // is handed without, and the agent refuses it).
-            let mut authorities = Vec::with_capacity(taken.len());
-            for c in &taken {
-                authorities.push(match &c.batch_id {
+            // batch stands now, read just after the take (the agent
+            // verifies it; one no longer valid is handed without, and the
+            // agent refuses it). Should this answer fail, the command's
+            // lease runs out and a later poll is offered it again.
+            let mut handed = Vec::with_capacity(taken.len());
+            for c in taken {
+                let authority = match &c.batch_id {
                     Some(b) => {
-                        match bcm_db::batches::authority_in_txn(&mut tx, b, &agent.node_id).await? {
+                        match bcm_db::batches::authority(&app.inner.agent_db, b, &agent.node_id)
+                            .await?
+                        {
                             bcm_db::batches::AuthorityState::Ready(a) => Some(*a),
                             other => {
                                 tracing::warn!(command = %c.id, batch = %b, state = ?other, "handing a command whose batch no longer authorizes it");
@@ -417,32 +427,26 @@ pub async fn commands(
                         }
                     }
                     None => None,
-                });
-            }
-            tx.commit().await.map_err(bcm_db::DbError::from)?;
-            if !taken.is_empty() {
-                let mut handed = Vec::with_capacity(taken.len());
-                for (c, authority) in taken.into_iter().zip(authorities) {
-                    match CommandKind::parse(&c.kind) {
-                        Ok(kind) => handed.push(AgentCommand {
-                            join_tokens: join_tokens(&app, &c),
-                            command_id: c.id,
-                            kind,
-                            params: c.params,
-                            issued_at: c.created_at,
-                            traceparent: c.traceparent,
-                            authority,
-                        }),
-                        // Written by a newer control plane, or damage: the
-                        // agent is not handed what it cannot read, and its
-                        // step times out instead.
-                        Err(e) => {
-                            tracing::error!(command = %c.id, node = %agent.node_id, error = %e, "not handing out a command of an unknown kind")
-                        }
+                };
+                match CommandKind::parse(&c.kind) {
+                    Ok(kind) => handed.push(AgentCommand {
+                        join_tokens: join_tokens(&app, &c),
+                        command_id: c.id,
+                        kind,
+                        params: c.params,
+                        issued_at: c.created_at,
+                        traceparent: c.traceparent,
+                        authority,
+                    }),
+                    // Written by a newer control plane, or damage: the
+                    // agent is not handed what it cannot read, and its
+                    // step times out instead.
+                    Err(e) => {
+                        tracing::error!(command = %c.id, node = %agent.node_id, error = %e, "not handing out a command of an unknown kind")
                     }
                 }
-                return Ok(Json(handed));
             }
+            return Ok(Json(handed));
         }
         // Wait for a wake-up of this node (a missed one is covered by the
         // wake-up of every poll when the listener reconnects), and look again

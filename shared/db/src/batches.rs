@@ -460,6 +460,20 @@ pub async fn authority_in_txn(
     batch: &str,
     node: &str,
 ) -> Result<AuthorityState, DbError> {
+    authority_read(&mut **tx, batch, node).await
+}
+
+/// [`authority_in_txn`] as the batch stands now, outside a transaction
+/// (an agent's poll reads it just after taking the command).
+pub async fn authority(db: &Db, batch: &str, node: &str) -> Result<AuthorityState, DbError> {
+    authority_read(db.pool(), batch, node).await
+}
+
+async fn authority_read<'e>(
+    e: impl sqlx::PgExecutor<'e>,
+    batch: &str,
+    node: &str,
+) -> Result<AuthorityState, DbError> {
     #[derive(sqlx::FromRow)]
     struct Row {
         #[sqlx(flatten)]
@@ -479,7 +493,7 @@ pub async fn authority_in_txn(
     )
     .bind(batch)
     .bind(node)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(e)
     .await?;
     let Some(row) = row else {
         return Ok(AuthorityState::Refused(format!(

@@ -117,16 +117,6 @@ pub async fn commands_insert_many_in_txn(
 /// The channel a commit with new agent commands notifies, with the node id.
 pub const AGENT_CHANNEL: &str = "bcm_agent";
 
-/// Whether a node has agent commands waiting (a cheap check before taking).
-pub async fn commands_pending_for_agent(db: &Db, node_id: &str) -> Result<bool, DbError> {
-    Ok(sqlx::query_scalar(&format!(
-        "SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = $1 AND target IN ('ramdisk', 'node') AND {OFFERABLE})"
-    ))
-    .bind(node_id)
-    .fetch_one(db.pool())
-    .await?)
-}
-
 /// An agent command that may be handed out: never handed out, or handed
 /// out by a poll whose lease ran out with no result (that poll's answer
 /// may never have reached the agent; the agent answers a repeat from its
@@ -380,8 +370,11 @@ pub async fn command_kinds_in_txn(
 /// a ramdisk command. A machine runs one agent at a time: a poll still open
 /// from before a reboot (its connection half-open, nobody reading) must
 /// never take a command the new agent is waiting for.
-pub async fn commands_take_for_agent_in_txn(
-    tx: &mut Tx<'_>,
+///
+/// One statement, committed on its own: a poll that finds nothing costs
+/// one round trip, and one that takes costs no more.
+pub async fn commands_take_for_agent(
+    db: &Db,
     node_id: &str,
     cert_serial: &str,
     purpose: &str,
@@ -405,7 +398,7 @@ pub async fn commands_take_for_agent_in_txn(
     .bind(lease_ms as f64 / 1000.0)
     .bind(purpose)
     .bind(kinds)
-    .fetch_all(&mut **tx)
+    .fetch_all(db.pool())
     .await?)
 }
 
