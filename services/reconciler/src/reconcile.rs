@@ -40,8 +40,26 @@ enum Then {
     Stop,
 }
 
-/// Reconciles one node.
+/// Reconciles one node, recording how long the pass took
+/// (`bcm_reconciler_pass_seconds`) and how much of this process's CPU it
+/// used (`bcm_reconciler_pass_cpu_seconds`, its polls only: not Postgres's
+/// work for it, nor its waits): what one worker's passes cost, whatever
+/// else the process runs.
 pub async fn node(
+    db: &Db,
+    bus: &Bus,
+    id: &NodeId,
+    lock_timeout_ms: u32,
+) -> Result<PassReport, DbError> {
+    let started = std::time::Instant::now();
+    let (report, cpu) =
+        bcm_telemetry::cpu::cpu_timed(pass_over(db, bus, id, lock_timeout_ms)).await;
+    metrics::histogram!("bcm_reconciler_pass_seconds").record(started.elapsed().as_secs_f64());
+    metrics::histogram!("bcm_reconciler_pass_cpu_seconds").record(cpu.as_secs_f64());
+    report
+}
+
+async fn pass_over(
     db: &Db,
     bus: &Bus,
     id: &NodeId,

@@ -8,6 +8,7 @@
 //! trace ids exist and propagate through NATS even when nothing collects
 //! them.
 
+pub mod cpu;
 pub mod signals;
 
 use opentelemetry::propagation::TextMapPropagator;

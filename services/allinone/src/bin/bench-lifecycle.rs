@@ -75,6 +75,41 @@ struct Args {
     admit_only: bool,
 }
 
+/// The sum and count of a histogram over all its label sets, from the
+/// process's metrics text.
+fn histogram_totals(metrics: &str, name: &str) -> (f64, f64) {
+    let (mut sum, mut count) = (0.0, 0.0);
+    for line in metrics.lines() {
+        let Some((key, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let bare = key.split('{').next().unwrap_or(key);
+        if bare == format!("{name}_sum") {
+            sum += value;
+        } else if bare == format!("{name}_count") {
+            count += value;
+        }
+    }
+    (sum, count)
+}
+
+/// CPU seconds this process has used (user and system), from
+/// `/proc/self/stat` (in the kernel's USER_HZ ticks, 100 a second).
+fn process_cpu_secs() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // The fields after the command name, which is in parentheses.
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are the 14th and 15th fields; `after` starts at the 3rd.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 /// The agent requests (count and mean seconds per endpoint and status)
 /// and the pools' waits (count and mean), from the process's metrics text.
 fn load_line(metrics: &str) -> String {
@@ -586,6 +621,15 @@ async fn main() -> anyhow::Result<()> {
     }
     let timeout = Duration::from_secs(args.phase_timeout_secs);
     let commits_before = bcm_db::admin::commit_count(&db).await?;
+    let cpu_before = process_cpu_secs();
+    let passes_before = histogram_totals(
+        &bcm_telemetry::render_metrics(),
+        "bcm_reconciler_pass_cpu_seconds",
+    );
+    let pass_wall_before = histogram_totals(
+        &bcm_telemetry::render_metrics(),
+        "bcm_reconciler_pass_seconds",
+    );
     let t0 = Instant::now();
     let wave = if args.setup_wave == 0 {
         n
@@ -648,6 +692,13 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(1500)).await; // let the last events and statistics land
     bcm_db::admin::stats_refresh(&db).await?;
     let commits = bcm_db::admin::commit_count(&db).await? - commits_before;
+    let cpu = process_cpu_secs() - cpu_before;
+    let metrics_text = bcm_telemetry::render_metrics();
+    let pass_cpu = histogram_totals(&metrics_text, "bcm_reconciler_pass_cpu_seconds");
+    let pass_wall = histogram_totals(&metrics_text, "bcm_reconciler_pass_seconds");
+    let passes = pass_cpu.1 - passes_before.1;
+    let pass_cpu_secs = pass_cpu.0 - passes_before.0;
+    let pass_wall_secs = pass_wall.0 - pass_wall_before.0;
 
     let mut lat = run
         .latencies
@@ -669,6 +720,16 @@ async fn main() -> anyhow::Result<()> {
         "verbLatencyMs": { "p50": percentile(&lat, 0.5), "p99": percentile(&lat, 0.99), "count": lat.len() },
         "eventCommitToDeliveryMs": { "p50": percentile(&del, 0.5), "p99": percentile(&del, 0.99), "count": del.len() },
         "postgresCommitsPerNodeLifecycle": commits as f64 / n as f64,
+        "controlPlaneCpuMsPerNode": cpu * 1000.0 / n as f64,
+        // What the reconcilers' passes cost this process (not Postgres):
+        // per pass, per node, and as a share of the process's CPU.
+        "reconcilerPasses": {
+            "count": passes,
+            "perNode": passes / n as f64,
+            "cpuMsPerPass": if passes > 0.0 { pass_cpu_secs * 1000.0 / passes } else { 0.0 },
+            "wallMsPerPass": if passes > 0.0 { pass_wall_secs * 1000.0 / passes } else { 0.0 },
+            "cpuShareOfControlPlane": if cpu > 0.0 { pass_cpu_secs / cpu } else { 0.0 },
+        },
         "peakRssMiB": {
             "controlPlane(all services, this process)": rss_kib("self").unwrap_or(0) as f64 / 1024.0,
             "postgres": rss_of("postgres"),
