@@ -301,10 +301,10 @@ pub async fn heartbeat(
         ),
         poll_commands: polls_commands(&agent.purpose, running),
     };
-    // Only an installed OS's heartbeat is something a step waits for (a
-    // deployed machine back after a reboot, `waitOsBack`); a ramdisk's
-    // steps wait for its join and its results, so its heartbeat records
-    // nothing beyond the touch.
+    // Only a deployed OS's heartbeat is something a step waits for (the
+    // machine back after a reboot, `waitOsBack`); a ramdisk's steps wait
+    // for its join and its results, and nothing reads an adopted OS's
+    // heartbeat, so theirs record nothing beyond the touch.
     let heard = matches!(
         AgentPurpose::parse(&agent.purpose),
         Ok(AgentPurpose::Provisioned)
@@ -393,9 +393,9 @@ pub async fn commands(
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
     // Registered before the first look, so a command written meanwhile wakes it.
     let mut woken = app.inner.agent_wakeups.register(&agent.node_id);
+    let kinds = agent.runs();
+    let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
     loop {
-        let kinds = agent.runs();
-        let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
         let taken = bcm_db::commands::commands_take_for_agent(
             &app.inner.agent_db,
             &agent.node_id,

@@ -188,6 +188,8 @@ async fn lead(
                     if linger > Duration::ZERO {
                         tokio::time::sleep(linger).await;
                     }
+                    // What arrived meanwhile is in the read that follows.
+                    listener.drain();
                 }
                 _ = tokio::time::sleep(poll) => { lease.check().await?; }
             }

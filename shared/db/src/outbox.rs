@@ -201,13 +201,17 @@ pub struct OutboxListener {
 }
 
 impl OutboxListener {
-    /// Waits for the next notification, then takes every other one already
-    /// received: commits that landed while the relay was publishing wake
-    /// one read, not one read each.
+    /// Waits for the next notification.
     pub async fn notified(&mut self) -> Result<(), DbError> {
         self.inner.recv().await?;
-        while self.inner.next_buffered().is_some() {}
         Ok(())
+    }
+
+    /// Takes every notification already received, without waiting: the
+    /// commits they announce are covered by the read that follows, so they
+    /// must not wake another.
+    pub fn drain(&mut self) {
+        while self.inner.next_buffered().is_some() {}
     }
 }
 
