@@ -608,17 +608,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
     if policy_signer.is_none() {
         tracing::warn!("no quorum policy key is configured (api.quorum.policy_key_file): every batch, even a single verb's, waits for the pool's approvers");
     }
-    let db = Db::connect(&cfg.database_url, cfg.database_max_connections).await?;
-    db.migrate().await?;
-    // Every write of the agent endpoints is a hint or redone (a session's
-    // touch, a heartbeat, a command's lease): their commits do not wait for
-    // the WAL flush. Results and joins are recorded by the attestation
-    // service, on its own pool.
-    let agent_db = Db::connect_for_hints(&cfg.database_url, cfg.database_agent_connections.max(1))
-        .await?
-        .named("agent");
-    seed(&db, &cfg.seed).await?;
-    let downloads = downloads::publish(&db, &cfg.downloads).await?;
+    let (db, agent_db, downloads) = database_waiting(cfg).await?;
     let bus = Bus::connect(&cfg.bus).await?;
     let agent_wakeups = Arc::new(wakeups::AgentWakeups::default());
     tokio::spawn(forward_agent_wakeups(db.clone(), agent_wakeups.clone()));
@@ -642,6 +632,44 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             default_hardware_profile: cfg.default_hardware_profile.clone(),
         }),
     })
+}
+
+/// The process's database, ready for work: its pools connected, the
+/// schema migrated, the configured seed and downloads recorded. A
+/// database that goes away part way (a restart, a failover) is waited for
+/// and the whole of it done again — each step is idempotent — for up to
+/// [`bcm_db::CONNECT_WAIT`], so a service started in an outage comes up
+/// with the database instead of exiting.
+async fn database_waiting(cfg: &ApiConfig) -> Result<(Db, Db, downloads::Downloads), StartError> {
+    let give_up = std::time::Instant::now() + bcm_db::CONNECT_WAIT;
+    let mut pause = std::time::Duration::from_millis(250);
+    loop {
+        match database_once(cfg).await {
+            Err(StartError::Db(e))
+                if e.unreachable() && std::time::Instant::now() + pause < give_up =>
+            {
+                tracing::warn!(error = %e, ?pause, "the database went away while the service started; waiting");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(5));
+            }
+            done => return done,
+        }
+    }
+}
+
+async fn database_once(cfg: &ApiConfig) -> Result<(Db, Db, downloads::Downloads), StartError> {
+    let db = Db::connect(&cfg.database_url, cfg.database_max_connections).await?;
+    db.migrate().await?;
+    // Every write of the agent endpoints is a hint or redone (a session's
+    // touch, a heartbeat, a command's lease): their commits do not wait for
+    // the WAL flush. Results and joins are recorded by the attestation
+    // service, on its own pool.
+    let agent_db = Db::connect_for_hints(&cfg.database_url, cfg.database_agent_connections.max(1))
+        .await?
+        .named("agent");
+    seed(&db, &cfg.seed).await?;
+    let downloads = downloads::publish(&db, &cfg.downloads).await?;
+    Ok((db, agent_db, downloads))
 }
 
 /// Forwards `bcm_agent` notifications to waiting long-polls, reconnecting

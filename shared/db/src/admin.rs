@@ -34,6 +34,24 @@ pub async fn database_drop(server_url: &str, name: &str) -> Result<(), DbError> 
     Ok(())
 }
 
+/// Terminates every connection to database `name` on the server at
+/// `server_url` but this one (`pg_terminate_backend`), as a database
+/// restart or failover would; returns how many. For harnesses that test
+/// how a service lives through an outage.
+pub async fn connections_terminate(server_url: &str, name: &str) -> Result<u64, DbError> {
+    plain_identifier(name)?;
+    let mut conn = sqlx::PgConnection::connect(server_url).await?;
+    let ended: i64 = sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(name)
+    .fetch_one(&mut conn)
+    .await?;
+    conn.close().await?;
+    Ok(u64::try_from(ended).unwrap_or(0))
+}
+
 fn plain_identifier(name: &str) -> Result<(), DbError> {
     if name.is_empty()
         || !name

@@ -62,9 +62,14 @@ impl DbError {
     /// server shutting down or starting up): an outage, not a fault of the
     /// operation.
     pub fn unreachable(&self) -> bool {
-        let DbError::Sqlx(e) = self else {
-            return false;
-        };
+        match self {
+            DbError::Sqlx(e) => Self::driver_unreachable(e),
+            _ => false,
+        }
+    }
+
+    /// [`DbError::unreachable`] of a driver error.
+    pub(crate) fn driver_unreachable(e: &sqlx::Error) -> bool {
         match e {
             sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
             // connection_exception (08…), admin_shutdown, crash_shutdown,

@@ -184,10 +184,18 @@ impl Db {
     /// ([`EDITED_MIGRATIONS`]).
     pub async fn migrate(&self) -> Result<(), DbError> {
         repair_edited_migrations(&self.pool).await?;
-        MIGRATOR
-            .run(&self.pool)
-            .await
-            .map_err(|e| DbError::Migrate(e.to_string()))
+        MIGRATOR.run(&self.pool).await.map_err(|e| match e {
+            // The database went away under the migration: an outage the
+            // caller may wait out ([`DbError::unreachable`]), not a bad
+            // migration.
+            sqlx::migrate::MigrateError::Execute(e)
+            | sqlx::migrate::MigrateError::ExecuteMigration(e, _)
+                if DbError::driver_unreachable(&e) =>
+            {
+                DbError::Sqlx(e)
+            }
+            e => DbError::Migrate(e.to_string()),
+        })
     }
 
     /// Starts a transaction.

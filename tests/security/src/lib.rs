@@ -18,6 +18,9 @@ use bcm_core::SiteId;
 /// `a` and `b`, on a free loopback port; killed on drop.
 pub struct AuthServer {
     child: Child,
+    bin: String,
+    conf: PathBuf,
+    port: u16,
     pub url: String,
     /// Where the seeds are (`<identity>.nk`).
     pub dir: PathBuf,
@@ -47,32 +50,46 @@ impl AuthServer {
             ),
         )?;
         let bin = std::env::var("BCM_NATS_SERVER").unwrap_or_else(|_| "nats-server".to_owned());
-        let child = Command::new(&bin)
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("server.log"))?)
-            .spawn()
-            .with_context(|| {
-                format!("starting {bin} (set BCM_NATS_SERVER to a nats-server >= 2.10)")
-            })?;
+        let child = spawn_server(&bin, &conf, &dir)?;
         let server = Self {
             child,
+            bin,
+            conf,
+            port,
             url: format!("nats://127.0.0.1:{port}"),
             dir,
             subjects,
         };
+        server.listening().await?;
+        Ok(server)
+    }
+
+    /// SIGKILLs the server (its store stays); [`AuthServer::restart`]
+    /// brings it back on the same port and store.
+    pub fn crash(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again after a [`AuthServer::crash`].
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.child = spawn_server(&self.bin, &self.conf, &self.dir)?;
+        self.listening().await
+    }
+
+    async fn listening(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             if Instant::now() > deadline {
                 bail!(
-                    "{bin} did not listen; see {}",
-                    server.dir.join("server.log").display()
+                    "{} did not listen; see {}",
+                    self.bin,
+                    self.dir.join("server.log").display()
                 );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Ok(server)
+        Ok(())
     }
 
     /// The bus configuration of `identity` (e.g. `bmc-a`).
@@ -107,6 +124,20 @@ impl AuthServer {
             .await?;
         Ok(Peer { client, errors })
     }
+}
+
+fn spawn_server(bin: &str, conf: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))?;
+    Command::new(bin)
+        .arg("-c")
+        .arg(conf)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {bin} (set BCM_NATS_SERVER to a nats-server >= 2.10)"))
 }
 
 impl Drop for AuthServer {

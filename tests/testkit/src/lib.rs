@@ -54,6 +54,8 @@ pub struct Options {
     /// The lifetime of an installed OS's certificate (default: the
     /// attestation service's).
     pub node_cert_ttl_secs: Option<u64>,
+    /// The (empty) database to start on; a fresh one when `None`.
+    pub database_url: Option<String>,
 }
 
 impl Default for Options {
@@ -79,6 +81,7 @@ impl Default for Options {
             downloads: Default::default(),
             hardware_profiles: Default::default(),
             node_cert_ttl_secs: None,
+            database_url: None,
         }
     }
 }
@@ -193,7 +196,10 @@ impl TestEnv {
     /// of tenant `b`.
     pub async fn start_with(opts: Options) -> anyhow::Result<Self> {
         let _ = bcm_telemetry::init("bcm-test", &Default::default());
-        let database_url = fresh_database().await?;
+        let database_url = match &opts.database_url {
+            Some(url) => url.clone(),
+            None => fresh_database().await?,
+        };
         let bus_config = BusConfig {
             url: env_url("NATS_URL")?,
             namespace: Some(format!("t{}", random_suffix())),
