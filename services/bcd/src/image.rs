@@ -4,8 +4,10 @@
 //! thread of its own while it is written (`offload`), qcow2 converted on
 //! the fly, its writes pushed towards the medium as they go; ranges the
 //! image leaves unallocated are zeroed; the disk is flushed and read back
-//! around the page cache (O_DIRECT into aligned buffers, the whole-disk
-//! hash again on its own thread), chunk by chunk, against what was written.
+//! around the page cache (O_DIRECT into aligned buffers), chunk by chunk,
+//! against what was written. The target's sha256 is the stream's for a raw
+//! image (the chunk check proves the bytes the same) and a qcow2 image's
+//! virtual disk hashed on its own thread as it is read back.
 //! A wrong hash, a short or long image or a read-back mismatch zeroes
 //! everything written and fails with the reason.
 
@@ -171,8 +173,20 @@ pub fn deploy(
         .and_then(|(virtual_size, sha)| {
             zero_holes(&file, disk, &sink.written, virtual_size)?;
             disks::flush(&file, disk.is_block).map_err(|e| format!("flush: {e}"))?;
-            // Read back around the page cache, chunk by chunk.
-            let target_sha = read_back(disk, &sink.written, virtual_size)?;
+            // Read back around the page cache, chunk by chunk. A raw
+            // image's bytes are the target's, in order: once every chunk
+            // read back is the one written (and every hole zeros), the
+            // target's sha256 is the stream's, already checked against
+            // the manifest, and is not taken again. A qcow2 image's
+            // virtual disk is hashed as it is read back.
+            let target_sha = match m.format {
+                Format::Raw => {
+                    read_back(disk, &sink.written, virtual_size, TargetHash::Proven)?;
+                    sha.clone()
+                }
+                _ => read_back(disk, &sink.written, virtual_size, TargetHash::Take)?
+                    .unwrap_or_default(),
+            };
             Ok((virtual_size, sha, target_sha))
         });
     let (virtual_size, sha, target_sha) = match streamed {
@@ -452,13 +466,34 @@ fn zero_holes(
     Ok(())
 }
 
+/// Whether the read-back takes the target's sha256.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TargetHash {
+    /// Hash the whole target as it is read.
+    Take,
+    /// The chunk-by-chunk check proves the target equals a stream whose
+    /// sha256 is known: only check.
+    Proven,
+}
+
 /// Reads the target back around the page cache, each chunk against what
-/// was written (zeros where nothing was); the sha256 of the whole target,
-/// hashed on its own thread while the next block is read.
-fn read_back(disk: &Disk, written: &Written, virtual_size: u64) -> Result<String, String> {
+/// was written (zeros where nothing was); with [`TargetHash::Take`], the
+/// sha256 of the whole target, hashed on its own thread while the next
+/// block is read.
+fn read_back(
+    disk: &Disk,
+    written: &Written,
+    virtual_size: u64,
+    target_hash: TargetHash,
+) -> Result<Option<String>, String> {
     let reader = DirectReader::open(disk).map_err(|e| format!("read-back open: {e}"))?;
-    let hasher = Sha256Thread::spawn((0..3).map(|_| AlignedBuf::new()).collect())
-        .map_err(|e| format!("starting the hashing thread: {e}"))?;
+    let mut blocks = match target_hash {
+        TargetHash::Take => ReadBlocks::Hashed(
+            Sha256Thread::spawn((0..3).map(|_| AlignedBuf::new()).collect())
+                .map_err(|e| format!("starting the hashing thread: {e}"))?,
+        ),
+        TargetHash::Proven => ReadBlocks::Checked(Some(AlignedBuf::new())),
+    };
     // A chunk (1 MiB, or a qcow2 cluster: a power of two of at most 2 MiB)
     // divides a block, so no chunk straddles two.
     let chunk = written.chunk.max(1);
@@ -466,7 +501,7 @@ fn read_back(disk: &Disk, written: &Written, virtual_size: u64) -> Result<String
     let mut at = 0u64;
     while at < virtual_size {
         let n = (virtual_size - at).min(disks::IO_BLOCK as u64) as usize;
-        let mut buf = hasher.buffer().map_err(|e| e.to_string())?;
+        let mut buf = blocks.buffer()?;
         reader
             .read_block(at, n, &mut buf)
             .map_err(|e| format!("read-back: {e}"))?;
@@ -481,18 +516,57 @@ fn read_back(disk: &Disk, written: &Written, virtual_size: u64) -> Result<String
                 break;
             }
         }
-        hasher.hash(buf, n).map_err(|e| e.to_string())?;
+        blocks.done(buf, n)?;
         if bad.is_some() {
             break;
         }
         at += n as u64;
     }
-    let whole = hasher.finish().map_err(|e| e.to_string())?;
+    let whole = blocks.finish()?;
     if let Some(i) = bad {
         return Err(format!(
             "read-back of the target differs from what was written at offset {}",
             i * chunk
         ));
     }
-    Ok(hex::encode(whole))
+    Ok(whole)
+}
+
+/// The read-back's blocks: handed to the hashing thread after their check
+/// (and back when hashed), or, where the target's hash is proven, one
+/// buffer read into again and again.
+enum ReadBlocks {
+    Hashed(Sha256Thread<AlignedBuf>),
+    Checked(Option<AlignedBuf>),
+}
+
+impl ReadBlocks {
+    fn buffer(&mut self) -> Result<AlignedBuf, String> {
+        match self {
+            ReadBlocks::Hashed(t) => t.buffer().map_err(|e| e.to_string()),
+            ReadBlocks::Checked(b) => b.take().ok_or_else(|| "no read-back buffer".to_owned()),
+        }
+    }
+
+    fn done(&mut self, buf: AlignedBuf, n: usize) -> Result<(), String> {
+        match self {
+            ReadBlocks::Hashed(t) => t.hash(buf, n).map_err(|e| e.to_string()),
+            ReadBlocks::Checked(b) => {
+                *b = Some(buf);
+                Ok(())
+            }
+        }
+    }
+
+    /// The whole target's sha256 (hex), where it was taken.
+    fn finish(self) -> Result<Option<String>, String> {
+        match self {
+            ReadBlocks::Hashed(t) => t
+                .finish()
+                .map(hex::encode)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            ReadBlocks::Checked(_) => Ok(None),
+        }
+    }
 }

@@ -2,7 +2,8 @@
 //! made by qemu-img lands byte-identical to `qemu-img convert -O raw`, and
 //! so does a raw image; a tampered image is refused and what was written is
 //! zeroed; a manifest with a wrong sha256, one signed by an unknown key and
-//! an unsigned one are refused before the disk is touched.
+//! an unsigned one are refused before the disk is touched; a disk that
+//! drops its writes fails the read-back in either format.
 
 mod support;
 
@@ -344,4 +345,65 @@ fn a_catalog_image_comes_from_the_sites_cache_first() {
     let (r, _t) = run(&with_cache(&format!("{base}/stale.raw")), "stale-cache");
     let err = r.expect_err("the manifest refuses other bytes");
     assert!(matches!(err, ImageError::Rejected(..)), "{err}");
+}
+
+#[test]
+fn a_disk_that_drops_writes_fails_the_read_back_whatever_the_format() {
+    // The read-back is what proves the target holds the image (a raw
+    // image's target sha256 is the stream's once it passes): a disk that
+    // acknowledges writes and keeps none must fail it.
+    let dir = Scratch::new("img-liar");
+    let raw = dir.0.join("image.raw");
+    make_raw(&raw);
+    let qcow = dir.0.join("image.qcow2");
+    ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "qcow2",
+            raw.to_str().unwrap_or_default(),
+            qcow.to_str().unwrap_or_default(),
+        ],
+    );
+    let files: Files = Default::default();
+    let rbytes = std::fs::read(&raw).expect("raw");
+    let qbytes = std::fs::read(&qcow).expect("qcow2");
+    files
+        .lock()
+        .expect("files")
+        .insert("image.raw".into(), rbytes.clone());
+    files
+        .lock()
+        .expect("files")
+        .insert("image.qcow2".into(), qbytes.clone());
+    let base = serve(files);
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    let keys = [key.verifying_key()];
+    for (name, format, bytes) in [
+        ("image.raw", Format::Raw, &rbytes),
+        ("image.qcow2", Format::Qcow2, &qbytes),
+    ] {
+        let backing = dir.0.join(format!("backing-{name}"));
+        let junk: Vec<u8> = (0..(128u32 << 20)).map(|i| (i % 251) as u8 | 1).collect();
+        std::fs::write(&backing, &junk).expect("junk");
+        let liar = LyingDisk::mount(&backing, &dir.0.join(format!("mnt-{name}")));
+        let d = disks::describe(&liar.file).expect("describe");
+        let m = manifest(&key, &format!("{base}/{name}"), format, bytes);
+        let got = image::deploy(&m, &keys, &d, &DeployOptions::default(), &mut |_, _| {});
+        match got {
+            Err(ImageError::Rejected(why, _)) => assert!(
+                why.contains("read-back of the target differs from what was written at offset 0"),
+                "{name}: {why}"
+            ),
+            other => panic!("{name}: a disk that kept nothing passed: {other:?}"),
+        }
+        drop(liar);
+        assert!(
+            std::fs::read(&backing).expect("backing") == junk,
+            "{name}: the lying disk kept a write"
+        );
+    }
 }
