@@ -512,7 +512,7 @@ async fn step_once(
         begin_cancel(wf, steps, now);
         return Ok((schedule_next(ctx, wf, steps, node, writes), false));
     }
-    let def: StepDef = match serde_json::from_value::<StepDef>(steps[pos].definition.clone()) {
+    let def: StepDef = match <StepDef as serde::Deserialize>::deserialize(&steps[pos].definition) {
         Ok(def) => StepDef {
             timeout_secs: ctx.cfg.step_timeout_secs(&def),
             ..def
@@ -575,7 +575,7 @@ fn main_defs(steps: &[StepRow]) -> Option<Vec<StepDef>> {
     steps
         .iter()
         .filter(|s| !s.cleanup)
-        .map(|s| serde_json::from_value::<StepDef>(s.definition.clone()).ok())
+        .map(|s| <StepDef as serde::Deserialize>::deserialize(&s.definition).ok())
         .collect()
 }
 

@@ -55,7 +55,9 @@ pub struct WorkflowRow {
     pub error: Option<String>,
     pub cancel_requested: bool,
     pub wipe_verified: bool,
-    pub definition: serde_json::Value,
+    // Its `definition` (the whole profile, every step's definition with
+    // it) is written for the record and never read back here: every lock
+    // of a workflow would decode it, and its steps carry their own.
     pub created_at: DateTime<Utc>,
     /// The principal whose verb started the state it runs.
     pub actor: Option<String>,
@@ -88,7 +90,7 @@ pub struct StepRow {
 
 const WF_COLUMNS: &str =
     "id, node_id, owner, profile_id, profile_version, for_state, for_version, status, error, \
-    cancel_requested, wipe_verified, definition, created_at, actor, traceparent";
+    cancel_requested, wipe_verified, created_at, actor, traceparent";
 const STEP_COLUMNS: &str =
     "workflow_id, idx, name, target, cleanup, status, attempt, output, error, started_at, \
     finished_at, due_at, deadline_at, command_id, definition";
