@@ -125,9 +125,16 @@ fn deploy(
     image::deploy(m, keys, &d, &DeployOptions::default(), &mut |_, _| {})
 }
 
-#[test]
-fn qcow2_and_raw_images_land_byte_identical_to_qemu_img_convert() {
-    let dir = Scratch::new("img");
+/// A raw image (`make_raw`) and its qcow2 (`qemu-img convert`), both
+/// served over HTTP as `image.raw` and `image.qcow2`: the server's base
+/// URL and the two files' bytes.
+struct Images {
+    base: String,
+    raw: Vec<u8>,
+    qcow: Vec<u8>,
+}
+
+fn raw_and_qcow2(dir: &Scratch) -> Images {
     let raw = dir.0.join("image.raw");
     make_raw(&raw);
     let qcow = dir.0.join("image.qcow2");
@@ -143,6 +150,28 @@ fn qcow2_and_raw_images_land_byte_identical_to_qemu_img_convert() {
             qcow.to_str().unwrap_or_default(),
         ],
     );
+    let files: Files = Default::default();
+    let images = Images {
+        base: String::new(),
+        raw: std::fs::read(&raw).expect("raw"),
+        qcow: std::fs::read(&qcow).expect("qcow2"),
+    };
+    {
+        let mut f = files.lock().expect("files");
+        f.insert("image.raw".into(), images.raw.clone());
+        f.insert("image.qcow2".into(), images.qcow.clone());
+    }
+    Images {
+        base: serve(files),
+        ..images
+    }
+}
+
+#[test]
+fn qcow2_and_raw_images_land_byte_identical_to_qemu_img_convert() {
+    let dir = Scratch::new("img");
+    let images = raw_and_qcow2(&dir);
+    let qcow = dir.0.join("image.qcow2");
     let expected = dir.0.join("expected.raw");
     ok(
         "qemu-img",
@@ -157,19 +186,7 @@ fn qcow2_and_raw_images_land_byte_identical_to_qemu_img_convert() {
         ],
     );
     let expected = std::fs::read(&expected).expect("expected");
-
-    let files: Files = Default::default();
-    let qbytes = std::fs::read(&qcow).expect("qcow2");
-    let rbytes = std::fs::read(&raw).expect("raw");
-    files
-        .lock()
-        .expect("files")
-        .insert("image.qcow2".into(), qbytes.clone());
-    files
-        .lock()
-        .expect("files")
-        .insert("image.raw".into(), rbytes.clone());
-    let base = serve(files);
+    let (base, qbytes, rbytes) = (&images.base, &images.qcow, &images.raw);
     let key = SigningKey::generate(&mut rand::rngs::OsRng);
     let keys = [key.verifying_key()];
 
@@ -353,33 +370,8 @@ fn a_disk_that_drops_writes_fails_the_read_back_whatever_the_format() {
     // image's target sha256 is the stream's once it passes): a disk that
     // acknowledges writes and keeps none must fail it.
     let dir = Scratch::new("img-liar");
-    let raw = dir.0.join("image.raw");
-    make_raw(&raw);
-    let qcow = dir.0.join("image.qcow2");
-    ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "qcow2",
-            raw.to_str().unwrap_or_default(),
-            qcow.to_str().unwrap_or_default(),
-        ],
-    );
-    let files: Files = Default::default();
-    let rbytes = std::fs::read(&raw).expect("raw");
-    let qbytes = std::fs::read(&qcow).expect("qcow2");
-    files
-        .lock()
-        .expect("files")
-        .insert("image.raw".into(), rbytes.clone());
-    files
-        .lock()
-        .expect("files")
-        .insert("image.qcow2".into(), qbytes.clone());
-    let base = serve(files);
+    let images = raw_and_qcow2(&dir);
+    let (base, rbytes, qbytes) = (&images.base, &images.raw, &images.qcow);
     let key = SigningKey::generate(&mut rand::rngs::OsRng);
     let keys = [key.verifying_key()];
     for (name, format, bytes) in [
