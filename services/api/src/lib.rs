@@ -641,32 +641,34 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
 /// [`bcm_db::CONNECT_WAIT`], so a service started in an outage comes up
 /// with the database instead of exiting.
 async fn database_waiting(cfg: &ApiConfig) -> Result<(Db, Db, downloads::Downloads), StartError> {
+    use backon::Retryable as _;
     let give_up = std::time::Instant::now() + bcm_db::CONNECT_WAIT;
-    let mut pause = std::time::Duration::from_millis(250);
-    loop {
-        match database_once(cfg).await {
-            Err(StartError::Db(e))
-                if e.unreachable() && std::time::Instant::now() + pause < give_up =>
-            {
-                tracing::warn!(error = %e, ?pause, "the database went away while the service started; waiting");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_secs(5));
-            }
-            done => return done,
-        }
-    }
+    (|| database_once(cfg))
+        .retry(bcm_db::outage_backoff())
+        .when(|e| {
+            matches!(e, StartError::Db(e) if e.unreachable()) && std::time::Instant::now() < give_up
+        })
+        .notify(|e, pause| tracing::warn!(error = %e, ?pause, "the database is away while the service starts; waiting"))
+        .await
 }
 
+/// One try of [`database_waiting`]: its connections do not wait on their
+/// own, so the whole start-up has the one deadline.
 async fn database_once(cfg: &ApiConfig) -> Result<(Db, Db, downloads::Downloads), StartError> {
-    let db = Db::connect(&cfg.database_url, cfg.database_max_connections).await?;
+    let now = std::time::Duration::ZERO;
+    let db = Db::connect_waiting(&cfg.database_url, cfg.database_max_connections, now).await?;
     db.migrate().await?;
     // Every write of the agent endpoints is a hint or redone (a session's
     // touch, a heartbeat, a command's lease): their commits do not wait for
     // the WAL flush. Results and joins are recorded by the attestation
     // service, on its own pool.
-    let agent_db = Db::connect_for_hints(&cfg.database_url, cfg.database_agent_connections.max(1))
-        .await?
-        .named("agent");
+    let agent_db = Db::connect_for_hints(
+        &cfg.database_url,
+        cfg.database_agent_connections.max(1),
+        now,
+    )
+    .await?
+    .named("agent");
     seed(&db, &cfg.seed).await?;
     let downloads = downloads::publish(&db, &cfg.downloads).await?;
     Ok((db, agent_db, downloads))

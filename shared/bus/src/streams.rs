@@ -91,31 +91,32 @@ pub async fn ensure_all(bus: &Bus) -> Result<(), BusError> {
 /// still recovering its streams) waits for the streams before it gives up.
 pub const STREAMS_WAIT: Duration = Duration::from_secs(180);
 
-/// The stream `wanted`, created if missing; waits with backoff through an
-/// outage (no answer, JetStream not yet available) for up to
-/// [`STREAMS_WAIT`]. Any other refusal (permissions, a bad config) is
-/// returned at once.
+/// The stream `wanted`, created if missing; waits with backoff (250 ms
+/// doubling to 5 s) through an outage (no answer, JetStream not yet
+/// available), for up to [`STREAMS_WAIT`]. Any other refusal
+/// (permissions, a bad config) is returned at once.
 async fn stream_waiting(
     bus: &Bus,
     wanted: &Config,
 ) -> Result<async_nats::jetstream::stream::Stream, async_nats::jetstream::context::CreateStreamError>
 {
     use async_nats::jetstream::context::CreateStreamErrorKind as Kind;
+    use backon::Retryable as _;
     let give_up = std::time::Instant::now() + STREAMS_WAIT;
-    let mut pause = Duration::from_millis(250);
-    loop {
-        match bus.jetstream().get_or_create_stream(wanted.clone()).await {
-            Err(e)
-                if matches!(e.kind(), Kind::TimedOut | Kind::JetStreamUnavailable)
-                    && std::time::Instant::now() + pause < give_up =>
-            {
-                tracing::warn!(error = %e, stream = %wanted.name, ?pause, "NATS JetStream is not answering yet; waiting");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
-            }
-            done => return done,
-        }
-    }
+    let create = || bus.jetstream().get_or_create_stream(wanted.clone());
+    create
+        .retry(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(250))
+                .with_max_delay(Duration::from_secs(5))
+                .without_max_times(),
+        )
+        .when(|e| {
+            matches!(e.kind(), Kind::TimedOut | Kind::JetStreamUnavailable)
+                && std::time::Instant::now() < give_up
+        })
+        .notify(|e, pause| tracing::warn!(error = %e, stream = %wanted.name, ?pause, "NATS JetStream is not answering yet; waiting"))
+        .await
 }
 
 /// Deletes every stream of the bus's namespace, with their messages and

@@ -98,15 +98,16 @@ pub struct Db {
 /// How long [`Db::connect`] waits for an unreachable Postgres.
 pub const CONNECT_WAIT: Duration = Duration::from_secs(180);
 
-/// Whether a connection error is the server being away (down, restarting,
-/// failing over), which waiting can cure.
-fn server_away(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
-        // 57P03 cannot_connect_now: starting up or shutting down.
-        sqlx::Error::Database(d) => d.code().as_deref() == Some("57P03"),
-        _ => false,
-    }
+/// How a start-up waits out an outage of a peer it cannot work without:
+/// 250 ms doubling to 5 s between tries, for as long as the caller's
+/// `when` allows (its deadline; backon's own total counts only the sleeps,
+/// not the tries, and a try against a server that is down can take
+/// seconds).
+pub fn outage_backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(250))
+        .with_max_delay(Duration::from_secs(5))
+        .without_max_times()
 }
 
 /// A connection held out of its pool ([`Db::hold_connection`]); returned
@@ -141,9 +142,14 @@ impl Db {
     /// Never for a record of what happened: a state, a result, an event.
     /// Such a commit costs no disk flush, so a fleet's requests do not
     /// queue behind the WAL.
-    pub async fn connect_for_hints(url: &str, max_connections: u32) -> Result<Self, DbError> {
+    /// Waits like [`Db::connect_waiting`].
+    pub async fn connect_for_hints(
+        url: &str,
+        max_connections: u32,
+        wait: Duration,
+    ) -> Result<Self, DbError> {
         let opts = PgConnectOptions::from_str(url)?.options([("synchronous_commit", "off")]);
-        Self::connect_opts(opts, max_connections, CONNECT_WAIT).await
+        Self::connect_opts(opts, max_connections, wait).await
     }
 
     async fn connect_opts(
@@ -151,25 +157,21 @@ impl Db {
         max_connections: u32,
         wait: Duration,
     ) -> Result<Self, DbError> {
+        use backon::Retryable as _;
         let opts = opts.application_name("bcm");
-        let give_up = std::time::Instant::now() + wait;
-        let mut pause = Duration::from_millis(250);
-        loop {
-            let connected = PgPoolOptions::new()
+        let connect = || {
+            PgPoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(Duration::from_secs(10))
                 .connect_with(opts.clone())
-                .await;
-            match connected {
-                Ok(pool) => return Ok(Self { pool, name: "main" }),
-                Err(e) if server_away(&e) && std::time::Instant::now() + pause < give_up => {
-                    tracing::warn!(error = %e, ?pause, "Postgres is not reachable yet; waiting");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(5));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        };
+        let give_up = std::time::Instant::now() + wait;
+        let pool = connect
+            .retry(outage_backoff())
+            .when(|e| DbError::driver_unreachable(e) && std::time::Instant::now() < give_up)
+            .notify(|e, pause| tracing::warn!(error = %e, ?pause, "Postgres is not reachable yet; waiting"))
+            .await?;
+        Ok(Self { pool, name: "main" })
     }
 
     /// The same pool, named `name` in its metrics (a service with two
