@@ -73,6 +73,11 @@ struct Args {
     /// three times.
     #[arg(long)]
     admit_only: bool,
+    /// Requests per second from a separate client process (`bench-verbs`,
+    /// beside this binary) for the whole lifecycle: node reads, pages and
+    /// `metal.power` verbs of 16 machines of its own (0: none).
+    #[arg(long, default_value_t = 0)]
+    verb_load: u32,
 }
 
 /// The sum and count of a histogram over all its label sets, from the
@@ -218,6 +223,7 @@ impl Run {
     }
 }
 
+/// Waits until `n` nodes are in `state`; fails early when a node failed.
 async fn wait_all(
     db: &bcm_db::Db,
     state: bcm_core::ProvisionState,
@@ -433,6 +439,65 @@ async fn bulk_release(
     }))
 }
 
+/// `bench-verbs` running beside the lifecycle, as a process of its own.
+struct VerbLoad {
+    child: tokio::process::Child,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    own_nodes: usize,
+}
+
+impl VerbLoad {
+    /// Starts `bench-verbs` (found beside this binary) at `rate` requests
+    /// a second against `run`'s API, and waits until its own machines are
+    /// ready and its load has started.
+    async fn start(run: &Run, ca_file: Option<&str>, rate: u32) -> anyhow::Result<Self> {
+        use tokio::io::AsyncBufReadExt as _;
+        let exe = std::env::current_exe()?.with_file_name("bench-verbs");
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("--base")
+            .arg(&run.base)
+            .arg("--rate")
+            .arg(rate.to_string())
+            .env("BCM_BENCH_TOKEN", &run.token)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(ca) = ca_file {
+            cmd.arg("--ca-file").arg(ca);
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("{}: build it with the same profile", exe.display()))?;
+        let mut stdout =
+            tokio::io::BufReader::new(child.stdout.take().context("bench-verbs has no stdout")?)
+                .lines();
+        let line = stdout
+            .next_line()
+            .await?
+            .context("bench-verbs ended before its load started")?;
+        let started: Value = serde_json::from_str(&line)?;
+        anyhow::ensure!(started["loadStarted"] == true, "bench-verbs said {line}");
+        Ok(Self {
+            child,
+            stdout,
+            own_nodes: started["ownNodes"].as_u64().unwrap_or(0) as usize,
+        })
+    }
+
+    /// Ends the load (closes its standard input) and returns its figures.
+    async fn finish(mut self) -> anyhow::Result<Value> {
+        drop(self.child.stdin.take());
+        let line = self
+            .stdout
+            .next_line()
+            .await?
+            .context("bench-verbs ended without its figures")?;
+        let status = self.child.wait().await?;
+        anyhow::ensure!(status.success(), "bench-verbs: {status}");
+        Ok(serde_json::from_str(&line)?)
+    }
+}
+
 async fn each(
     run: &Arc<Run>,
     callers: usize,
@@ -620,6 +685,14 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let timeout = Duration::from_secs(args.phase_timeout_secs);
+    // The verb load's own machines are `ready` throughout: the phases that
+    // wait for `ready` count them too.
+    let mut verb_load = if args.verb_load > 0 {
+        Some(VerbLoad::start(&run, api_ca_file.as_str(), args.verb_load).await?)
+    } else {
+        None
+    };
+    let extra_ready = verb_load.as_ref().map_or(0, |l| l.own_nodes);
     let commits_before = bcm_db::admin::commit_count(&db).await?;
     let cpu_before = process_cpu_secs();
     let passes_before = histogram_totals(
@@ -651,7 +724,13 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?,
         );
-        wait_all(&db, bcm_core::ProvisionState::Ready, end, timeout).await?;
+        wait_all(
+            &db,
+            bcm_core::ProvisionState::Ready,
+            end + extra_ready,
+            timeout,
+        )
+        .await?;
     }
     let t_ready = t0.elapsed();
     let ids: Vec<String> = enrolled
@@ -686,8 +765,18 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
     }
-    wait_all(&db, bcm_core::ProvisionState::Ready, n, timeout).await?;
+    wait_all(
+        &db,
+        bcm_core::ProvisionState::Ready,
+        n + extra_ready,
+        timeout,
+    )
+    .await?;
     let t_released = t2.elapsed();
+    let verb_load_figures = match verb_load.take() {
+        Some(l) => l.finish().await?,
+        None => Value::Null,
+    };
     let total = t0.elapsed();
     tokio::time::sleep(Duration::from_millis(1500)).await; // let the last events and statistics land
     bcm_db::admin::stats_refresh(&db).await?;
@@ -740,6 +829,7 @@ async fn main() -> anyhow::Result<()> {
         "reconcilers": args.reconcilers,
         "setupWave": args.setup_wave,
         "bulkRelease": bulk_figures,
+        "verbLoad": verb_load_figures,
     });
     println!("{out}");
     shutdown.cancel();
