@@ -24,6 +24,17 @@ pub struct Config {
     pub attestation: Option<bcm_attestation::AttestationConfig>,
     /// The simulated site; its `site` must be a site of the seed.
     pub sim: bcm_sim::SimConfig,
+    /// A pool of its own, of this many connections, for the services that
+    /// work in the background (the relay, the workflow engine, the
+    /// attestation service, the reconciler) when they run in one process
+    /// with the API: their batches then never hold the connections the
+    /// verbs and reads wait for. 0: they share the API's pool.
+    #[serde(default = "default_work_connections")]
+    pub work_connections: u32,
+}
+
+fn default_work_connections() -> u32 {
+    16
 }
 
 impl Config {
@@ -112,9 +123,22 @@ pub async fn run(
     with_join_keys(&mut cfg);
     with_quorum(&mut cfg);
     let state = bcm_api::prepare(&cfg.api).await?;
-    let db = state.inner.db.clone();
     let bus = state.inner.bus.clone();
     let on = |s: Service| services.contains(&s);
+    let background = [
+        Service::Relay,
+        Service::Workflow,
+        Service::Attestation,
+        Service::Reconciler,
+    ];
+    let db = if on(Service::Api) && background.into_iter().any(on) && cfg.work_connections > 0 {
+        bcm_db::Db::connect(&cfg.api.database_url, cfg.work_connections)
+            .await
+            .map_err(bcm_api::StartError::Db)?
+            .named("work")
+    } else {
+        state.inner.db.clone()
+    };
     let mut tasks = vec![];
     if cfg.api.relay.enabled && on(Service::Relay) {
         tasks.push(tokio::spawn(bcm_api::relay::run(
@@ -222,6 +246,7 @@ pub async fn run(
         let _ = t.await;
     }
     db.close().await;
+    state.inner.db.close().await;
     Ok(())
 }
 

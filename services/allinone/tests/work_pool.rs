@@ -1,0 +1,91 @@
+//! A `bcm` process that runs the API beside background services (the
+//! relay, the reconciler) gives those services a pool of their own
+//! (`work_connections`, 16 by default), so their batches never hold the connections the
+//! verbs and reads wait for: the process's metrics show the reads on the
+//! API's `main` pool and the background work on `work`.
+
+use bcm_testkit::{Options, TestEnv};
+use std::time::Duration;
+
+mod common;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The observations of `bcm_db_pool_wait_seconds` for `pool` in a
+/// Prometheus text scrape.
+fn pool_waits(metrics: &str, pool: &str) -> f64 {
+    let key = format!("bcm_db_pool_wait_seconds_count{{pool=\"{pool}\"}}");
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(key.as_str()))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_services_beside_the_api_wait_on_a_pool_of_their_own() {
+    let env = TestEnv::start_with(Options::api_only()).await.expect("env");
+    let dir = std::env::temp_dir().join(format!("bcm-work-pool-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let token = "work-pool-admin-token-0123456789";
+    let config = common::config_file(
+        &env,
+        &dir,
+        "work-pool.toml",
+        &format!("admin_token = \"{token}\""),
+        "[api.tls]\nplain_http = true\n[reconciler]\nmetal_poll_ms = 500\nlease_ttl_ms = 2000\n",
+    );
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut child = common::spawn_child_on(
+        &config,
+        "api,relay,reconciler",
+        &dir.join("bcm.log"),
+        &listen,
+    );
+    let http = reqwest::Client::new();
+    let metrics = || async {
+        let r = http.get(format!("http://{listen}/metrics")).send().await?;
+        r.text().await
+    };
+    // A verb: its transaction is the API's; the relay publishes its event
+    // and the reconciler answers it, in theirs.
+    let enroll = || async {
+        http.post(format!("http://{listen}/api/compute/metal/enroll"))
+            .bearer_auth(token)
+            .json(&serde_json::json!({"tenantId": "a", "poolId": "a-pool", "hardwareProfile": "sim",
+                "bmc": {"driver": "sim", "address": "sim://work-pool", "username": "admin", "password": "pw"}}))
+            .send()
+            .await
+    };
+    let mut enrolled = false;
+    let last = std::sync::Mutex::new(String::new());
+    let started = std::time::Instant::now();
+    while !enrolled {
+        let answer = enroll().await.map(|r| r.status());
+        enrolled = answer.as_ref().is_ok_and(|s| s.is_success());
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the child's API never enrolled: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let seen = bcm_testkit::eventually(Duration::from_secs(60), || async {
+        let text = metrics().await.unwrap_or_default();
+        *last.lock().unwrap_or_else(|p| p.into_inner()) = text.clone();
+        let (main, work) = (pool_waits(&text, "main"), pool_waits(&text, "work"));
+        Ok((main > 0.0 && work > 0.0).then_some((main, work)))
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(dir.join("bcm.log")).unwrap_or_default();
+    let last = last.into_inner().unwrap_or_else(|p| p.into_inner());
+    let (main, work) = seen.unwrap_or_else(|e| panic!("{e}\n{last}\n{log}"));
+    assert!(main > 0.0 && work > 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
