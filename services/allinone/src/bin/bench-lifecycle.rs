@@ -75,9 +75,13 @@ struct Args {
     admit_only: bool,
     /// Requests per second from a separate client process (`bench-verbs`,
     /// beside this binary) for the whole lifecycle: node reads, pages and
-    /// `metal.power` verbs of 16 machines of its own (0: none).
+    /// `metal.power` verbs of `--verb-load-nodes` machines of its own (0:
+    /// none).
     #[arg(long, default_value_t = 0)]
     verb_load: u32,
+    /// The verb load's own machines, which its `metal.power` verbs share.
+    #[arg(long, default_value_t = 64)]
+    verb_load_nodes: usize,
 }
 
 /// The sum and count of a histogram over all its label sets, from the
@@ -450,7 +454,12 @@ impl VerbLoad {
     /// Starts `bench-verbs` (found beside this binary) at `rate` requests
     /// a second against `run`'s API, and waits until its own machines are
     /// ready and its load has started.
-    async fn start(run: &Run, ca_file: Option<&str>, rate: u32) -> anyhow::Result<Self> {
+    async fn start(
+        run: &Run,
+        ca_file: Option<&str>,
+        rate: u32,
+        own_nodes: usize,
+    ) -> anyhow::Result<Self> {
         use tokio::io::AsyncBufReadExt as _;
         let exe = std::env::current_exe()?.with_file_name("bench-verbs");
         let mut cmd = tokio::process::Command::new(&exe);
@@ -458,6 +467,8 @@ impl VerbLoad {
             .arg(&run.base)
             .arg("--rate")
             .arg(rate.to_string())
+            .arg("--own-nodes")
+            .arg(own_nodes.to_string())
             .env("BCM_BENCH_TOKEN", &run.token)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -688,7 +699,15 @@ async fn main() -> anyhow::Result<()> {
     // The verb load's own machines are `ready` throughout: the phases that
     // wait for `ready` count them too.
     let mut verb_load = if args.verb_load > 0 {
-        Some(VerbLoad::start(&run, api_ca_file.as_str(), args.verb_load).await?)
+        Some(
+            VerbLoad::start(
+                &run,
+                api_ca_file.as_str(),
+                args.verb_load,
+                args.verb_load_nodes,
+            )
+            .await?,
+        )
     } else {
         None
     };
