@@ -1,13 +1,24 @@
 //! A `bcm` process that runs the API beside background services (the
 //! relay, the reconciler) gives those services a pool of their own
 //! (`work_connections`, 16 by default), so their batches never hold the connections the
-//! verbs and reads wait for: the process's metrics show the reads on the
-//! API's `main` pool and the background work on `work`.
+//! verbs and reads wait for: after one enroll, the process's metrics show
+//! the verb's transaction on the API's `main` pool and the relay's and
+//! reconciler's on `work`.
 
 use bcm_testkit::{Options, TestEnv};
 use std::time::Duration;
 
 mod common;
+
+/// The child, killed however the test ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -41,12 +52,12 @@ async fn background_services_beside_the_api_wait_on_a_pool_of_their_own() {
         "[api.tls]\nplain_http = true\n[reconciler]\nmetal_poll_ms = 500\nlease_ttl_ms = 2000\n",
     );
     let listen = format!("127.0.0.1:{}", free_port());
-    let mut child = common::spawn_child_on(
+    let child = Killed(common::spawn_child_on(
         &config,
         "api,relay,reconciler",
         &dir.join("bcm.log"),
         &listen,
-    );
+    ));
     let http = reqwest::Client::new();
     let metrics = || async {
         let r = http.get(format!("http://{listen}/metrics")).send().await?;
@@ -81,8 +92,7 @@ async fn background_services_beside_the_api_wait_on_a_pool_of_their_own() {
         Ok((main > 0.0 && work > 0.0).then_some((main, work)))
     })
     .await;
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     let log = std::fs::read_to_string(dir.join("bcm.log")).unwrap_or_default();
     let last = last.into_inner().unwrap_or_else(|p| p.into_inner());
     let (main, work) = seen.unwrap_or_else(|e| panic!("{e}\n{last}\n{log}"));

@@ -642,12 +642,12 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
 /// with the database instead of exiting.
 async fn database_waiting(cfg: &ApiConfig) -> Result<(Db, Db, downloads::Downloads), StartError> {
     use backon::Retryable as _;
-    let give_up = std::time::Instant::now() + bcm_db::CONNECT_WAIT;
     (|| database_once(cfg))
         .retry(bcm_db::outage_backoff())
-        .when(|e| {
-            matches!(e, StartError::Db(e) if e.unreachable()) && std::time::Instant::now() < give_up
-        })
+        .when(|e| matches!(e, StartError::Db(e) if e.unreachable()))
+        .adjust(bcm_db::until(
+            std::time::Instant::now() + bcm_db::CONNECT_WAIT,
+        ))
         .notify(|e, pause| tracing::warn!(error = %e, ?pause, "the database is away while the service starts; waiting"))
         .await
 }

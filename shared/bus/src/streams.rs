@@ -111,10 +111,9 @@ async fn stream_waiting(
                 .with_max_delay(Duration::from_secs(5))
                 .without_max_times(),
         )
-        .when(|e| {
-            matches!(e.kind(), Kind::TimedOut | Kind::JetStreamUnavailable)
-                && std::time::Instant::now() < give_up
-        })
+        .when(|e| matches!(e.kind(), Kind::TimedOut | Kind::JetStreamUnavailable))
+        // Give up rather than sleep past the deadline.
+        .adjust(|_, pause| pause.filter(|p| std::time::Instant::now() + *p < give_up))
         .notify(|e, pause| tracing::warn!(error = %e, stream = %wanted.name, ?pause, "NATS JetStream is not answering yet; waiting"))
         .await
 }

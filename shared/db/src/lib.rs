@@ -99,15 +99,37 @@ pub struct Db {
 pub const CONNECT_WAIT: Duration = Duration::from_secs(180);
 
 /// How a start-up waits out an outage of a peer it cannot work without:
-/// 250 ms doubling to 5 s between tries, for as long as the caller's
-/// `when` allows (its deadline; backon's own total counts only the sleeps,
-/// not the tries, and a try against a server that is down can take
-/// seconds).
+/// 250 ms doubling to 5 s between tries. Give it [`until`] as its
+/// `adjust`, for a deadline.
 pub fn outage_backoff() -> backon::ExponentialBuilder {
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(250))
         .with_max_delay(Duration::from_secs(5))
         .without_max_times()
+}
+
+/// A backon `adjust` that gives up rather than sleep past `give_up` (the
+/// next try would start after it). backon's own `with_total_delay` counts
+/// only the sleeps, and a try against a server that is down can itself
+/// take seconds.
+pub fn until<E>(
+    give_up: std::time::Instant,
+) -> impl FnMut(&E, Option<Duration>) -> Option<Duration> {
+    move |_, pause| pause.filter(|p| std::time::Instant::now() + *p < give_up)
+}
+
+/// Whether a connection error is the server being away (down, restarting,
+/// shutting down, failing over), which waiting can cure; a refusal
+/// (authentication, a missing or dropped database, a protocol error) is not.
+fn server_away(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+        // 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now.
+        sqlx::Error::Database(d) => {
+            matches!(d.code().as_deref(), Some("57P01" | "57P02" | "57P03"))
+        }
+        _ => false,
+    }
 }
 
 /// A connection held out of its pool ([`Db::hold_connection`]); returned
@@ -165,10 +187,10 @@ impl Db {
                 .acquire_timeout(Duration::from_secs(10))
                 .connect_with(opts.clone())
         };
-        let give_up = std::time::Instant::now() + wait;
         let pool = connect
             .retry(outage_backoff())
-            .when(|e| DbError::driver_unreachable(e) && std::time::Instant::now() < give_up)
+            .when(server_away)
+            .adjust(until(std::time::Instant::now() + wait))
             .notify(|e, pause| tracing::warn!(error = %e, ?pause, "Postgres is not reachable yet; waiting"))
             .await?;
         Ok(Self { pool, name: "main" })
@@ -259,4 +281,23 @@ pub async fn lock_timeout_in_txn(tx: &mut Tx<'_>, millis: u32) -> Result<(), DbE
 pub async fn savepoint<'t>(tx: &'t mut Tx<'_>) -> Result<Tx<'t>, DbError> {
     use sqlx::Acquire as _;
     Ok(tx.begin().await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::until;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_wait_gives_up_rather_than_sleep_past_its_deadline() {
+        let mut soon = until::<()>(Instant::now() + Duration::from_secs(1));
+        assert_eq!(
+            soon(&(), Some(Duration::from_millis(250))),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(soon(&(), Some(Duration::from_secs(5))), None);
+        assert_eq!(soon(&(), None), None, "the backoff itself ended");
+        let mut now = until::<()>(Instant::now());
+        assert_eq!(now(&(), Some(Duration::from_millis(1))), None);
+    }
 }

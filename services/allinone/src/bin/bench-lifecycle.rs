@@ -491,17 +491,21 @@ impl VerbLoad {
         Ok(Self {
             child,
             stdout,
-            own_nodes: started["ownNodes"].as_u64().unwrap_or(0) as usize,
+            own_nodes: started["ownNodes"]
+                .as_u64()
+                .with_context(|| format!("bench-verbs did not say its machines: {line}"))?
+                as usize,
         })
     }
 
     /// Ends the load (closes its standard input) and returns its figures.
     async fn finish(mut self) -> anyhow::Result<Value> {
         drop(self.child.stdin.take());
-        let line = self
-            .stdout
-            .next_line()
-            .await?
+        // Its requests time out after 30 s (bench-verbs' client), so the
+        // figures follow within that.
+        let line = tokio::time::timeout(Duration::from_secs(60), self.stdout.next_line())
+            .await
+            .context("bench-verbs did not print its figures within 60 s")??
             .context("bench-verbs ended without its figures")?;
         let status = self.child.wait().await?;
         anyhow::ensure!(status.success(), "bench-verbs: {status}");
@@ -792,11 +796,12 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     let t_released = t2.elapsed();
+    let total = t0.elapsed();
+    // After the run's clock stops: the load's last answers are not its.
     let verb_load_figures = match verb_load.take() {
         Some(l) => l.finish().await?,
         None => Value::Null,
     };
-    let total = t0.elapsed();
     tokio::time::sleep(Duration::from_millis(1500)).await; // let the last events and statistics land
     bcm_db::admin::stats_refresh(&db).await?;
     let commits = bcm_db::admin::commit_count(&db).await? - commits_before;

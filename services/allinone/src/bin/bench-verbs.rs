@@ -199,12 +199,15 @@ async fn one(
     own: &[String],
     seen: &Mutex<Vec<String>>,
 ) -> u16 {
-    let pick = |ids: &[String]| -> Option<String> {
-        (!ids.is_empty()).then(|| ids[(tick as usize / 4) % ids.len()].clone())
+    // The n-th of `ids`, round and round.
+    let pick = |ids: &[String], n: u64| -> Option<String> {
+        (!ids.is_empty()).then(|| ids[n as usize % ids.len()].clone())
     };
     let answer = match kind {
         Kind::Get => {
-            let id = pick(&seen.lock().unwrap_or_else(|p| p.into_inner())).or_else(|| pick(own));
+            // The two reads of a cycle (ticks 4k and 4k+2) read two nodes.
+            let id = pick(&seen.lock().unwrap_or_else(|p| p.into_inner()), tick / 2)
+                .or_else(|| pick(own, tick / 2));
             let Some(id) = id else { return 0 };
             client
                 .send(
@@ -217,7 +220,7 @@ async fn one(
         Kind::List => {
             // A page somewhere in the fleet: after one of the ids seen (or
             // from the start), so the pages wander.
-            let after = pick(&seen.lock().unwrap_or_else(|p| p.into_inner()))
+            let after = pick(&seen.lock().unwrap_or_else(|p| p.into_inner()), tick / 4)
                 .filter(|_| tick % 8 != 1)
                 .map(|id| format!("&pageToken={id}"))
                 .unwrap_or_default();
@@ -242,7 +245,9 @@ async fn one(
             got
         }
         Kind::Power => {
-            let Some(id) = pick(own) else { return 0 };
+            let Some(id) = pick(own, tick / 4) else {
+                return 0;
+            };
             // Each own node is powered on, then off, by turns.
             let action = if (tick / 4 / own.len().max(1) as u64).is_multiple_of(2) {
                 "on"
@@ -271,10 +276,19 @@ async fn one(
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.rate > 0, "--rate must be at least 1");
+    anyhow::ensure!(
+        args.own_nodes > 0,
+        "--own-nodes must be at least 1 (the power verbs' machines)"
+    );
+    // A request unanswered for 30 s is counted as no answer (status 0).
     let http = match &args.ca_file {
-        Some(ca) => bcm_pki::tls::client_pinned_to_file(ca)?,
-        None => reqwest::Client::new(),
-    };
+        Some(ca) => bcm_pki::tls::pinned_client(
+            &std::fs::read_to_string(ca).with_context(|| ca.display().to_string())?,
+        )?,
+        None => reqwest::Client::builder(),
+    }
+    .timeout(Duration::from_secs(30))
+    .build()?;
     let client = Arc::new(Client {
         http,
         base: args.base.trim_end_matches('/').to_owned(),
