@@ -5,6 +5,7 @@
 //! and releases it, and leaves the API up for `metalctl`.
 
 pub mod demo;
+pub mod figures;
 
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;

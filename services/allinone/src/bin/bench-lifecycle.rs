@@ -16,6 +16,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use anyhow::Context as _;
+use bcm_allinone::figures::percentile;
 use clap::Parser;
 use futures::StreamExt as _;
 use serde_json::{json, Value};
@@ -162,14 +163,6 @@ fn load_line(metrics: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 fn rss_kib(pid: &str) -> Option<u64> {

@@ -18,6 +18,7 @@
 //! beside. It prints `{"loadStarted": true, ...}` when the load starts.
 
 use anyhow::Context as _;
+use bcm_allinone::figures::percentile;
 use clap::Parser;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -104,14 +105,6 @@ impl Client {
         let text = res.text().await?;
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 /// Latency percentiles and status counts of `samples`, over all and per
