@@ -147,6 +147,14 @@ async fn main() -> anyhow::Result<()> {
     // (a real site's control plane) there is nothing to show.
     let with_demo = services.contains(&bcm_allinone::Service::Api)
         && services.contains(&bcm_allinone::Service::Sim);
+    // The API serves `/metrics` itself; a process without it serves them
+    // on `api.telemetry.metrics_listen`, where one is given, as the
+    // services' own binaries do.
+    if !services.contains(&bcm_allinone::Service::Api) {
+        if let Some(listen) = cfg.api.telemetry.metrics_listen {
+            bcm_telemetry::spawn_metrics(listen, shutdown.clone()).await?;
+        }
+    }
     let server = tokio::spawn(async move {
         bcm_allinone::run(cfg, &services, listener, ready_tx, shutdown.clone()).await
     });

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::process::Child;
 
 mod common;
-use common::{all_reach, child_config, count_in, spawn_child, T};
+use common::{all_reach, child_config, count_in, spawn_child, spawn_child_with, T};
 
 const NODES: usize = 200;
 
@@ -34,9 +34,21 @@ async fn three_reconciler_processes_on_200_nodes_end_as_one() {
     let dir = std::env::temp_dir().join(format!("bcm-reconcilers-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let config = child_config(&env, &dir);
-    let mut children: Vec<Child> = (0..3)
+    // The last one serves its metrics (`api.telemetry.metrics_listen`), as a
+    // process without the API does where one is given.
+    let metrics_listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .to_string();
+    let mut children: Vec<Child> = (0..2)
         .map(|i| spawn_child(&config, "reconciler", &dir.join(format!("r{i}.log"))))
         .collect();
+    children.push(spawn_child_with(
+        &config,
+        "reconciler",
+        &dir.join("r2.log"),
+        &[("BCM_ALL_API__TELEMETRY__METRICS_LISTEN", &metrics_listen)],
+    ));
     bcm_testkit::eventually(T, || async {
         Ok((holders(&env).await.len() == 3).then_some(()))
     })
@@ -67,6 +79,16 @@ async fn three_reconciler_processes_on_200_nodes_end_as_one() {
             .await;
     }
     all_reach(&env, &ids, ProvisionState::Deployed).await;
+    let scraped = reqwest::get(format!("http://{metrics_listen}/metrics"))
+        .await
+        .expect("the reconciler process serves its metrics");
+    let text = scraped.text().await.expect("metrics text");
+    let passes: f64 = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("bcm_reconciler_pass_seconds_count"))
+        .filter_map(|l| l.rsplit(" ").next()?.parse::<f64>().ok())
+        .sum();
+    assert!(passes > 0.0, "no reconcile passes in its metrics:\n{text}");
     for mut c in children {
         let _ = c.kill();
         let _ = c.wait();

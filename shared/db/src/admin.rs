@@ -75,6 +75,18 @@ pub async fn commit_count(db: &crate::Db) -> Result<i64, DbError> {
     .await?)
 }
 
+/// The transaction id Postgres will assign next. Only a transaction that
+/// writes is assigned one (a read, or a read-only transaction, is not), so
+/// its advance over a run counts the transactions that wrote, where
+/// [`commit_count`] counts every one.
+pub async fn next_transaction_id(db: &crate::Db) -> Result<i64, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+            .fetch_one(db.pool())
+            .await?,
+    )
+}
+
 /// Whether this pool's connection to the server is TLS
 /// (`pg_stat_ssl` of the session).
 pub async fn connection_uses_tls(db: &crate::Db) -> Result<bool, DbError> {

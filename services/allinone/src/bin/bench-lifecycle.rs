@@ -1,7 +1,9 @@
 //! `bench-lifecycle`: N simulated machines at zero simulated latency through
 //! enroll → ready → deploy → deployed → release → ready against the real
-//! services (in this process), Postgres and NATS JetStream, through the
-//! public HTTP API. Prints one JSON line of figures.
+//! services, Postgres and NATS JetStream, through the public HTTP API.
+//! Prints one JSON line of figures. The services run in this process, or
+//! with `--processes` as compose runs them: a `bcm` process per service and
+//! the simulated site in one of its own, each one's CPU and peak RSS given.
 //!
 //! `eval "$(deploy/dev/stack.sh env)"; cargo run --release -p bcm-allinone --bin bench-lifecycle -- --nodes 1000`
 //!
@@ -14,6 +16,9 @@
 /// cheaper than with glibc's allocator (measured by bench-lifecycle).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[path = "bench_lifecycle/processes.rs"]
+mod processes;
 
 use anyhow::Context as _;
 use bcm_allinone::figures::percentile;
@@ -83,6 +88,13 @@ struct Args {
     /// The verb load's own machines, which its `metal.power` verbs share.
     #[arg(long, default_value_t = 64)]
     verb_load_nodes: usize,
+    /// Run the control plane as compose does, a `bcm` process per service
+    /// (the API with its relay, the workflow engine, each reconciler,
+    /// attestation) and the simulated site in one of its own, instead of
+    /// every service in this process; the figures then give each
+    /// process's CPU and peak RSS. Needs `bcm` built beside this binary.
+    #[arg(long)]
+    processes: bool,
 }
 
 /// The sum and count of a histogram over all its label sets, from the
@@ -104,20 +116,6 @@ fn histogram_totals(metrics: &str, name: &str) -> (f64, f64) {
         }
     }
     (sum, count)
-}
-
-/// CPU seconds this process has used (user and system), from
-/// `/proc/self/stat` (in the kernel's USER_HZ ticks, 100 a second).
-fn process_cpu_secs() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    // The fields after the command name, which is in parentheses.
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are the 14th and 15th fields; `after` starts at the 3rd.
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// The agent requests (count and mean seconds per endpoint and status)
@@ -190,6 +188,71 @@ fn rss_of(needle: &str) -> f64 {
         }
     }
     total as f64 / 1024.0
+}
+
+/// Where the services run: in this process, or as compose runs them.
+enum Plane {
+    ThisProcess(tokio::task::JoinHandle<Result<(), bcm_allinone::RunError>>),
+    Processes(processes::Processes),
+}
+
+/// This process's name in the per-process figures.
+const BENCH: &str = "bench";
+
+/// Where the services' metrics are read.
+#[derive(Clone)]
+enum Metrics {
+    ThisProcess,
+    Children(processes::Scrape),
+}
+
+impl Metrics {
+    async fn text(&self) -> String {
+        match self {
+            Metrics::ThisProcess => bcm_telemetry::render_metrics(),
+            Metrics::Children(s) => s.text().await,
+        }
+    }
+}
+
+impl Plane {
+    fn metrics(&self) -> Metrics {
+        match self {
+            Plane::ThisProcess(_) => Metrics::ThisProcess,
+            Plane::Processes(p) => Metrics::Children(p.scrape()),
+        }
+    }
+
+    /// CPU seconds so far of each process the run uses, by name; this
+    /// process (with every service, where they run in it) is [`BENCH`].
+    fn cpu_secs(&self) -> Vec<(String, f64)> {
+        let mut all = match self {
+            Plane::ThisProcess(_) => vec![],
+            Plane::Processes(p) => p.cpu_secs(),
+        };
+        all.push((BENCH.into(), processes::cpu_secs_of("self")));
+        all
+    }
+
+    /// Peak RSS in MiB of each process the run uses, by name.
+    fn peak_rss_mib(&self) -> Vec<(String, f64)> {
+        let mut all = match self {
+            Plane::ThisProcess(_) => vec![],
+            Plane::Processes(p) => p.peak_rss_mib(),
+        };
+        all.push((BENCH.into(), rss_kib("self").unwrap_or(0) as f64 / 1024.0));
+        all
+    }
+
+    async fn stop(self, shutdown: &tokio_util::sync::CancellationToken) {
+        shutdown.cancel();
+        match self {
+            Plane::ThisProcess(server) => {
+                let _ = server.await;
+            }
+            Plane::Processes(p) => p.stop().await,
+        }
+    }
 }
 
 struct Run {
@@ -547,7 +610,7 @@ async fn main() -> anyhow::Result<()> {
             json!(files.ca),
         )
     };
-    let cfg: bcm_allinone::Config = serde_json::from_value(json!({
+    let mut config = json!({
         "api": {
             "tls": tls,
             "database_url": db_url, "database_max_connections": 32, "admin_token": token,
@@ -561,24 +624,27 @@ async fn main() -> anyhow::Result<()> {
         },
         "reconciler": {"metal_poll_ms": 30000},
         "sim": {"site": "local", "concurrency": 256, "api_ca_file": api_ca_file}
-    }))?;
-    bcm_telemetry::init("bench", &cfg.api.telemetry)?;
+    });
+    if let Some(n) = args.agent_connections {
+        config["api"]["database_agent_connections"] = json!(n);
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let scheme = if args.plain_http { "http" } else { "https" };
-    let base = format!("{scheme}://{}", listener.local_addr()?);
-    let mut cfg = cfg;
-    if let Some(n) = args.agent_connections {
-        cfg.api.database_agent_connections = n;
-    }
+    let api_listen = listener.local_addr()?.to_string();
+    let base = format!("{scheme}://{api_listen}");
     // The quorum: the API's policy key approves single verbs; three
-    // approvers, two of whom the site's anchor needs for a bulk.
-    let mut rng = rand::rngs::OsRng;
-    let policy = ed25519_dalek::SigningKey::generate(&mut rng);
-    let approvers: Vec<ed25519_dalek::SigningKey> = (0..3)
-        .map(|_| ed25519_dalek::SigningKey::generate(&mut rng))
-        .collect();
-    cfg.api.quorum.policy_key = Some(policy.clone());
-    cfg.sim.quorum_anchor = Some(bcm_quorum::Anchor::of(&approvers, 2, Some(&policy)));
+    // approvers, two of whom the site's anchor needs for a bulk. On disk,
+    // as separate processes read them.
+    let keys = bcm_quorum::files::write_missing(&tls_dir.join("quorum"), 3, 2)?;
+    let read_key = |p: &std::path::Path| -> anyhow::Result<ed25519_dalek::SigningKey> {
+        Ok(bcm_quorum::signing_key(&std::fs::read_to_string(p)?)?)
+    };
+    let policy = read_key(&keys.policy_key)?;
+    let approvers = keys
+        .approver_keys
+        .iter()
+        .map(|p| read_key(p))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut engine = bcm_workflow::EngineConfig::new(base.clone());
     if let Some(w) = args.engine_workers {
         engine.workers = w;
@@ -587,26 +653,59 @@ async fn main() -> anyhow::Result<()> {
         engine.batch = b;
     }
     let (engine_workers, engine_batch) = (engine.workers, engine.batch);
-    cfg.engine = Some(engine);
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let services = bcm_allinone::Service::ALL.to_vec();
-    let server_cfg = cfg.clone();
-    let stop = shutdown.clone();
-    let server =
-        tokio::spawn(
-            async move { bcm_allinone::run(server_cfg, &services, listener, tx, stop).await },
-        );
-    let _ = rx.await?;
+    let mut cfg: bcm_allinone::Config = serde_json::from_value(config.clone())?;
+    bcm_telemetry::init("bench", &cfg.api.telemetry)?;
+    let http = if args.plain_http {
+        reqwest::Client::new()
+    } else {
+        bcm_pki::tls::client_pinned_to_file(&files.ca)?
+    };
+    let plane = if args.processes {
+        drop(listener);
+        bcm_pki::join_key::write_keys(&tls_dir, &["local"])?;
+        config["api"]["join_key"] = json!({"file": tls_dir.join("join.key")});
+        config["api"]["quorum"] = json!({"policy_key_file": keys.policy_key});
+        config["sim"]["quorum_anchor_file"] = json!(keys.anchor);
+        config["engine"] =
+            json!({"control_plane_url": base, "workers": engine_workers, "batch": engine_batch});
+        Plane::Processes(
+            processes::Processes::start(
+                &config,
+                &tls_dir,
+                &api_listen,
+                &base,
+                http.clone(),
+                args.reconcilers,
+            )
+            .await?,
+        )
+    } else {
+        cfg.api.quorum.policy_key = Some(policy.clone());
+        cfg.sim.quorum_anchor = Some(bcm_quorum::Anchor::of(&approvers, 2, Some(&policy)));
+        cfg.engine = Some(engine);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let services = bcm_allinone::Service::ALL.to_vec();
+        let server_cfg = cfg.clone();
+        let stop = shutdown.clone();
+        let server = tokio::spawn(async move {
+            bcm_allinone::run(server_cfg, &services, listener, tx, stop).await
+        });
+        let _ = rx.await?;
+        Plane::ThisProcess(server)
+    };
+    let metrics = plane.metrics();
     let db = bcm_db::Db::connect(&db_url, 4).await?;
     let bus = bcm_bus::Bus::connect(&cfg.api.bus).await?;
-    for _ in 1..args.reconcilers {
-        tokio::spawn(bcm_reconciler::run(
-            db.clone(),
-            bus.clone(),
-            cfg.reconciler.clone(),
-            shutdown.clone(),
-        ));
+    if matches!(plane, Plane::ThisProcess(_)) {
+        for _ in 1..args.reconcilers {
+            tokio::spawn(bcm_reconciler::run(
+                db.clone(),
+                bus.clone(),
+                cfg.reconciler.clone(),
+                shutdown.clone(),
+            ));
+        }
     }
 
     // Commit-to-delivery of every event, from a durable consumer.
@@ -653,7 +752,7 @@ async fn main() -> anyhow::Result<()> {
     // Once a minute on stderr: what the agents asked of the API and how it
     // answered, and how long work waited for each pool.
     {
-        let stop = shutdown.clone();
+        let (stop, metrics) = (shutdown.clone(), metrics.clone());
         tokio::spawn(async move {
             let started = Instant::now();
             loop {
@@ -664,17 +763,12 @@ async fn main() -> anyhow::Result<()> {
                 eprintln!(
                     "[{:>5}s] {}",
                     started.elapsed().as_secs(),
-                    load_line(&bcm_telemetry::render_metrics())
+                    load_line(&metrics.text().await)
                 );
             }
         });
     }
 
-    let http = if args.plain_http {
-        reqwest::Client::new()
-    } else {
-        bcm_pki::tls::client_pinned_to_file(&files.ca)?
-    };
     let run = Arc::new(Run {
         http,
         base,
@@ -685,8 +779,7 @@ async fn main() -> anyhow::Result<()> {
     if args.admit_only {
         let out = admit_only(&run, &db, n).await?;
         println!("{out}");
-        shutdown.cancel();
-        let _ = server.await;
+        plane.stop(&shutdown).await;
         bcm_bus::streams::delete_all(&bus).await?;
         drop(db);
         bcm_db::admin::database_drop(&database, &db_name).await?;
@@ -710,15 +803,11 @@ async fn main() -> anyhow::Result<()> {
     };
     let extra_ready = verb_load.as_ref().map_or(0, |l| l.own_nodes);
     let commits_before = bcm_db::admin::commit_count(&db).await?;
-    let cpu_before = process_cpu_secs();
-    let passes_before = histogram_totals(
-        &bcm_telemetry::render_metrics(),
-        "bcm_reconciler_pass_cpu_seconds",
-    );
-    let pass_wall_before = histogram_totals(
-        &bcm_telemetry::render_metrics(),
-        "bcm_reconciler_pass_seconds",
-    );
+    let xid_before = bcm_db::admin::next_transaction_id(&db).await?;
+    let cpu_before = plane.cpu_secs();
+    let metrics_before = metrics.text().await;
+    let passes_before = histogram_totals(&metrics_before, "bcm_reconciler_pass_cpu_seconds");
+    let pass_wall_before = histogram_totals(&metrics_before, "bcm_reconciler_pass_seconds");
     let t0 = Instant::now();
     let wave = if args.setup_wave == 0 {
         n
@@ -798,8 +887,38 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(1500)).await; // let the last events and statistics land
     bcm_db::admin::stats_refresh(&db).await?;
     let commits = bcm_db::admin::commit_count(&db).await? - commits_before;
-    let cpu = process_cpu_secs() - cpu_before;
-    let metrics_text = bcm_telemetry::render_metrics();
+    // Every transaction that wrote was given an id; reads are not.
+    let writes = bcm_db::admin::next_transaction_id(&db).await? - xid_before;
+    // CPU seconds of each process over the run; the control plane's are
+    // every process's but the simulated site's and this one's (where they
+    // are separate).
+    let cpu_by_process: Vec<(String, f64)> = plane
+        .cpu_secs()
+        .into_iter()
+        .map(|(name, after)| {
+            let before = cpu_before
+                .iter()
+                .find(|(b, _)| *b == name)
+                .map_or(0.0, |(_, v)| *v);
+            (name, after - before)
+        })
+        .collect();
+    let cpu: f64 = match &plane {
+        Plane::ThisProcess(_) => cpu_by_process.iter().map(|(_, v)| v).sum(),
+        Plane::Processes(_) => cpu_by_process
+            .iter()
+            .filter(|(name, _)| name != "sim" && name != BENCH)
+            .map(|(_, v)| v)
+            .sum(),
+    };
+    let mut peak_rss: serde_json::Map<String, Value> = plane
+        .peak_rss_mib()
+        .into_iter()
+        .map(|(name, mib)| (name, json!(mib)))
+        .collect();
+    peak_rss.insert("postgres".into(), json!(rss_of("postgres")));
+    peak_rss.insert("nats-server".into(), json!(rss_of("nats-server")));
+    let metrics_text = metrics.text().await;
     let pass_cpu = histogram_totals(&metrics_text, "bcm_reconciler_pass_cpu_seconds");
     let pass_wall = histogram_totals(&metrics_text, "bcm_reconciler_pass_seconds");
     let passes = pass_cpu.1 - passes_before.1;
@@ -826,7 +945,12 @@ async fn main() -> anyhow::Result<()> {
         "verbLatencyMs": { "p50": percentile(&lat, 0.5), "p99": percentile(&lat, 0.99), "count": lat.len() },
         "eventCommitToDeliveryMs": { "p50": percentile(&del, 0.5), "p99": percentile(&del, 0.99), "count": del.len() },
         "postgresCommitsPerNodeLifecycle": commits as f64 / n as f64,
+        "postgresWritingTransactionsPerNodeLifecycle": writes as f64 / n as f64,
         "controlPlaneCpuMsPerNode": cpu * 1000.0 / n as f64,
+        "cpuMsPerNodeByProcess": cpu_by_process.iter()
+            .map(|(name, v)| (name.clone(), json!(v * 1000.0 / n as f64)))
+            .collect::<serde_json::Map<_, _>>(),
+        "processes": args.processes,
         // What the reconcilers' passes cost this process (not Postgres):
         // per pass, per node, and as a share of the process's CPU.
         "reconcilerPasses": {
@@ -836,11 +960,7 @@ async fn main() -> anyhow::Result<()> {
             "wallMsPerPass": if passes > 0.0 { pass_wall_secs * 1000.0 / passes } else { 0.0 },
             "cpuShareOfControlPlane": if cpu > 0.0 { pass_cpu_secs / cpu } else { 0.0 },
         },
-        "peakRssMiB": {
-            "controlPlane(all services, this process)": rss_kib("self").unwrap_or(0) as f64 / 1024.0,
-            "postgres": rss_of("postgres"),
-            "nats-server": rss_of("nats-server"),
-        },
+        "peakRssMiB": peak_rss,
         "engineWorkers": engine_workers,
         "engineBatch": engine_batch,
         "reconcilers": args.reconcilers,
@@ -849,8 +969,7 @@ async fn main() -> anyhow::Result<()> {
         "verbLoad": verb_load_figures,
     });
     println!("{out}");
-    shutdown.cancel();
-    let _ = server.await;
+    plane.stop(&shutdown).await;
     if args.keep {
         eprintln!("kept database {db_name} and the streams of namespace bench{suffix}");
     } else {

@@ -87,7 +87,7 @@ lease_ttl_ms = 2000
 }
 
 pub fn spawn_child(config: &std::path::Path, services: &str, log: &std::path::Path) -> Child {
-    spawn_child_on(config, services, log, "127.0.0.1:0")
+    spawn_child_with(config, services, log, &[])
 }
 
 /// [`spawn_child`] with the API (where it runs) listening on `listen`.
@@ -97,11 +97,22 @@ pub fn spawn_child_on(
     log: &std::path::Path,
     listen: &str,
 ) -> Child {
+    spawn_child_with(config, services, log, &[("BCM_ALL_API__LISTEN", listen)])
+}
+
+/// [`spawn_child`] with more environment (configuration overrides).
+pub fn spawn_child_with(
+    config: &std::path::Path,
+    services: &str,
+    log: &std::path::Path,
+    env: &[(&str, &str)],
+) -> Child {
     let log = std::fs::File::create(log).expect("log file");
     Command::new(env!("CARGO_BIN_EXE_bcm"))
         .args(["--sim-machines", "0", "--services", services, "--config"])
         .arg(config)
-        .env("BCM_ALL_API__LISTEN", listen)
+        .env("BCM_ALL_API__LISTEN", "127.0.0.1:0")
+        .envs(env.iter().copied())
         // Spans leave a process within 200 ms (where it exports any).
         .env("OTEL_BSP_SCHEDULE_DELAY", "200")
         .stdout(Stdio::null())
