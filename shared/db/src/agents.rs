@@ -392,19 +392,31 @@ pub struct LiveSession {
 /// A live session whose certificate is in force (unrevoked, of the
 /// node's current epoch), marked alive for at least `alive_for_ms` from now (a
 /// request is a sign of life; a long poll keeps it for as long as it waits).
+///
+/// The mark is written only where it moves: a request made while the
+/// session is already marked alive for that long (a result or a heartbeat
+/// during a long poll's window) finds the session without writing it, so
+/// its transaction takes no transaction id and no WAL flush. What the
+/// engine reads (`alive_until`) is the same either way.
 pub async fn session_touch_live(
     db: &Db,
     hash: &[u8],
     alive_for_ms: u64,
 ) -> Result<Option<LiveSession>, DbError> {
     Ok(sqlx::query_as(
-        "UPDATE agent_sessions s SET alive_until = greatest(s.alive_until, now() + make_interval(secs => $2)) \
-         FROM node_certs c \
-         WHERE s.token_hash = $1 AND s.expires_at > now() \
-           AND c.serial = s.cert_serial AND c.revoked_at IS NULL \
-           AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0) \
-         RETURNING s.node_id, s.cert_serial, s.purpose, \
-           EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = s.node_id AND w.status = 'running') AS workflow_running",
+        "WITH live AS ( \
+           SELECT s.token_hash, s.node_id, s.cert_serial, s.purpose, s.alive_until \
+           FROM agent_sessions s JOIN node_certs c ON c.serial = s.cert_serial \
+           WHERE s.token_hash = $1 AND s.expires_at > now() AND c.revoked_at IS NULL \
+             AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0) \
+         ), touched AS ( \
+           UPDATE agent_sessions s SET alive_until = greatest(s.alive_until, now() + make_interval(secs => $2)) \
+           FROM live WHERE s.token_hash = live.token_hash \
+             AND live.alive_until < now() + make_interval(secs => $2) \
+         ) \
+         SELECT live.node_id, live.cert_serial, live.purpose, \
+           EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = live.node_id AND w.status = 'running') AS workflow_running \
+         FROM live",
     )
     .bind(hash)
     .bind(alive_for_ms as f64 / 1000.0)

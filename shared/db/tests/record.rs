@@ -484,3 +484,126 @@ async fn a_mac_belongs_to_one_live_node_of_a_site() {
         .expect("b takes the MAC");
     tx.commit().await.expect("commit");
 }
+
+#[tokio::test]
+async fn every_writing_transaction_advances_the_next_transaction_id() {
+    let db = support::fresh_db("xid").await;
+    support::exec(&db, "CREATE TABLE xid_probe (n int)").await;
+    let before = bcm_db::admin::next_transaction_id(&db)
+        .await
+        .expect("next id");
+    for n in 0..5 {
+        support::exec(&db, &format!("INSERT INTO xid_probe VALUES ({n})")).await;
+    }
+    let after = bcm_db::admin::next_transaction_id(&db)
+        .await
+        .expect("next id");
+    // Other tests on the same server may write meanwhile: at least ours.
+    assert!(after - before >= 5, "{before} → {after}");
+}
+
+/// `alive_until` and the row version (`xmin`) of the session of `hash`.
+async fn session_mark(db: &bcm_db::Db, hash: &[u8]) -> (String, String) {
+    let mut tx = db.begin().await.expect("tx");
+    let row = sqlx::query_as(
+        "SELECT alive_until::text, xmin::text FROM agent_sessions WHERE token_hash = $1",
+    )
+    .bind(hash)
+    .fetch_one(&mut *tx)
+    .await
+    .expect("session row");
+    tx.rollback().await.expect("rollback");
+    row
+}
+
+#[tokio::test]
+async fn a_session_touch_writes_only_when_it_moves_the_mark_and_refuses_a_revoked_certificate() {
+    let db = support::fresh_db("touch").await;
+    let node = support::node(&db).await;
+    let node_id = node.id.to_string();
+    let now = chrono::Utc::now();
+    let hash = [7u8; 32];
+    let mut tx = db.begin().await.expect("tx");
+    bcm_db::agents::cert_insert_in_txn(
+        &mut tx,
+        &bcm_db::agents::CertRow {
+            serial: "serial-1".into(),
+            node_id: node_id.clone(),
+            public_key: vec![1; 32],
+            cert_pem: "pem".into(),
+            not_before: now,
+            not_after: now + chrono::Duration::hours(1),
+            revoked_at: None,
+            purpose: "discovery".into(),
+            epoch: 0,
+        },
+    )
+    .await
+    .expect("cert");
+    bcm_db::agents::session_insert_in_txn(
+        &mut tx,
+        &hash,
+        &node_id,
+        "serial-1",
+        "discovery",
+        now + chrono::Duration::hours(1),
+    )
+    .await
+    .expect("session");
+    tx.commit().await.expect("commit");
+
+    // A long poll's touch moves the mark 30 s ahead: written.
+    let (at0, xmin0) = session_mark(&db, &hash).await;
+    let live = bcm_db::agents::session_touch_live(&db, &hash, 30_000)
+        .await
+        .expect("touch")
+        .expect("a live session");
+    assert_eq!(
+        (
+            live.node_id.as_str(),
+            live.cert_serial.as_str(),
+            live.purpose.as_str()
+        ),
+        (node_id.as_str(), "serial-1", "discovery")
+    );
+    assert!(!live.workflow_running);
+    let (at1, xmin1) = session_mark(&db, &hash).await;
+    assert!(at1 > at0 && xmin1 != xmin0, "{at0}/{xmin0} → {at1}/{xmin1}");
+
+    // A result within that window (no wait) finds the session, and leaves
+    // the row as it was.
+    for _ in 0..3 {
+        assert!(bcm_db::agents::session_touch_live(&db, &hash, 0)
+            .await
+            .expect("touch")
+            .is_some());
+    }
+    assert_eq!(session_mark(&db, &hash).await, (at1.clone(), xmin1.clone()));
+
+    // A longer wait than the mark holds moves it again.
+    assert!(bcm_db::agents::session_touch_live(&db, &hash, 60_000)
+        .await
+        .expect("touch")
+        .is_some());
+    let (at2, _) = session_mark(&db, &hash).await;
+    assert!(at2 > at1, "{at1} → {at2}");
+
+    // Unknown, and revoked: no session, nothing written.
+    assert!(bcm_db::agents::session_touch_live(&db, &[8u8; 32], 0)
+        .await
+        .expect("touch")
+        .is_none());
+    // (Revoked behind the record's back: `cert_revoke_in_txn` would end
+    // the session too.)
+    support::exec(
+        &db,
+        "UPDATE node_certs SET revoked_at = now() WHERE serial = 'serial-1'",
+    )
+    .await;
+    let before = session_mark(&db, &hash).await;
+    assert!(bcm_db::agents::session_touch_live(&db, &hash, 90_000)
+        .await
+        .expect("touch")
+        .is_none());
+    assert_eq!(session_mark(&db, &hash).await, before);
+}
