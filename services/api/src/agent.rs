@@ -43,6 +43,9 @@ pub struct Agent {
     pub purpose: String,
     /// Whether the node had a running workflow when the request came.
     pub workflow_running: bool,
+    /// How long the session stays marked alive from the request on, in
+    /// milliseconds (a long poll waits no longer).
+    pub alive_left_ms: u64,
 }
 
 impl FromRequestParts<AppState> for Agent {
@@ -61,16 +64,20 @@ impl FromRequestParts<AppState> for Agent {
             .and_then(|h| h.to_str().ok())
             .and_then(|h| h.strip_prefix("Bearer "))
             .ok_or_else(bad)?;
-        // A long poll keeps the agent alive for as long as it may wait.
+        // A long poll keeps the agent alive for as long as it may wait;
+        // one made just after another that marked it finds the mark in
+        // place (within POLL_MARK_SLACK_MS) and waits no longer than it.
         let alive_for_ms = if parts.uri.path().ends_with("/commands") {
             requested_wait_ms(parts.uri.query())
         } else {
             0
         };
+        let slack_ms = POLL_MARK_SLACK_MS.min(alive_for_ms / 10);
         match bcm_db::agents::session_touch_live(
             &state.inner.agent_db,
             &token_hash(secret),
             alive_for_ms,
+            slack_ms,
         )
         .await?
         {
@@ -79,6 +86,7 @@ impl FromRequestParts<AppState> for Agent {
                 cert_serial: s.cert_serial,
                 purpose: s.purpose,
                 workflow_running: s.workflow_running,
+                alive_left_ms: s.alive_left_ms.max(0) as u64,
             }),
             None => Err(bad()),
         }
@@ -124,6 +132,12 @@ pub async fn measured(
 
 /// The longest long poll, in milliseconds.
 const POLL_MAX_MS: u64 = 30_000;
+
+/// A poll's mark of life is left as it is where it already holds to within
+/// this long (and a tenth of the poll's wait) of what the poll asks: a poll
+/// made at once after another (a command taken, its result sent) then costs
+/// no write, and waits at most as long as the mark holds.
+const POLL_MARK_SLACK_MS: u64 = 2_000;
 
 /// The `waitMs` a poll asks for (at most [`POLL_MAX_MS`]; 0 when absent or
 /// malformed — the handler refuses a malformed one).
@@ -390,7 +404,10 @@ pub async fn commands(
     if wait > POLL_MAX_MS {
         return Err(ApiError::invalid("waitMs must be at most 30000"));
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
+    // No longer than the session is marked alive: the engine never counts
+    // an agent silent while its poll is held.
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(wait.min(agent.alive_left_ms));
     // Registered before the first look, so a command written meanwhile wakes it.
     let mut woken = app.inner.agent_wakeups.register(&agent.node_id);
     let kinds = agent.runs();

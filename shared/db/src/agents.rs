@@ -387,21 +387,27 @@ pub struct LiveSession {
     /// Whether the node had a running workflow at the touch (what a
     /// heartbeat needs to know, read in the same statement).
     pub workflow_running: bool,
+    /// How long from now (by the database's clock) the session stays
+    /// marked alive, in milliseconds: what a long poll may wait at most.
+    pub alive_left_ms: i64,
 }
 
 /// A live session whose certificate is in force (unrevoked, of the
 /// node's current epoch), marked alive for at least `alive_for_ms` from now (a
-/// request is a sign of life; a long poll keeps it for as long as it waits).
+/// request is a sign of life; a long poll keeps it for as long as it waits),
+/// less at most `slack_ms`.
 ///
-/// The mark is written only where it moves: a request made while the
-/// session is already marked alive for that long (a result or a heartbeat
-/// during a long poll's window) finds the session without writing it, so
-/// its transaction takes no transaction id and no WAL flush. What the
-/// engine reads (`alive_until`) is the same either way.
+/// The mark is written only where it moves by more than `slack_ms`: a
+/// result or a heartbeat during a long poll's window (no slack), or a poll
+/// made within `slack_ms` of the last one that moved it, finds the session
+/// without writing it, so its transaction takes no transaction id and no WAL
+/// flush. [`LiveSession::alive_left_ms`] says how long the mark holds, so a
+/// poll that did not move it waits no longer than that.
 pub async fn session_touch_live(
     db: &Db,
     hash: &[u8],
     alive_for_ms: u64,
+    slack_ms: u64,
 ) -> Result<Option<LiveSession>, DbError> {
     Ok(sqlx::query_as(
         "WITH live AS ( \
@@ -412,14 +418,17 @@ pub async fn session_touch_live(
          ), touched AS ( \
            UPDATE agent_sessions s SET alive_until = greatest(s.alive_until, now() + make_interval(secs => $2)) \
            FROM live WHERE s.token_hash = live.token_hash \
-             AND live.alive_until < now() + make_interval(secs => $2) \
+             AND live.alive_until < now() + make_interval(secs => $2) - make_interval(secs => $3) \
+           RETURNING s.alive_until \
          ) \
          SELECT live.node_id, live.cert_serial, live.purpose, \
-           EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = live.node_id AND w.status = 'running') AS workflow_running \
+           EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = live.node_id AND w.status = 'running') AS workflow_running, \
+           (extract(epoch FROM (coalesce((SELECT alive_until FROM touched), live.alive_until) - now())) * 1000)::bigint AS alive_left_ms \
          FROM live",
     )
     .bind(hash)
     .bind(alive_for_ms as f64 / 1000.0)
+    .bind(slack_ms.min(alive_for_ms) as f64 / 1000.0)
     .fetch_optional(db.pool())
     .await?)
 }

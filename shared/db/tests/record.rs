@@ -517,7 +517,8 @@ async fn session_mark(db: &bcm_db::Db, hash: &[u8]) -> (String, String) {
 }
 
 #[tokio::test]
-async fn a_session_touch_writes_only_when_it_moves_the_mark_and_refuses_a_revoked_certificate() {
+async fn a_session_touch_writes_only_when_it_moves_the_mark_beyond_its_slack_and_refuses_a_revoked_certificate(
+) {
     let db = support::fresh_db("touch").await;
     let node = support::node(&db).await;
     let node_id = node.id.to_string();
@@ -554,7 +555,7 @@ async fn a_session_touch_writes_only_when_it_moves_the_mark_and_refuses_a_revoke
 
     // A long poll's touch moves the mark 30 s ahead: written.
     let (at0, xmin0) = session_mark(&db, &hash).await;
-    let live = bcm_db::agents::session_touch_live(&db, &hash, 30_000)
+    let live = bcm_db::agents::session_touch_live(&db, &hash, 30_000, 0)
         .await
         .expect("touch")
         .expect("a live session");
@@ -567,29 +568,54 @@ async fn a_session_touch_writes_only_when_it_moves_the_mark_and_refuses_a_revoke
         (node_id.as_str(), "serial-1", "discovery")
     );
     assert!(!live.workflow_running);
+    assert!(
+        (29_000..=30_000).contains(&live.alive_left_ms),
+        "{}",
+        live.alive_left_ms
+    );
     let (at1, xmin1) = session_mark(&db, &hash).await;
     assert!(at1 > at0 && xmin1 != xmin0, "{at0}/{xmin0} → {at1}/{xmin1}");
 
     // A result within that window (no wait) finds the session, and leaves
     // the row as it was.
     for _ in 0..3 {
-        assert!(bcm_db::agents::session_touch_live(&db, &hash, 0)
+        let live = bcm_db::agents::session_touch_live(&db, &hash, 0, 0)
             .await
             .expect("touch")
-            .is_some());
+            .expect("a live session");
+        assert!(live.alive_left_ms > 20_000, "{}", live.alive_left_ms);
     }
     assert_eq!(session_mark(&db, &hash).await, (at1.clone(), xmin1.clone()));
 
-    // A longer wait than the mark holds moves it again.
-    assert!(bcm_db::agents::session_touch_live(&db, &hash, 60_000)
+    // A poll just after, with slack: the mark holds to within it, so it
+    // stays, and the poll is told how long it holds.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let live = bcm_db::agents::session_touch_live(&db, &hash, 30_000, 2_000)
+        .await
+        .expect("touch")
+        .expect("a live session");
+    assert!(live.alive_left_ms < 30_000, "{}", live.alive_left_ms);
+    assert_eq!(session_mark(&db, &hash).await, (at1.clone(), xmin1.clone()));
+    // Without slack the same poll moves it.
+    assert!(bcm_db::agents::session_touch_live(&db, &hash, 30_000, 0)
         .await
         .expect("touch")
         .is_some());
     let (at2, _) = session_mark(&db, &hash).await;
     assert!(at2 > at1, "{at1} → {at2}");
 
+    // A longer wait than the mark holds moves it, slack or not.
+    assert!(
+        bcm_db::agents::session_touch_live(&db, &hash, 60_000, 2_000)
+            .await
+            .expect("touch")
+            .is_some()
+    );
+    let (at3, _) = session_mark(&db, &hash).await;
+    assert!(at3 > at2, "{at2} → {at3}");
+
     // Unknown, and revoked: no session, nothing written.
-    assert!(bcm_db::agents::session_touch_live(&db, &[8u8; 32], 0)
+    assert!(bcm_db::agents::session_touch_live(&db, &[8u8; 32], 0, 0)
         .await
         .expect("touch")
         .is_none());
@@ -601,7 +627,7 @@ async fn a_session_touch_writes_only_when_it_moves_the_mark_and_refuses_a_revoke
     )
     .await;
     let before = session_mark(&db, &hash).await;
-    assert!(bcm_db::agents::session_touch_live(&db, &hash, 90_000)
+    assert!(bcm_db::agents::session_touch_live(&db, &hash, 90_000, 0)
         .await
         .expect("touch")
         .is_none());
