@@ -752,7 +752,13 @@ async fn main() -> anyhow::Result<()> {
     // Once a minute on stderr: what the agents asked of the API and how it
     // answered, and how long work waited for each pool.
     {
+        // And each process's peak RSS so far, so that a run that fails
+        // still shows how memory grew.
         let (stop, metrics) = (shutdown.clone(), metrics.clone());
+        let pids: Vec<(String, String)> = match &plane {
+            Plane::ThisProcess(_) => vec![(BENCH.into(), "self".into())],
+            Plane::Processes(p) => p.pids(),
+        };
         tokio::spawn(async move {
             let started = Instant::now();
             loop {
@@ -760,10 +766,15 @@ async fn main() -> anyhow::Result<()> {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(Duration::from_secs(60)) => {}
                 }
+                let rss: Vec<String> = pids
+                    .iter()
+                    .map(|(name, pid)| format!("{name}={}MiB", rss_kib(pid).unwrap_or(0) / 1024))
+                    .collect();
                 eprintln!(
-                    "[{:>5}s] {}",
+                    "[{:>5}s] {} peak-rss {}",
                     started.elapsed().as_secs(),
-                    load_line(&metrics.text().await)
+                    load_line(&metrics.text().await),
+                    rss.join(" ")
                 );
             }
         });

@@ -177,6 +177,14 @@ impl Processes {
             .collect()
     }
 
+    /// Each child's name and process id.
+    pub fn pids(&self) -> Vec<(String, String)> {
+        self.children
+            .iter()
+            .map(|c| (c.name.clone(), c.pid.to_string()))
+            .collect()
+    }
+
     /// Each child's peak RSS so far in MiB, by name.
     pub fn peak_rss_mib(&self) -> Vec<(String, f64)> {
         self.children
