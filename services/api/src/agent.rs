@@ -73,14 +73,26 @@ impl FromRequestParts<AppState> for Agent {
             0
         };
         let slack_ms = POLL_MARK_SLACK_MS.min(alive_for_ms / 10);
-        match bcm_db::agents::session_touch_live(
+        let touched = bcm_db::agents::session_touch_live(
             &state.inner.agent_db,
             &token_hash(secret),
             alive_for_ms,
             slack_ms,
         )
-        .await?
-        {
+        .await;
+        let touched = match touched {
+            Ok(t) => t,
+            Err(e) => {
+                // Turned away unheard (the agent pool exhausted, or the
+                // database away): the engine must not count this agent
+                // silent for it.
+                if e.unreachable() {
+                    state.inner.turnaways.note(&state.inner.db);
+                }
+                return Err(e.into());
+            }
+        };
+        match touched {
             Some(s) => Ok(Agent {
                 node_id: s.node_id,
                 cert_serial: s.cert_serial,
@@ -100,6 +112,44 @@ impl Agent {
         AgentPurpose::parse(&self.purpose)
             .map(CommandKind::run_by_purpose)
             .unwrap_or_default()
+    }
+}
+
+/// When agents' requests were last turned away before their session could
+/// be touched, recorded (`agent_turnaways`) for the engine's silence
+/// verdict: at most once a second, through the API's main pool (the agent
+/// pool is the one that was exhausted), off the request's path.
+#[derive(Debug, Default)]
+pub struct TurnAways {
+    /// The second (Unix time) last recorded, or being recorded.
+    last_second: std::sync::atomic::AtomicI64,
+}
+
+impl TurnAways {
+    /// Whether a turning away in second `now` is to be recorded: the first
+    /// of each second is.
+    pub fn due(&self, now: i64) -> bool {
+        use std::sync::atomic::Ordering;
+        let last = self.last_second.load(Ordering::Relaxed);
+        now > last
+            && self
+                .last_second
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Notes a turning away now, recording it in the background when due.
+    pub fn note(&self, db: &bcm_db::Db) {
+        metrics::counter!("bcm_api_agent_turned_away_total").increment(1);
+        if !self.due(chrono::Utc::now().timestamp()) {
+            return;
+        }
+        let db = db.clone();
+        tokio::spawn(async move {
+            if let Err(e) = bcm_db::agents::turnaway_record(&db).await {
+                tracing::warn!(error = %e, "could not record agents turned away; the engine may count them silent");
+            }
+        });
     }
 }
 
@@ -530,8 +580,27 @@ pub async fn results(
 
 #[cfg(test)]
 mod tests {
-    use super::{heartbeat_cadence, polls_commands, requested_wait_ms};
+    use super::{heartbeat_cadence, polls_commands, requested_wait_ms, TurnAways};
     use crate::AgentProtocolConfig;
+
+    #[test]
+    fn agents_turned_away_are_recorded_once_a_second_whoever_notes_them() {
+        let t = TurnAways::default();
+        assert!(t.due(100), "the first of a second");
+        assert!(!t.due(100), "not again in that second");
+        assert!(!t.due(99), "nor for an earlier one");
+        assert!(t.due(101));
+        // Many callers at once in one second: exactly one records it.
+        let t = std::sync::Arc::new(TurnAways::default());
+        let recorded: usize = (0..8)
+            .map(|_| {
+                let t = t.clone();
+                std::thread::spawn(move || (0..1000).filter(|_| t.due(5)).count())
+            })
+            .map(|h| h.join().unwrap_or(0))
+            .sum();
+        assert_eq!(recorded, 1);
+    }
 
     #[test]
     fn an_idle_deployed_os_holds_no_poll_and_an_adopted_one_always_does() {

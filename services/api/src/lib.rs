@@ -464,6 +464,8 @@ pub struct Inner {
     pub lock_timeout_ms: u32,
     /// The agents' long polls, woken per node when its commands are written.
     pub agent_wakeups: Arc<wakeups::AgentWakeups>,
+    /// When agents were last turned away unheard, recorded for the engine.
+    pub turnaways: agent::TurnAways,
     pub agents: AgentProtocolConfig,
     /// The join key (master), if configured.
     pub join_key: Option<bcm_pki::JoinKey>,
@@ -621,6 +623,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             admin_token_hash: auth::token_hash(cfg.admin_token.expose_secret()),
             lock_timeout_ms: cfg.lock_timeout_ms,
             agent_wakeups,
+            turnaways: agent::TurnAways::default(),
             agents: cfg.agents.clone(),
             join_key,
             limits: limits::Limits::new(cfg.rate_limit.clone()),

@@ -386,6 +386,69 @@ async fn a_silent_ramdisk_agent_fails_its_step_early_and_says_so() {
     env.stop();
 }
 
+/// An agent whose requests the API turns away unheard (its agent pool
+/// exhausted: a `503` before the session could be touched, recorded in
+/// `agent_turnaways`) is not counted silent while that lasts: the control
+/// plane's own overload never fails a step. Once the turning away stops,
+/// the silence verdict comes as before.
+#[tokio::test]
+async fn an_agent_the_api_turns_away_is_not_counted_silent_until_that_stops() {
+    let env = TestEnv::start_with(Options {
+        agent_silence_ms: 1500,
+        ..Options::with_site()
+    })
+    .await
+    .expect("env");
+    env.faults
+        .set("sim://turned-away", Fault::RamdiskFallsSilent);
+    let id = env.enroll_sim("turned-away").await;
+    eventually(T, || async {
+        let certs = bcm_db::agents::certs_of_node(&env.db, &id.to_string()).await?;
+        Ok((!certs.is_empty()).then_some(()))
+    })
+    .await
+    .expect("the agent joins");
+    // Its last poll marks it alive for up to 25 s; it then falls silent.
+    // Alone, its step's attempt is failed (and retried) 1.5 s after that
+    // mark (the test above). Turned away throughout, it is not, however
+    // long past the mark.
+    let started = std::time::Instant::now();
+    loop {
+        bcm_db::agents::turnaway_record(&env.db)
+            .await
+            .expect("record");
+        let (_, step) = workflow_step(&env, &id, "metal-inspect", "collect-inventory").await;
+        assert!(
+            step.attempt <= 1,
+            "counted silent while turned away: attempt {} ({:?})",
+            step.attempt,
+            step.error
+        );
+        let mut tx = env.db.begin().await.expect("tx");
+        let mark = bcm_db::agents::session_newest_in_txn(&mut tx, &id.to_string(), "discovery")
+            .await
+            .expect("session")
+            .map(|(_, alive_until)| alive_until);
+        tx.rollback().await.expect("rollback");
+        if mark.is_some_and(|m| chrono::Utc::now() > m + chrono::Duration::seconds(6)) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the agent's mark never passed: {mark:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // (Its deadline is 600 s: only the silence verdict retries it now.)
+    eventually(T, || async {
+        let (_, step) = workflow_step(&env, &id, "metal-inspect", "collect-inventory").await;
+        Ok((step.attempt > 1).then_some(()))
+    })
+    .await
+    .expect("the attempt is failed once the turning away stops");
+    env.stop();
+}
+
 /// A power cycle that booted the ramdisk but whose answer was lost is
 /// retried from a fresh boot entry: the first boot's agent spent the
 /// entry's one-time token and its machine is reset under it, so the retry

@@ -1165,8 +1165,9 @@ async fn check_command(
 
 /// A step waiting on an agent's result (the ramdisk's, or an adopted OS's): failed (retryably) once the
 /// agent has been silent longer than `agent_silence_ms` — no poll, heartbeat
-/// or result, and no long poll held open, counted from the engine's start
-/// or the end of a database outage at the earliest — else looked at again when that
+/// or result, and no long poll held open, counted from the engine's start,
+/// the end of a database outage, or the API's last turning an agent away
+/// unheard at the earliest — else looked at again when that
 /// would be (any request of the agent moves it later; a heartbeat also
 /// wakes the step).
 async fn check_agent_alive(
@@ -1195,7 +1196,13 @@ async fn check_agent_alive(
         return Ok(None);
     };
     let silence = chrono::Duration::milliseconds(silence_ms as i64);
-    let alive_until = alive_until.max(at.ctx.heard_since());
+    // Heard until the engine's own last outage, and until the API last
+    // turned an agent away unheard (its agent pool exhausted): the control
+    // plane's own trouble never makes a live agent look silent.
+    let turned_away = bcm_db::agents::turnaway_last_in_txn(tx).await?;
+    let alive_until = alive_until
+        .max(at.ctx.heard_since())
+        .max(turned_away.unwrap_or(alive_until));
     let silent_for = at.now - alive_until;
     if silent_for > silence {
         metrics::counter!("bcm_workflow_agent_silent_total", "step" => step.name.clone())

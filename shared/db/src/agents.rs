@@ -433,6 +433,27 @@ pub async fn session_touch_live(
     .await?)
 }
 
+/// Records that the API turned an agent's request away unheard now (its
+/// agent pool exhausted): the mark only moves forward.
+pub async fn turnaway_record(db: &Db) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO agent_turnaways (id, at) VALUES (1, now()) \
+         ON CONFLICT (id) DO UPDATE SET at = greatest(agent_turnaways.at, excluded.at)",
+    )
+    .execute(db.pool())
+    .await?;
+    Ok(())
+}
+
+/// When the API last turned an agent's request away unheard, if ever.
+pub async fn turnaway_last_in_txn(tx: &mut Tx<'_>) -> Result<Option<DateTime<Utc>>, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT at FROM agent_turnaways WHERE id = 1")
+            .fetch_optional(&mut **tx)
+            .await?,
+    )
+}
+
 /// The node's newest live session of `purpose` (the one its commands go
 /// to): `(cert serial, alive until)`.
 pub async fn session_newest_in_txn(
