@@ -454,8 +454,9 @@ pub async fn commands(
     if wait > POLL_MAX_MS {
         return Err(ApiError::invalid("waitMs must be at most 30000"));
     }
-    // No longer than the session is marked alive: the engine never counts
-    // an agent silent while its poll is held.
+    // No longer than the session is marked alive (by the database's clock,
+    // to within the round trip), so a held poll ends before its mark runs
+    // out and the engine does not count its agent silent meanwhile.
     let deadline =
         tokio::time::Instant::now() + Duration::from_millis(wait.min(agent.alive_left_ms));
     // Registered before the first look, so a command written meanwhile wakes it.

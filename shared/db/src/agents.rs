@@ -403,6 +403,11 @@ pub struct LiveSession {
 /// without writing it, so its transaction takes no transaction id and no WAL
 /// flush. [`LiveSession::alive_left_ms`] says how long the mark holds, so a
 /// poll that did not move it waits no longer than that.
+///
+/// A touch that moves the mark answers only if its update found the
+/// session still there: one ended (deleted, rekeyed) while the update
+/// waited for its row is refused, as the plain update refused it. A touch
+/// that moves nothing reads the session as of its statement's start.
 pub async fn session_touch_live(
     db: &Db,
     hash: &[u8],
@@ -411,20 +416,21 @@ pub async fn session_touch_live(
 ) -> Result<Option<LiveSession>, DbError> {
     Ok(sqlx::query_as(
         "WITH live AS ( \
-           SELECT s.token_hash, s.node_id, s.cert_serial, s.purpose, s.alive_until \
+           SELECT s.token_hash, s.node_id, s.cert_serial, s.purpose, s.alive_until, \
+             s.alive_until < now() + make_interval(secs => $2) - make_interval(secs => $3) AS moves \
            FROM agent_sessions s JOIN node_certs c ON c.serial = s.cert_serial \
            WHERE s.token_hash = $1 AND s.expires_at > now() AND c.revoked_at IS NULL \
              AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0) \
          ), touched AS ( \
            UPDATE agent_sessions s SET alive_until = greatest(s.alive_until, now() + make_interval(secs => $2)) \
-           FROM live WHERE s.token_hash = live.token_hash \
-             AND live.alive_until < now() + make_interval(secs => $2) - make_interval(secs => $3) \
+           FROM live WHERE s.token_hash = live.token_hash AND live.moves \
            RETURNING s.alive_until \
          ) \
          SELECT live.node_id, live.cert_serial, live.purpose, \
            EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = live.node_id AND w.status = 'running') AS workflow_running, \
            (extract(epoch FROM (coalesce((SELECT alive_until FROM touched), live.alive_until) - now())) * 1000)::bigint AS alive_left_ms \
-         FROM live",
+         FROM live \
+         WHERE NOT live.moves OR EXISTS (SELECT 1 FROM touched)",
     )
     .bind(hash)
     .bind(alive_for_ms as f64 / 1000.0)

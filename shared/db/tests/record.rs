@@ -516,14 +516,13 @@ async fn session_mark(db: &bcm_db::Db, hash: &[u8]) -> (String, String) {
     row
 }
 
-#[tokio::test]
-async fn a_session_touch_writes_only_when_it_moves_the_mark_beyond_its_slack_and_refuses_a_revoked_certificate(
-) {
-    let db = support::fresh_db("touch").await;
+/// A node with a certificate in force and a session of token hash `hash`,
+/// on a fresh database; returns the database and the node's id.
+async fn live_session(tag: &str, hash: [u8; 32]) -> (bcm_db::Db, String) {
+    let db = support::fresh_db(tag).await;
     let node = support::node(&db).await;
     let node_id = node.id.to_string();
     let now = chrono::Utc::now();
-    let hash = [7u8; 32];
     let mut tx = db.begin().await.expect("tx");
     bcm_db::agents::cert_insert_in_txn(
         &mut tx,
@@ -552,6 +551,14 @@ async fn a_session_touch_writes_only_when_it_moves_the_mark_beyond_its_slack_and
     .await
     .expect("session");
     tx.commit().await.expect("commit");
+    (db, node_id)
+}
+
+#[tokio::test]
+async fn a_session_touch_writes_only_when_it_moves_the_mark_beyond_its_slack_and_refuses_a_revoked_certificate(
+) {
+    let hash = [7u8; 32];
+    let (db, node_id) = live_session("touch", hash).await;
 
     // A long poll's touch moves the mark 30 s ahead: written.
     let (at0, xmin0) = session_mark(&db, &hash).await;
@@ -632,4 +639,30 @@ async fn a_session_touch_writes_only_when_it_moves_the_mark_beyond_its_slack_and
         .expect("touch")
         .is_none());
     assert_eq!(session_mark(&db, &hash).await, before);
+}
+
+#[tokio::test]
+async fn a_touch_that_moves_the_mark_refuses_a_session_ended_while_it_waited() {
+    let hash = [9u8; 32];
+    let (db, _) = live_session("touch_race", hash).await;
+    // Another transaction ends the session and holds its row until it
+    // commits; the touch, which must move the mark, waits for that row.
+    let mut ender = db.begin().await.expect("tx");
+    sqlx::query("DELETE FROM agent_sessions WHERE token_hash = $1")
+        .bind(&hash[..])
+        .execute(&mut *ender)
+        .await
+        .expect("delete");
+    let toucher = db.clone();
+    let touch = tokio::spawn(async move {
+        bcm_db::agents::session_touch_live(&toucher, &hash, 30_000, 0).await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !touch.is_finished(),
+        "the touch waits for the session's row"
+    );
+    ender.commit().await.expect("commit");
+    let got = touch.await.expect("join").expect("touch");
+    assert!(got.is_none(), "a session ended meanwhile answered: {got:?}");
 }

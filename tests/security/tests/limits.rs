@@ -117,3 +117,55 @@ async fn agents_holding_every_agent_connection_do_not_stop_the_verbs() {
         "a made-up session, answered once the pool frees"
     );
 }
+
+/// An agent request the API turns away before it can touch its session
+/// (every agent connection held: `503` after the pool's wait) is recorded
+/// (`agent_turnaways`, through the API's main pool), so the engine does not
+/// count agents silent for the control plane's own overload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_request_turned_away_for_want_of_a_connection_is_recorded() {
+    let env = TestEnv::start_with(Options {
+        agent_db_connections: 1,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let last = || async {
+        let mut tx = env.db.begin().await.expect("tx");
+        let at = bcm_db::agents::turnaway_last_in_txn(&mut tx)
+            .await
+            .expect("read");
+        tx.rollback().await.expect("rollback");
+        at
+    };
+    assert_eq!(last().await, None, "nothing turned away yet");
+    let held = env
+        .state
+        .inner
+        .agent_db
+        .hold_connection()
+        .await
+        .expect("the only one");
+    let before = chrono::Utc::now();
+    let status = env
+        .http
+        .post(format!("{}/api/agent/heartbeat", env.base))
+        .bearer_auth(format!("bcms_{}", "0".repeat(64)))
+        .json(&serde_json::json!({"role": "ramdisk"}))
+        .send()
+        .await
+        .expect("answered")
+        .status()
+        .as_u16();
+    assert_eq!(status, 503, "turned away once the pool's wait ran out");
+    let at = bcm_testkit::eventually(std::time::Duration::from_secs(10), || async {
+        Ok(last().await)
+    })
+    .await
+    .expect("the turning away is recorded");
+    assert!(
+        at >= before - chrono::Duration::seconds(1),
+        "{at} < {before}"
+    );
+    drop(held);
+}

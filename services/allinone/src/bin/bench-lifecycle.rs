@@ -911,7 +911,7 @@ async fn main() -> anyhow::Result<()> {
                 .iter()
                 .find(|(b, _)| *b == name)
                 .map_or(0.0, |(_, v)| *v);
-            (name, after - before)
+            (name, (after - before).max(0.0))
         })
         .collect();
     let cpu: f64 = match &plane {
