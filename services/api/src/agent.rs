@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use crate::auth::token_hash;
 use crate::error::ApiError;
-use crate::extract::{Body, Query};
+use crate::extract::Body;
 use crate::AppState;
 
 /// A joined agent, from its session bearer token.
@@ -52,60 +52,79 @@ impl FromRequestParts<AppState> for Agent {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let bad = || {
-            ApiError::new(
-                ErrorCode::Unauthenticated,
-                "missing or unknown agent session",
-            )
-        };
-        let secret = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|h| h.to_str().ok())
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .ok_or_else(bad)?;
-        // A long poll keeps the agent alive for as long as it may wait;
-        // one made just after another that marked it finds the mark in
-        // place (within POLL_MARK_SLACK_MS) and waits no longer than it.
-        let alive_for_ms = if parts.uri.path().ends_with("/commands") {
-            requested_wait_ms(parts.uri.query())
-        } else {
-            0
-        };
-        let slack_ms = POLL_MARK_SLACK_MS.min(alive_for_ms / 10);
-        let touched = bcm_db::agents::session_touch_live(
-            &state.inner.agent_db,
-            &token_hash(secret),
-            alive_for_ms,
-            slack_ms,
-        )
-        .await;
-        let touched = match touched {
-            Ok(t) => t,
-            Err(e) => {
-                // Turned away unheard (the agent pool exhausted, or the
-                // database away): the engine must not count this agent
-                // silent for it.
-                if e.unreachable() {
-                    state.inner.turnaways.note(&state.inner.db);
-                }
-                return Err(e.into());
-            }
-        };
-        match touched {
-            Some(s) => Ok(Agent {
-                node_id: s.node_id,
-                cert_serial: s.cert_serial,
-                purpose: s.purpose,
-                workflow_running: s.workflow_running,
-                alive_left_ms: s.alive_left_ms.max(0) as u64,
-            }),
-            None => Err(bad()),
+        // A heartbeat, a result: a sign of life now (a poll, which marks
+        // the agent alive for as long as it waits, touches its session in
+        // the statement that takes its commands: `commands`).
+        let hash = session_hash(parts)?;
+        Agent::touch(state, &hash, 0).await
+    }
+}
+
+/// The session token's hash from a request's bearer credentials.
+fn session_hash(parts: &Parts) -> Result<Vec<u8>, ApiError> {
+    let secret = parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .ok_or_else(unknown_session)?;
+    Ok(token_hash(secret))
+}
+
+fn unknown_session() -> ApiError {
+    ApiError::new(
+        ErrorCode::Unauthenticated,
+        "missing or unknown agent session",
+    )
+}
+
+/// What a session's touch failing means for the request: an agent turned
+/// away unheard (the agent pool exhausted, or the database away) is noted,
+/// so the engine does not count it silent for it.
+fn touch_failed(state: &AppState, e: bcm_db::DbError) -> ApiError {
+    if e.unreachable() {
+        state.inner.turnaways.note(&state.inner.db);
+    }
+    e.into()
+}
+
+/// The slack a poll waiting `alive_for_ms` leaves its mark of life:
+/// [`POLL_MARK_SLACK_MS`], at most a tenth of its wait.
+fn poll_slack_ms(alive_for_ms: u64) -> u64 {
+    POLL_MARK_SLACK_MS.min(alive_for_ms / 10)
+}
+
+impl From<bcm_db::agents::LiveSession> for Agent {
+    fn from(s: bcm_db::agents::LiveSession) -> Self {
+        Agent {
+            node_id: s.node_id,
+            cert_serial: s.cert_serial,
+            purpose: s.purpose,
+            workflow_running: s.workflow_running,
+            alive_left_ms: s.alive_left_ms.max(0) as u64,
         }
     }
 }
 
 impl Agent {
+    /// Touches the session of token hash `hash`, marking it alive for
+    /// `alive_for_ms` from now (a long poll made just after another that
+    /// marked it finds the mark in place, within its slack).
+    async fn touch(state: &AppState, hash: &[u8], alive_for_ms: u64) -> Result<Agent, ApiError> {
+        match bcm_db::agents::session_touch_live(
+            &state.inner.agent_db,
+            hash,
+            alive_for_ms,
+            poll_slack_ms(alive_for_ms),
+        )
+        .await
+        {
+            Ok(Some(s)) => Ok(s.into()),
+            Ok(None) => Err(unknown_session()),
+            Err(e) => Err(touch_failed(state, e)),
+        }
+    }
+
     /// The command kinds this session's identity runs (none for a purpose
     /// this build does not know).
     fn runs(&self) -> Vec<CommandKind> {
@@ -188,18 +207,6 @@ const POLL_MAX_MS: u64 = 30_000;
 /// made at once after another (a command taken, its result sent) then costs
 /// no write, and waits at most as long as the mark holds.
 const POLL_MARK_SLACK_MS: u64 = 2_000;
-
-/// The `waitMs` a poll asks for (at most [`POLL_MAX_MS`]; 0 when absent or
-/// malformed — the handler refuses a malformed one).
-fn requested_wait_ms(query: Option<&str>) -> u64 {
-    query
-        .unwrap_or_default()
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("waitMs="))
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        .min(POLL_MAX_MS)
-}
 
 /// Asks the attestation service (request/reply, queue group
 /// `attestation`) and maps its answer to the API's errors. Both requests
@@ -447,33 +454,64 @@ pub struct PollParams {
     security(("agentSession" = [])))]
 pub async fn commands(
     State(app): State<AppState>,
-    agent: Agent,
-    Query(q): Query<PollParams>,
+    poller: Poller,
+    uri: axum::http::Uri,
 ) -> Result<Json<Vec<AgentCommand>>, ApiError> {
-    let wait = q.wait_ms.unwrap_or(0);
-    if wait > POLL_MAX_MS {
-        return Err(ApiError::invalid("waitMs must be at most 30000"));
-    }
+    // Who asks is answered before what is wrong with the asking: a bad
+    // `waitMs` from an unknown session is `401`, as for any agent request.
+    let wait = match axum::extract::Query::<PollParams>::try_from_uri(&uri) {
+        Ok(axum::extract::Query(q)) if q.wait_ms.unwrap_or(0) <= POLL_MAX_MS => {
+            q.wait_ms.unwrap_or(0)
+        }
+        bad => {
+            Agent::touch(&app, &poller.hash, 0).await?;
+            return Err(ApiError::invalid(match bad {
+                Err(rejection) => rejection.body_text(),
+                Ok(_) => "waitMs must be at most 30000".to_owned(),
+            }));
+        }
+    };
+    // The first look touches the session (marking it alive for as long as
+    // the poll may wait) and takes its commands in one statement.
+    let runs: Vec<(&str, &str)> = AgentPurpose::ALL
+        .iter()
+        .flat_map(|p| {
+            CommandKind::run_by_purpose(*p)
+                .into_iter()
+                .map(move |k| (p.as_str(), k.as_str()))
+        })
+        .collect();
+    let looked_at = std::time::Instant::now();
+    let (session, mut taken) = match bcm_db::commands::poll_touch_and_take(
+        &app.inner.agent_db,
+        &poller.hash,
+        wait,
+        poll_slack_ms(wait),
+        &runs,
+        POLL_TAKE_LIMIT,
+        app.inner.agents.command_lease_ms,
+    )
+    .await
+    {
+        Ok(Some(found)) => found,
+        Ok(None) => return Err(unknown_session()),
+        Err(e) => return Err(touch_failed(&app, e)),
+    };
+    let agent = Agent::from(session);
     // No longer than the session is marked alive (by the database's clock,
     // to within the round trip), so a held poll ends before its mark runs
     // out and the engine does not count its agent silent meanwhile.
     let deadline =
         tokio::time::Instant::now() + Duration::from_millis(wait.min(agent.alive_left_ms));
-    // Registered before the first look, so a command written meanwhile wakes it.
-    let mut woken = app.inner.agent_wakeups.register(&agent.node_id);
+    // Registered once the session named its node: a command written since
+    // the first look began wakes it at once.
+    let mut woken = app
+        .inner
+        .agent_wakeups
+        .register_since(&agent.node_id, looked_at);
     let kinds = agent.runs();
     let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
     loop {
-        let taken = bcm_db::commands::commands_take_for_agent(
-            &app.inner.agent_db,
-            &agent.node_id,
-            &agent.cert_serial,
-            &agent.purpose,
-            &kinds,
-            16,
-            app.inner.agents.command_lease_ms,
-        )
-        .await?;
         if !taken.is_empty() {
             // A destructive command carries its batch's authority as the
             // batch stands now, read just after the take (the agent
@@ -528,6 +566,35 @@ pub async fn commands(
             return Ok(Json(vec![]));
         }
         let _ = tokio::time::timeout(wait, woken.woken()).await;
+        taken = bcm_db::commands::commands_take_for_agent(
+            &app.inner.agent_db,
+            &agent.node_id,
+            &agent.cert_serial,
+            &agent.purpose,
+            &kinds,
+            POLL_TAKE_LIMIT,
+            app.inner.agents.command_lease_ms,
+        )
+        .await?;
+    }
+}
+
+/// The most commands one poll is handed.
+const POLL_TAKE_LIMIT: i64 = 16;
+
+/// A poll's session, before its touch: the bearer token's hash (the poll
+/// touches it in the statement that takes its commands).
+pub struct Poller {
+    hash: Vec<u8>,
+}
+
+impl FromRequestParts<AppState> for Poller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, ApiError> {
+        Ok(Poller {
+            hash: session_hash(parts)?,
+        })
     }
 }
 
@@ -581,7 +648,7 @@ pub async fn results(
 
 #[cfg(test)]
 mod tests {
-    use super::{heartbeat_cadence, polls_commands, requested_wait_ms, TurnAways};
+    use super::{heartbeat_cadence, poll_slack_ms, polls_commands, TurnAways};
     use crate::AgentProtocolConfig;
 
     #[test]
@@ -645,11 +712,9 @@ mod tests {
     }
 
     #[test]
-    fn a_poll_is_alive_for_the_wait_it_asks_for_at_most_the_longest() {
-        assert_eq!(requested_wait_ms(Some("waitMs=2500")), 2500);
-        assert_eq!(requested_wait_ms(Some("x=1&waitMs=99999999")), 30_000);
-        assert_eq!(requested_wait_ms(Some("waitMs=-1")), 0);
-        assert_eq!(requested_wait_ms(Some("waitMs=1e3")), 0);
-        assert_eq!(requested_wait_ms(None), 0);
+    fn a_polls_mark_is_left_in_place_within_a_tenth_of_its_wait_at_most_two_seconds() {
+        assert_eq!(poll_slack_ms(0), 0, "a heartbeat or result always touches");
+        assert_eq!(poll_slack_ms(5_000), 500);
+        assert_eq!(poll_slack_ms(30_000), 2_000);
     }
 }

@@ -92,7 +92,7 @@ pub async fn join(
         not_before: now - chrono::Duration::minutes(5),
         not_after,
     })?;
-    bcm_db::agents::cert_insert_in_txn(
+    bcm_db::agents::join_record_in_txn(
         &mut tx,
         &CertRow {
             serial: issued.serial.clone(),
@@ -105,21 +105,8 @@ pub async fn join(
             purpose: purpose.clone(),
             epoch,
         },
-    )
-    .await?;
-    bcm_db::agents::join_token_spent_on_in_txn(&mut tx, &token_hash, &issued.serial).await?;
-    bcm_db::agents::session_insert_in_txn(
-        &mut tx,
+        &token_hash,
         &session_hash,
-        &node_id,
-        &issued.serial,
-        &purpose,
-        not_after,
-    )
-    .await?;
-    bcm_db::agents::node_fact_upsert_in_txn(
-        &mut tx,
-        &node_id,
         &format!("agent:{purpose}"),
         &serde_json::to_value(AgentPresence {
             role: req.role,

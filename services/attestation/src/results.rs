@@ -62,9 +62,11 @@ pub async fn record(
         };
     };
     check_contract(&cmd, r)?;
-    check_identity(&mut tx, &cmd, &req.cert_serial).await?;
+    // The node's certificates in force, read once: the session's own must
+    // be among them, and a signature is verified against them.
+    let mut certs = bcm_db::agents::certs_live_of_node_in_txn(&mut tx, &req.node_id).await?;
+    check_identity(&cmd, &certs, &req.node_id, &req.cert_serial)?;
     let attested_by = if signature.is_some() {
-        let mut certs = bcm_db::agents::certs_live_of_node_in_txn(&mut tx, &req.node_id).await?;
         // The session's own certificate first: it is the one that signed.
         certs.sort_by_key(|c| c.serial != req.cert_serial);
         let serial = match crate::verify::verify_stored(ca, &cmd, &certs, Utc::now()) {
@@ -79,7 +81,6 @@ pub async fn record(
                 return Err(AttestError::Rejected(why));
             }
         };
-        bcm_db::commands::command_attest_in_txn(&mut tx, &cmd.id, &serial).await?;
         Some(serial)
     } else {
         None
@@ -92,7 +93,8 @@ pub async fn record(
         bcm_db::agents::node_fact_upsert_in_txn(&mut tx, &req.node_id, "inventory", &r.output)
             .await?;
     }
-    bcm_db::workflows::step_wake_for_command_in_txn(&mut tx, &cmd.id).await?;
+    bcm_db::commands::command_attest_and_wake_in_txn(&mut tx, &cmd.id, attested_by.as_deref())
+        .await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     Ok(ResultRecorded {
         recorded: true,
@@ -100,20 +102,23 @@ pub async fn record(
     })
 }
 
-/// The session's identity answers for the command: its certificate is in
-/// force (unrevoked, of the node's current epoch) and of the purpose the
+/// The session's identity answers for the command: its certificate is
+/// among the node's certificates in force (`live`: unrevoked, in their
+/// validity window, of the node's current epoch) and of the purpose the
 /// command is for. Checked for every result, signed or not, in the
 /// transaction that records it.
-async fn check_identity(
-    tx: &mut bcm_db::Tx<'_>,
+fn check_identity(
     cmd: &bcm_db::commands::CommandRow,
+    live: &[bcm_db::agents::CertRow],
+    node_id: &str,
     cert_serial: &str,
 ) -> Result<(), AttestError> {
-    let cert = bcm_db::agents::cert_in_force_in_txn(tx, cert_serial)
-        .await?
+    let cert = live
+        .iter()
+        .find(|c| c.serial == cert_serial && c.node_id == node_id)
         .ok_or_else(|| {
             AttestError::Rejected(format!(
-                "certificate {cert_serial} is revoked, expired or of an ended epoch"
+                "certificate {cert_serial} is revoked, expired or of an ended epoch (not in force for node {node_id})"
             ))
         })?;
     let runs = CommandKind::parse(&cmd.kind)

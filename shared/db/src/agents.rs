@@ -139,6 +139,47 @@ pub struct CertRow {
 const CERT_COLUMNS: &str =
     "serial, node_id, public_key, cert_pem, not_before, not_after, revoked_at, purpose, epoch";
 
+/// What a granted join records, in one round trip: its certificate, the
+/// join token spent on it (`used_by_cert`), the agent's session (alive
+/// until the certificate's end) and the agent's presence fact. The same
+/// rows [`cert_insert_in_txn`], [`join_token_spent_on_in_txn`],
+/// [`session_insert_in_txn`] and [`node_fact_upsert_in_txn`] write one by
+/// one.
+pub async fn join_record_in_txn(
+    tx: &mut Tx<'_>,
+    c: &CertRow,
+    token_hash: &[u8],
+    session_hash: &[u8],
+    presence_kind: &str,
+    presence: &serde_json::Value,
+) -> Result<(), DbError> {
+    sqlx::query(
+        "WITH cert AS (INSERT INTO node_certs (serial, node_id, public_key, cert_pem, not_before, not_after, purpose, epoch) \
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8)), \
+         spent AS (UPDATE join_tokens SET used_by_cert = $1 WHERE token_hash = $9), \
+         session AS (INSERT INTO agent_sessions (token_hash, node_id, cert_serial, purpose, expires_at) \
+           VALUES ($10, $2, $1, $7, $6)), \
+         presence AS (INSERT INTO node_facts (node_id, kind, data) VALUES ($2, $11, $12) \
+           ON CONFLICT (node_id, kind) DO UPDATE SET data = $12, updated_at = now()) \
+         SELECT 1",
+    )
+    .bind(&c.serial)
+    .bind(&c.node_id)
+    .bind(&c.public_key)
+    .bind(&c.cert_pem)
+    .bind(c.not_before)
+    .bind(c.not_after)
+    .bind(&c.purpose)
+    .bind(c.epoch)
+    .bind(token_hash)
+    .bind(session_hash)
+    .bind(presence_kind)
+    .bind(presence)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 /// Records a certificate.
 pub async fn cert_insert_in_txn(tx: &mut Tx<'_>, c: &CertRow) -> Result<(), DbError> {
     sqlx::query(
@@ -215,21 +256,19 @@ pub async fn certs_revoke_purposes_in_txn(
     .bind(purposes)
     .execute(&mut **tx)
     .await?;
-    let n = sqlx::query(
-        "UPDATE node_certs SET revoked_at = now() \
-         WHERE node_id = $1 AND purpose = ANY($2) AND revoked_at IS NULL",
+    // Certificates and sessions in one statement: its one snapshot is
+    // taken after the wait above.
+    let n: i64 = sqlx::query_scalar(
+        "WITH revoked AS (UPDATE node_certs SET revoked_at = now() \
+           WHERE node_id = $1 AND purpose = ANY($2) AND revoked_at IS NULL RETURNING 1), \
+         ended AS (DELETE FROM agent_sessions WHERE node_id = $1 AND purpose = ANY($2)) \
+         SELECT count(*) FROM revoked",
     )
     .bind(node_id)
     .bind(purposes)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
-    sqlx::query("DELETE FROM agent_sessions WHERE node_id = $1 AND purpose = ANY($2)")
-        .bind(node_id)
-        .bind(purposes)
-        .execute(&mut **tx)
-        .await?;
-    Ok(n)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// Revokes one certificate and ends its sessions.

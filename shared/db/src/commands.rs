@@ -233,6 +233,30 @@ pub async fn command_attest_in_txn(tx: &mut Tx<'_>, id: &str, serial: &str) -> R
     Ok(())
 }
 
+/// What follows a result just recorded, in one round trip: the
+/// certificate its signature verified against (`attested_by`, none for an
+/// unsigned result) and the step waiting on the command made due now
+/// ([`command_attest_in_txn`] and
+/// [`crate::workflows::step_wake_for_command_in_txn`] in one statement).
+pub async fn command_attest_and_wake_in_txn(
+    tx: &mut Tx<'_>,
+    id: &str,
+    attested_by: Option<&str>,
+) -> Result<(), DbError> {
+    sqlx::query(
+        "WITH attested AS (UPDATE commands SET attested_by = $2, attested_at = now() \
+           WHERE id = $1 AND $2::text IS NOT NULL), \
+         woken AS (UPDATE workflow_steps SET due_at = now() WHERE command_id = $1 AND status = 'running' RETURNING 1) \
+         SELECT pg_notify($3, '') WHERE EXISTS (SELECT 1 FROM woken)",
+    )
+    .bind(id)
+    .bind(attested_by)
+    .bind(crate::workflows::NOTIFY_CHANNEL)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 /// Reads a command.
 pub async fn command_fetch(db: &Db, id: &str) -> Result<CommandRow, DbError> {
     command_by_id(db.pool(), id, false).await
@@ -400,6 +424,87 @@ pub async fn commands_take_for_agent(
     .bind(kinds)
     .fetch_all(db.pool())
     .await?)
+}
+
+/// A poll's first look, in one round trip: the session's touch (as
+/// [`crate::agents::session_touch_live`] does it) and, when the session is
+/// heard, the take of its node's offerable commands of the kinds its
+/// purpose runs (as [`commands_take_for_agent`] does it). `runs` pairs a
+/// purpose with each kind it runs. `None` when the session is unknown,
+/// ended or out of force (nothing is taken then). The take reads with the
+/// statement's one snapshot: where the touch waited for the session's row,
+/// its writer could only have ended or rekeyed the session, and then the
+/// touch finds no row, so nothing is taken.
+#[allow(clippy::too_many_arguments)]
+pub async fn poll_touch_and_take(
+    db: &Db,
+    hash: &[u8],
+    alive_for_ms: u64,
+    slack_ms: u64,
+    runs: &[(&str, &str)],
+    limit: i64,
+    lease_ms: u64,
+) -> Result<Option<(crate::agents::LiveSession, Vec<CommandRow>)>, DbError> {
+    use sqlx::{FromRow as _, Row as _};
+    let purposes: Vec<&str> = runs.iter().map(|(p, _)| *p).collect();
+    let kinds: Vec<&str> = runs.iter().map(|(_, k)| *k).collect();
+    let rows = sqlx::query(&format!(
+        "WITH live AS ( \
+           SELECT s.token_hash, s.node_id, s.cert_serial, s.purpose, s.alive_until, s.created_at, \
+             s.alive_until < now() + make_interval(secs => $2) - make_interval(secs => $3) AS moves \
+           FROM agent_sessions s JOIN node_certs c ON c.serial = s.cert_serial \
+           WHERE s.token_hash = $1 AND s.expires_at > now() AND c.revoked_at IS NULL \
+             AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0) \
+         ), touched AS ( \
+           UPDATE agent_sessions s SET alive_until = greatest(s.alive_until, now() + make_interval(secs => $2)) \
+           FROM live WHERE s.token_hash = live.token_hash AND live.moves \
+           RETURNING s.alive_until \
+         ), heard AS ( \
+           SELECT * FROM live WHERE NOT live.moves OR EXISTS (SELECT 1 FROM touched) \
+         ), taken AS ( \
+           UPDATE commands SET status = 'sent', sent_at = now(), \
+             lease_until = now() + make_interval(secs => $4) WHERE id IN ( \
+             SELECT commands.id FROM commands, heard \
+             WHERE commands.node_id = heard.node_id AND commands.target IN ('ramdisk', 'node') \
+               AND (heard.purpose, commands.kind) IN (SELECT * FROM unnest($6::text[], $7::text[])) \
+               AND {OFFERABLE} \
+               AND NOT EXISTS (SELECT 1 FROM agent_sessions n WHERE n.node_id = heard.node_id \
+                 AND n.purpose = heard.purpose AND n.created_at > heard.created_at) \
+             ORDER BY commands.created_at LIMIT $5 FOR UPDATE OF commands SKIP LOCKED) \
+           RETURNING {COLUMNS} \
+         ) \
+         SELECT heard.node_id AS s_node_id, heard.cert_serial AS s_cert_serial, heard.purpose AS s_purpose, \
+           EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = heard.node_id AND w.status = 'running') AS s_workflow_running, \
+           (extract(epoch FROM (coalesce((SELECT alive_until FROM touched), heard.alive_until) - now())) * 1000)::bigint AS s_alive_left_ms, \
+           taken.* \
+         FROM heard LEFT JOIN taken ON true ORDER BY taken.created_at"
+    ))
+    .bind(hash)
+    .bind(alive_for_ms as f64 / 1000.0)
+    .bind(slack_ms.min(alive_for_ms) as f64 / 1000.0)
+    .bind(lease_ms as f64 / 1000.0)
+    .bind(limit)
+    .bind(&purposes)
+    .bind(&kinds)
+    .fetch_all(db.pool())
+    .await?;
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let session = crate::agents::LiveSession {
+        node_id: first.try_get("s_node_id")?,
+        cert_serial: first.try_get("s_cert_serial")?,
+        purpose: first.try_get("s_purpose")?,
+        workflow_running: first.try_get("s_workflow_running")?,
+        alive_left_ms: first.try_get("s_alive_left_ms")?,
+    };
+    let mut taken = Vec::with_capacity(rows.len());
+    for row in &rows {
+        if row.try_get::<Option<String>, _>("id")?.is_some() {
+            taken.push(CommandRow::from_row(row)?);
+        }
+    }
+    Ok(Some((session, taken)))
 }
 
 /// Every command of a node, oldest first.

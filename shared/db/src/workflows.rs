@@ -98,31 +98,17 @@ const STEP_COLUMNS: &str =
 /// Creates a workflow and its steps; the first main step is due at once.
 /// A second workflow for the same node state entry is [`DbError::Duplicate`].
 pub async fn workflow_insert_in_txn(tx: &mut Tx<'_>, w: &NewWorkflow) -> Result<(), DbError> {
-    sqlx::query(
-        "INSERT INTO workflows (id, node_id, owner, profile_id, profile_version, for_state, for_version, status, definition, actor, traceparent) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8, $9, $10)",
-    )
-    .bind(&w.id)
-    .bind(&w.node_id)
-    .bind(&w.owner)
-    .bind(&w.profile_id)
-    .bind(w.profile_version)
-    .bind(&w.for_state)
-    .bind(w.for_version)
-    .bind(&w.definition)
-    .bind(&w.actor)
-    .bind(&w.traceparent)
-    .execute(&mut **tx)
-    .await?;
     let idx: Vec<i32> = (0..w.steps.len() as i32).collect();
     let names: Vec<&str> = w.steps.iter().map(|s| s.name.as_str()).collect();
     let targets: Vec<&str> = w.steps.iter().map(|s| s.target.as_str()).collect();
     let cleanup: Vec<bool> = w.steps.iter().map(|s| s.cleanup).collect();
     let defs: Vec<serde_json::Value> = w.steps.iter().map(|s| s.definition.clone()).collect();
-    // Every step in one round trip; the first main step is due at once and
-    // its notification wakes the engines on commit.
+    // The workflow and every step in one round trip; the first main step is
+    // due at once and its notification wakes the engines on commit.
     sqlx::query(
-        "WITH rows AS (INSERT INTO workflow_steps (workflow_id, idx, name, target, cleanup, status, definition, due_at) \
+        "WITH wf AS (INSERT INTO workflows (id, node_id, owner, profile_id, profile_version, for_state, for_version, status, definition, actor, traceparent) \
+           VALUES ($1, $8, $9, $10, $11, $12, $13, 'running', $14, $15, $16)), \
+         rows AS (INSERT INTO workflow_steps (workflow_id, idx, name, target, cleanup, status, definition, due_at) \
          SELECT $1, idx, name, target, cleanup, 'pending', definition, \
                 CASE WHEN idx = (SELECT min(i) FROM unnest($2::int[], $5::bool[]) AS f(i, c) WHERE NOT c) THEN now() END \
          FROM unnest($2::int[], $3::text[], $4::text[], $5::bool[], $6::jsonb[]) AS t(idx, name, target, cleanup, definition) \
@@ -136,6 +122,15 @@ pub async fn workflow_insert_in_txn(tx: &mut Tx<'_>, w: &NewWorkflow) -> Result<
     .bind(&cleanup)
     .bind(&defs)
     .bind(NOTIFY_CHANNEL)
+    .bind(&w.node_id)
+    .bind(&w.owner)
+    .bind(&w.profile_id)
+    .bind(w.profile_version)
+    .bind(&w.for_state)
+    .bind(w.for_version)
+    .bind(&w.definition)
+    .bind(&w.actor)
+    .bind(&w.traceparent)
     .execute(&mut **tx)
     .await?;
     Ok(())

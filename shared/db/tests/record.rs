@@ -666,3 +666,119 @@ async fn a_touch_that_moves_the_mark_refuses_a_session_ended_while_it_waited() {
     let got = touch.await.expect("join").expect("touch");
     assert!(got.is_none(), "a session ended meanwhile answered: {got:?}");
 }
+
+/// Records a pending agent command of `kind` for `node`; returns its id.
+async fn agent_command(db: &bcm_db::Db, node: &str, kind: &str) -> String {
+    let mut c = command(
+        node,
+        &format!("key-{}", bcm_core::CommandId::generate()),
+        kind,
+    );
+    c.target = "ramdisk".into();
+    let mut tx = db.begin().await.expect("tx");
+    bcm_db::commands::command_insert_in_txn(&mut tx, &c)
+        .await
+        .expect("command");
+    tx.commit().await.expect("commit");
+    c.id
+}
+
+async fn status_of(db: &bcm_db::Db, id: &str) -> CommandStatus {
+    bcm_db::commands::command_fetch(db, id)
+        .await
+        .expect("command")
+        .status
+}
+
+#[tokio::test]
+async fn a_polls_first_look_touches_its_session_and_takes_what_its_purpose_runs_in_one_statement() {
+    let hash = [11u8; 32];
+    let (db, node_id) = live_session("poll_take", hash).await;
+    let runs = [("discovery", "inventory"), ("node", "osExec")];
+    let inventory = agent_command(&db, &node_id, "inventory").await;
+    let os_exec = agent_command(&db, &node_id, "osExec").await;
+
+    // An unknown session: nothing, and nothing taken.
+    let none = bcm_db::commands::poll_touch_and_take(&db, &[1u8; 32], 30_000, 0, &runs, 16, 60_000)
+        .await
+        .expect("poll");
+    assert!(none.is_none());
+    assert_eq!(status_of(&db, &inventory).await, CommandStatus::Pending);
+
+    // The session: touched (its mark moved 30 s ahead) and handed the
+    // command its purpose runs, now sent; the other kind stays pending.
+    let (_, xmin0) = session_mark(&db, &hash).await;
+    let (live, taken) =
+        bcm_db::commands::poll_touch_and_take(&db, &hash, 30_000, 0, &runs, 16, 60_000)
+            .await
+            .expect("poll")
+            .expect("a live session");
+    assert_eq!(
+        (
+            live.node_id.as_str(),
+            live.cert_serial.as_str(),
+            live.purpose.as_str()
+        ),
+        (node_id.as_str(), "serial-1", "discovery")
+    );
+    assert!(
+        (29_000..=30_000).contains(&live.alive_left_ms),
+        "{}",
+        live.alive_left_ms
+    );
+    let (_, xmin1) = session_mark(&db, &hash).await;
+    assert_ne!(xmin0, xmin1, "the mark moved");
+    assert_eq!(
+        taken.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+        vec![inventory.as_str()]
+    );
+    assert_eq!(status_of(&db, &inventory).await, CommandStatus::Sent);
+    assert_eq!(status_of(&db, &os_exec).await, CommandStatus::Pending);
+
+    // Again at once: leased, so not handed again; the mark holds within
+    // the slack, so the row is left as it was.
+    let (_, taken) =
+        bcm_db::commands::poll_touch_and_take(&db, &hash, 30_000, 2_000, &runs, 16, 60_000)
+            .await
+            .expect("poll")
+            .expect("a live session");
+    assert!(taken.is_empty(), "{taken:?}");
+    assert_eq!(session_mark(&db, &hash).await.1, xmin1);
+
+    // A newer session of the same purpose: the older one is still heard
+    // but takes nothing.
+    let second = agent_command(&db, &node_id, "inventory").await;
+    let mut tx = db.begin().await.expect("tx");
+    bcm_db::agents::session_insert_in_txn(
+        &mut tx,
+        &[12u8; 32],
+        &node_id,
+        "serial-1",
+        "discovery",
+        chrono::Utc::now() + chrono::Duration::hours(1),
+    )
+    .await
+    .expect("session");
+    tx.commit().await.expect("commit");
+    let (_, taken) =
+        bcm_db::commands::poll_touch_and_take(&db, &hash, 30_000, 0, &runs, 16, 60_000)
+            .await
+            .expect("poll")
+            .expect("the older session is heard");
+    assert!(taken.is_empty(), "an older session took {taken:?}");
+    assert_eq!(status_of(&db, &second).await, CommandStatus::Pending);
+
+    // Revoked: no session, nothing taken.
+    support::exec(
+        &db,
+        "UPDATE node_certs SET revoked_at = now() WHERE serial = 'serial-1'",
+    )
+    .await;
+    assert!(
+        bcm_db::commands::poll_touch_and_take(&db, &[12u8; 32], 30_000, 0, &runs, 16, 60_000)
+            .await
+            .expect("poll")
+            .is_none()
+    );
+    assert_eq!(status_of(&db, &second).await, CommandStatus::Pending);
+}
