@@ -431,6 +431,27 @@ pub struct LiveSession {
     pub alive_left_ms: i64,
 }
 
+/// A session's touch as common table expressions, for a statement that
+/// goes on from it (binds: `$1` the token's hash, `$2` how long it is
+/// marked alive from now and `$3` the slack, both in seconds). `live`: the
+/// session, if its certificate is in force, and whether the touch `moves`
+/// its mark; `touched`: the mark moved; `heard`: the session where the
+/// touch holds (it needed no move, or its move found the row: a session
+/// ended while the move waited for its row is not heard).
+pub(crate) const TOUCH_CTES: &str = "live AS ( \
+       SELECT s.token_hash, s.node_id, s.cert_serial, s.purpose, s.alive_until, s.created_at, \
+         s.alive_until < now() + make_interval(secs => $2) - make_interval(secs => $3) AS moves \
+       FROM agent_sessions s JOIN node_certs c ON c.serial = s.cert_serial \
+       WHERE s.token_hash = $1 AND s.expires_at > now() AND c.revoked_at IS NULL \
+         AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0) \
+     ), touched AS ( \
+       UPDATE agent_sessions s SET alive_until = greatest(s.alive_until, now() + make_interval(secs => $2)) \
+       FROM live WHERE s.token_hash = live.token_hash AND live.moves \
+       RETURNING s.alive_until \
+     ), heard AS ( \
+       SELECT * FROM live WHERE NOT live.moves OR EXISTS (SELECT 1 FROM touched) \
+     )";
+
 /// A live session whose certificate is in force (unrevoked, of the
 /// node's current epoch), marked alive for at least `alive_for_ms` from now (a
 /// request is a sign of life; a long poll keeps it for as long as it waits),
@@ -453,24 +474,13 @@ pub async fn session_touch_live(
     alive_for_ms: u64,
     slack_ms: u64,
 ) -> Result<Option<LiveSession>, DbError> {
-    Ok(sqlx::query_as(
-        "WITH live AS ( \
-           SELECT s.token_hash, s.node_id, s.cert_serial, s.purpose, s.alive_until, \
-             s.alive_until < now() + make_interval(secs => $2) - make_interval(secs => $3) AS moves \
-           FROM agent_sessions s JOIN node_certs c ON c.serial = s.cert_serial \
-           WHERE s.token_hash = $1 AND s.expires_at > now() AND c.revoked_at IS NULL \
-             AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0) \
-         ), touched AS ( \
-           UPDATE agent_sessions s SET alive_until = greatest(s.alive_until, now() + make_interval(secs => $2)) \
-           FROM live WHERE s.token_hash = live.token_hash AND live.moves \
-           RETURNING s.alive_until \
-         ) \
-         SELECT live.node_id, live.cert_serial, live.purpose, \
-           EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = live.node_id AND w.status = 'running') AS workflow_running, \
-           (extract(epoch FROM (coalesce((SELECT alive_until FROM touched), live.alive_until) - now())) * 1000)::bigint AS alive_left_ms \
-         FROM live \
-         WHERE NOT live.moves OR EXISTS (SELECT 1 FROM touched)",
-    )
+    Ok(sqlx::query_as(&format!(
+        "WITH {TOUCH_CTES} \
+         SELECT heard.node_id, heard.cert_serial, heard.purpose, \
+           EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = heard.node_id AND w.status = 'running') AS workflow_running, \
+           (extract(epoch FROM (coalesce((SELECT alive_until FROM touched), heard.alive_until) - now())) * 1000)::bigint AS alive_left_ms \
+         FROM heard"
+    ))
     .bind(hash)
     .bind(alive_for_ms as f64 / 1000.0)
     .bind(slack_ms.min(alive_for_ms) as f64 / 1000.0)

@@ -449,19 +449,7 @@ pub async fn poll_touch_and_take(
     let purposes: Vec<&str> = runs.iter().map(|(p, _)| *p).collect();
     let kinds: Vec<&str> = runs.iter().map(|(_, k)| *k).collect();
     let rows = sqlx::query(&format!(
-        "WITH live AS ( \
-           SELECT s.token_hash, s.node_id, s.cert_serial, s.purpose, s.alive_until, s.created_at, \
-             s.alive_until < now() + make_interval(secs => $2) - make_interval(secs => $3) AS moves \
-           FROM agent_sessions s JOIN node_certs c ON c.serial = s.cert_serial \
-           WHERE s.token_hash = $1 AND s.expires_at > now() AND c.revoked_at IS NULL \
-             AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0) \
-         ), touched AS ( \
-           UPDATE agent_sessions s SET alive_until = greatest(s.alive_until, now() + make_interval(secs => $2)) \
-           FROM live WHERE s.token_hash = live.token_hash AND live.moves \
-           RETURNING s.alive_until \
-         ), heard AS ( \
-           SELECT * FROM live WHERE NOT live.moves OR EXISTS (SELECT 1 FROM touched) \
-         ), taken AS ( \
+        "WITH {touch}, taken AS ( \
            UPDATE commands SET status = 'sent', sent_at = now(), \
              lease_until = now() + make_interval(secs => $4) WHERE id IN ( \
              SELECT commands.id FROM commands, heard \
@@ -477,7 +465,8 @@ pub async fn poll_touch_and_take(
            EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = heard.node_id AND w.status = 'running') AS s_workflow_running, \
            (extract(epoch FROM (coalesce((SELECT alive_until FROM touched), heard.alive_until) - now())) * 1000)::bigint AS s_alive_left_ms, \
            taken.* \
-         FROM heard LEFT JOIN taken ON true ORDER BY taken.created_at"
+         FROM heard LEFT JOIN taken ON true ORDER BY taken.created_at",
+        touch = crate::agents::TOUCH_CTES
     ))
     .bind(hash)
     .bind(alive_for_ms as f64 / 1000.0)
