@@ -57,21 +57,6 @@ pub async fn join_token_consume_in_txn(
     }))
 }
 
-/// Records the certificate a join spent its token on (in the join's
-/// transaction, after the certificate is stored).
-pub async fn join_token_spent_on_in_txn(
-    tx: &mut Tx<'_>,
-    hash: &[u8],
-    cert_serial: &str,
-) -> Result<(), DbError> {
-    sqlx::query("UPDATE join_tokens SET used_by_cert = $2 WHERE token_hash = $1")
-        .bind(hash)
-        .bind(cert_serial)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
-
 /// The join a spent token made, if it was spent less than `window_secs`
 /// ago on a certificate still unrevoked: `(purpose, certificate)`. The
 /// token row is locked, so two retries of one join are answered in turn.
@@ -141,10 +126,7 @@ const CERT_COLUMNS: &str =
 
 /// What a granted join records, in one round trip: its certificate, the
 /// join token spent on it (`used_by_cert`), the agent's session (alive
-/// until the certificate's end) and the agent's presence fact. The same
-/// rows [`cert_insert_in_txn`], [`join_token_spent_on_in_txn`],
-/// [`session_insert_in_txn`] and [`node_fact_upsert_in_txn`] write one by
-/// one.
+/// until the certificate's end) and the agent's presence fact.
 pub async fn join_record_in_txn(
     tx: &mut Tx<'_>,
     c: &CertRow,
@@ -437,7 +419,9 @@ pub struct LiveSession {
 /// session, if its certificate is in force, and whether the touch `moves`
 /// its mark; `touched`: the mark moved; `heard`: the session where the
 /// touch holds (it needed no move, or its move found the row: a session
-/// ended while the move waited for its row is not heard).
+/// ended while the move waited for its row is not heard), with whether
+/// its node runs a workflow and how long its mark holds (`workflow_running`,
+/// `alive_left_ms`: [`LiveSession`]'s fields).
 pub(crate) const TOUCH_CTES: &str = "live AS ( \
        SELECT s.token_hash, s.node_id, s.cert_serial, s.purpose, s.alive_until, s.created_at, \
          s.alive_until < now() + make_interval(secs => $2) - make_interval(secs => $3) AS moves \
@@ -449,7 +433,10 @@ pub(crate) const TOUCH_CTES: &str = "live AS ( \
        FROM live WHERE s.token_hash = live.token_hash AND live.moves \
        RETURNING s.alive_until \
      ), heard AS ( \
-       SELECT * FROM live WHERE NOT live.moves OR EXISTS (SELECT 1 FROM touched) \
+       SELECT live.*, \
+         EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = live.node_id AND w.status = 'running') AS workflow_running, \
+         (extract(epoch FROM (coalesce((SELECT alive_until FROM touched), live.alive_until) - now())) * 1000)::bigint AS alive_left_ms \
+       FROM live WHERE NOT live.moves OR EXISTS (SELECT 1 FROM touched) \
      )";
 
 /// A live session whose certificate is in force (unrevoked, of the
@@ -476,10 +463,7 @@ pub async fn session_touch_live(
 ) -> Result<Option<LiveSession>, DbError> {
     Ok(sqlx::query_as(&format!(
         "WITH {TOUCH_CTES} \
-         SELECT heard.node_id, heard.cert_serial, heard.purpose, \
-           EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = heard.node_id AND w.status = 'running') AS workflow_running, \
-           (extract(epoch FROM (coalesce((SELECT alive_until FROM touched), heard.alive_until) - now())) * 1000)::bigint AS alive_left_ms \
-         FROM heard"
+         SELECT node_id, cert_serial, purpose, workflow_running, alive_left_ms FROM heard"
     ))
     .bind(hash)
     .bind(alive_for_ms as f64 / 1000.0)

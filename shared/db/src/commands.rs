@@ -223,21 +223,9 @@ fn done_status(succeeded: bool) -> &'static str {
     }
 }
 
-/// Records that a command's signature verified against certificate `serial`.
-pub async fn command_attest_in_txn(tx: &mut Tx<'_>, id: &str, serial: &str) -> Result<(), DbError> {
-    sqlx::query("UPDATE commands SET attested_by = $2, attested_at = now() WHERE id = $1")
-        .bind(id)
-        .bind(serial)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
-
 /// What follows a result just recorded, in one round trip: the
 /// certificate its signature verified against (`attested_by`, none for an
-/// unsigned result) and the step waiting on the command made due now
-/// ([`command_attest_in_txn`] and
-/// [`crate::workflows::step_wake_for_command_in_txn`] in one statement).
+/// unsigned result) and the step waiting on the command made due now.
 pub async fn command_attest_and_wake_in_txn(
     tx: &mut Tx<'_>,
     id: &str,
@@ -462,9 +450,7 @@ pub async fn poll_touch_and_take(
            RETURNING {COLUMNS} \
          ) \
          SELECT heard.node_id AS s_node_id, heard.cert_serial AS s_cert_serial, heard.purpose AS s_purpose, \
-           EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = heard.node_id AND w.status = 'running') AS s_workflow_running, \
-           (extract(epoch FROM (coalesce((SELECT alive_until FROM touched), heard.alive_until) - now())) * 1000)::bigint AS s_alive_left_ms, \
-           taken.* \
+           heard.workflow_running AS s_workflow_running, heard.alive_left_ms AS s_alive_left_ms, taken.* \
          FROM heard LEFT JOIN taken ON true ORDER BY taken.created_at",
         touch = crate::agents::TOUCH_CTES
     ))

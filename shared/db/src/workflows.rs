@@ -394,22 +394,6 @@ pub async fn workflow_request_cancel_in_txn(tx: &mut Tx<'_>, id: &str) -> Result
     Ok(n > 0)
 }
 
-/// Makes the step waiting on `command_id` due now (its result arrived).
-pub async fn step_wake_for_command_in_txn(
-    tx: &mut Tx<'_>,
-    command_id: &str,
-) -> Result<(), DbError> {
-    sqlx::query(
-        "WITH woken AS (UPDATE workflow_steps SET due_at = now() WHERE command_id = $1 AND status = 'running' RETURNING 1) \
-         SELECT pg_notify($2, '') WHERE EXISTS (SELECT 1 FROM woken)",
-    )
-    .bind(command_id)
-    .bind(NOTIFY_CHANNEL)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 /// The running step waiting on `command_id`, if any.
 pub async fn step_waiting_on_command_in_txn(
     tx: &mut Tx<'_>,
