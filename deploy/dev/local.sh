@@ -154,4 +154,13 @@ else
   log_args=(--log-file "$repo/.bcm/logs/bcm.log")
 fi
 target/release/bcm --config .bcm/bcm.toml --sim-machines "$machines" \
-  --summary-file .bcm/summary.txt "${log_args[@]}"
+  --summary-file .bcm/summary.txt "${log_args[@]}" &
+bcm_pid=$!
+# Ctrl-C, or a TERM or HUP to this script, stops bcm first; the stack
+# goes down (the EXIT trap) only once bcm has drained against it.
+trap 'kill -TERM "$bcm_pid" 2>/dev/null || true' INT TERM HUP
+rc=0
+while kill -0 "$bcm_pid" 2>/dev/null; do
+  wait "$bcm_pid" && rc=0 || rc=$?
+done
+exit "$rc"

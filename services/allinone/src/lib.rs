@@ -140,15 +140,18 @@ pub async fn run(
     } else {
         state.inner.db.clone()
     };
-    let mut tasks = vec![];
+    let mut tasks = bcm_telemetry::signals::Drain::new();
     if cfg.api.relay.enabled && on(Service::Relay) {
-        tasks.push(tokio::spawn(bcm_api::relay::run(
-            db.clone(),
-            bus.clone(),
-            cfg.api.relay.clone(),
-            bcm_api::relay::RelayFaults::default(),
-            shutdown.clone(),
-        )));
+        tasks.push(
+            "relay",
+            tokio::spawn(bcm_api::relay::run(
+                db.clone(),
+                bus.clone(),
+                cfg.api.relay.clone(),
+                bcm_api::relay::RelayFaults::default(),
+                shutdown.clone(),
+            )),
+        );
     }
     if on(Service::Workflow) {
         let engine = cfg.engine.clone().unwrap_or_else(|| {
@@ -157,12 +160,15 @@ pub async fn run(
             e.join_key = cfg.api.join_key.clone();
             e
         });
-        tasks.push(tokio::spawn(bcm_workflow::run(
-            db.clone(),
-            bus.clone(),
-            engine,
-            shutdown.clone(),
-        )));
+        tasks.push(
+            "workflow",
+            tokio::spawn(bcm_workflow::run(
+                db.clone(),
+                bus.clone(),
+                engine,
+                shutdown.clone(),
+            )),
+        );
     }
     if on(Service::Attestation) {
         let attest = cfg
@@ -170,20 +176,26 @@ pub async fn run(
             .clone()
             .unwrap_or_else(bcm_attestation::AttestationConfig::ephemeral);
         let (db, bus, stop) = (db.clone(), bus.clone(), shutdown.clone());
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = bcm_attestation::run(db, bus, attest, stop.clone()).await {
-                tracing::error!(error = %e, "attestation service stopped");
-                stop.cancel();
-            }
-        }));
+        tasks.push(
+            "attestation",
+            tokio::spawn(async move {
+                if let Err(e) = bcm_attestation::run(db, bus, attest, stop.clone()).await {
+                    tracing::error!(error = %e, "attestation service stopped");
+                    stop.cancel();
+                }
+            }),
+        );
     }
     if on(Service::Reconciler) {
-        tasks.push(tokio::spawn(bcm_reconciler::run(
-            db.clone(),
-            bus.clone(),
-            cfg.reconciler.clone(),
-            shutdown.clone(),
-        )));
+        tasks.push(
+            "reconciler",
+            tokio::spawn(bcm_reconciler::run(
+                db.clone(),
+                bus.clone(),
+                cfg.reconciler.clone(),
+                shutdown.clone(),
+            )),
+        );
     }
     if on(Service::Sim) {
         let faults = bcm_sim::Faults::from_config(&cfg.sim);
@@ -193,47 +205,56 @@ pub async fn run(
             nkey_file: Some(nkey_file),
             ..cfg.api.bus.clone()
         });
-        tasks.push(tokio::spawn(async move {
-            // With an identity of its own, the site connects as a site.
-            let bus = match site_bus {
-                None => bus,
-                Some(site_bus) => match bcm_bus::Bus::attach(&site_bus).await {
-                    Ok(b) => b,
+        tasks.push(
+            "sim",
+            tokio::spawn(async move {
+                // With an identity of its own, the site connects as a site.
+                let bus = match site_bus {
+                    None => bus,
+                    Some(site_bus) => match bcm_bus::Bus::attach(&site_bus).await {
+                        Ok(b) => b,
+                        Err(e) => {
+                            tracing::error!(error = %e, "the simulated site cannot connect");
+                            stop.cancel();
+                            return;
+                        }
+                    },
+                };
+                let machines = match bcm_sim::site::Machines::durable(&bus, &sim.site).await {
+                    Ok(m) => m,
                     Err(e) => {
-                        tracing::error!(error = %e, "the simulated site cannot connect");
+                        tracing::error!(error = %e, "the simulated site cannot start");
                         stop.cancel();
                         return;
                     }
-                },
-            };
-            let machines = match bcm_sim::site::Machines::durable(&bus, &sim.site).await {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::error!(error = %e, "the simulated site cannot start");
-                    stop.cancel();
-                    return;
+                };
+                let site = bcm_sim::site::run(
+                    bus,
+                    sim,
+                    machines,
+                    faults,
+                    bcm_sim::site::Executions::default(),
+                    stop,
+                );
+                if let Err(e) = site.await {
+                    tracing::error!(error = %e, "the simulated site stopped");
                 }
-            };
-            let site = bcm_sim::site::run(
-                bus,
-                sim,
-                machines,
-                faults,
-                bcm_sim::site::Executions::default(),
-                stop,
-            );
-            if let Err(e) = site.await {
-                tracing::error!(error = %e, "the simulated site stopped");
-            }
-        }));
+            }),
+        );
     }
+    let mut served = Ok(());
     if on(Service::Api) {
         let app = bcm_api::router(state.clone());
         let stop = shutdown.clone();
         let server =
             tokio::spawn(async move { bcm_api::serve(listener, app, serving, stop).await });
         let _ = ready.send(base);
-        server.await.map_err(|e| RunError::Task(e.to_string()))??;
+        // The server ends after the stop (its own drain bounded), or on
+        // an error: the services stop with it either way.
+        served = server
+            .await
+            .map_err(|e| RunError::Task(e.to_string()))
+            .and_then(|r| r.map_err(RunError::from));
     } else {
         // A process without the API serves its metrics on the listener.
         let _ = ready.send(base);
@@ -243,12 +264,23 @@ pub async fn run(
         shutdown.cancelled().await;
     }
     shutdown.cancel();
-    for t in tasks {
-        let _ = t.await;
+    // A database or a bus that went down first must not hold the process:
+    // what is still running after the drain stops where it stood, as a
+    // kill would leave it, and resumes there at the next start.
+    // The tasks and the pools' closing share one deadline: a pool waits
+    // for its connections, and a dead database's never come back.
+    let deadline = tokio::time::Instant::now() + bcm_telemetry::signals::DRAIN;
+    tasks.until(deadline).await;
+    for pool in [&db, &state.inner.db] {
+        if tokio::time::timeout_at(deadline, pool.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the database pool did not close within the drain");
+        }
     }
-    db.close().await;
-    state.inner.db.close().await;
-    Ok(())
+    tracing::info!("stopped");
+    served
 }
 
 /// The quorum keys of this process: where the API has no policy key, one

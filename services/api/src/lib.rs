@@ -790,11 +790,20 @@ pub async fn run(
     });
     tracing::info!(addr = %listener.local_addr()?, tls = matches!(serving, bcm_pki::tls::Serving::Tls(_)), "metal API listening");
     let app = router(state.clone());
-    serve(listener, app, serving, shutdown.clone()).await?;
+    let served = serve(listener, app, serving, shutdown.clone()).await;
     shutdown.cancel();
+    // A database or a bus that went down first must not hold the process.
+    let deadline = tokio::time::Instant::now() + bcm_telemetry::signals::DRAIN;
+    let mut tasks = bcm_telemetry::signals::Drain::new();
     if let Some(r) = relay {
-        let _ = r.await;
+        tasks.push("relay", r);
     }
-    state.inner.db.close().await;
-    Ok(())
+    tasks.until(deadline).await;
+    if tokio::time::timeout_at(deadline, state.inner.db.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the database pool did not close within the drain");
+    }
+    Ok(served?)
 }

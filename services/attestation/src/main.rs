@@ -35,7 +35,16 @@ async fn main() -> anyhow::Result<()> {
     if let Some(listen) = cfg.telemetry.metrics_listen {
         bcm_telemetry::spawn_metrics(listen, shutdown.clone()).await?;
     }
-    let ran = bcm_attestation::run(db, bus, cfg.attestation, shutdown).await;
+    let stop = shutdown.clone();
+    let drain = bcm_telemetry::signals::DRAIN;
+    let ran = bcm_telemetry::signals::drained(
+        "attestation",
+        &stop,
+        drain,
+        bcm_attestation::run(db, bus, cfg.attestation, shutdown),
+    )
+    .await
+    .unwrap_or(Ok(()));
     bcm_telemetry::shutdown();
     Ok(ran?)
 }

@@ -20,7 +20,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(listen) = cfg.telemetry.metrics_listen {
         bcm_telemetry::spawn_metrics(listen, shutdown.clone()).await?;
     }
-    let (_ctx, task) = bcm_bmc::start(&cfg, cfg.drivers()?, shutdown).await?;
+    let (_ctx, task) = bcm_bmc::start(&cfg, cfg.drivers()?, shutdown.clone()).await?;
     tracing::info!(site = %cfg.site, "bmc service running");
     if std::env::var_os(bcm_bmc::rotation::CRASH_AFTER_PHASE1_ENV).is_some() {
         tracing::warn!(
@@ -28,7 +28,11 @@ async fn main() -> anyhow::Result<()> {
             bcm_bmc::rotation::CRASH_AFTER_PHASE1_ENV
         );
     }
-    task.await?;
+    // Told to stop, it finishes what it holds within the drain.
+    let drain = bcm_telemetry::signals::DRAIN;
+    if let Some(ended) = bcm_telemetry::signals::drained("bmc", &shutdown, drain, task).await {
+        ended?;
+    }
     bcm_telemetry::shutdown();
     Ok(())
 }

@@ -20,10 +20,16 @@ async fn main() -> anyhow::Result<()> {
     if let Some(listen) = cfg.telemetry.metrics_listen {
         bcm_telemetry::spawn_metrics(listen, shutdown.clone()).await?;
     }
-    let running = bcm_boot::start(&cfg, shutdown).await?;
-    for t in running.tasks {
-        let _ = t.await;
-    }
+    let running = bcm_boot::start(&cfg, shutdown.clone()).await?;
+    // Told to stop, its servers finish what they hold within the drain.
+    let tasks = running.tasks;
+    let servers = async move {
+        for t in tasks {
+            let _ = t.await;
+        }
+    };
+    let drain = bcm_telemetry::signals::DRAIN;
+    bcm_telemetry::signals::drained("boot", &shutdown, drain, servers).await;
     bcm_telemetry::shutdown();
     Ok(())
 }

@@ -36,7 +36,15 @@ async fn main() -> anyhow::Result<()> {
     if let Some(listen) = cfg.telemetry.metrics_listen {
         bcm_telemetry::spawn_metrics(listen, shutdown.clone()).await?;
     }
-    bcm_reconciler::run(db, bus, cfg.reconciler, shutdown).await;
+    let stop = shutdown.clone();
+    let drain = bcm_telemetry::signals::DRAIN;
+    bcm_telemetry::signals::drained(
+        "reconciler",
+        &stop,
+        drain,
+        bcm_reconciler::run(db, bus, cfg.reconciler, shutdown),
+    )
+    .await;
     bcm_telemetry::shutdown();
     Ok(())
 }

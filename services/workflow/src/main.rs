@@ -39,7 +39,15 @@ async fn main() -> anyhow::Result<()> {
     if let Some(listen) = cfg.telemetry.metrics_listen {
         bcm_telemetry::spawn_metrics(listen, shutdown.clone()).await?;
     }
-    bcm_workflow::run(db, bus, cfg.engine, shutdown).await;
+    let stop = shutdown.clone();
+    let drain = bcm_telemetry::signals::DRAIN;
+    bcm_telemetry::signals::drained(
+        "workflow",
+        &stop,
+        drain,
+        bcm_workflow::run(db, bus, cfg.engine, shutdown),
+    )
+    .await;
     bcm_telemetry::shutdown();
     Ok(())
 }
