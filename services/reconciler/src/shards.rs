@@ -20,6 +20,9 @@ use crate::{reconcile, ReconcilerConfig};
 /// The kind of work the reconciler's shard leases are for.
 pub const KIND: &str = "reconcile";
 
+/// How long a stopping worker tries to release its shard leases.
+const LEAVE_WITHIN: Duration = Duration::from_secs(2);
+
 /// Runs the lease loop, the per-shard consumers and the poll loop.
 pub async fn run(
     db: Db,
@@ -39,11 +42,16 @@ pub async fn run(
         % shards;
     tracing::info!(%holder, shards, "reconciler worker started");
     loop {
-        if let Err(e) = rebalance(
+        let round = rebalance(
             &db, &bus, &cfg, &holder, shards, offset, ttl, &mut owned, &shutdown,
-        )
-        .await
-        {
+        );
+        // A stop does not wait for a round that waits on a database gone
+        // away; a lease the round took is released below, or expires.
+        let round = tokio::select! {
+            r = round => r,
+            _ = shutdown.cancelled() => break,
+        };
+        if let Err(e) = round {
             tracing::warn!(error = %e, "lease round failed");
         }
         metrics::gauge!("bcm_reconciler_owned_shards", "holder" => holder.clone())
@@ -67,8 +75,19 @@ pub async fn run(
     for (_, stop) in owned.drain() {
         stop.cancel();
     }
-    if let Err(e) = bcm_db::leases::worker_leave(&db, KIND, &holder).await {
-        tracing::warn!(error = %e, "could not release leases on shutdown; they expire");
+    // Releasing the leases is a courtesy to the other workers (they take
+    // the shards at once instead of at the leases' expiry): brief.
+    match tokio::time::timeout(
+        LEAVE_WITHIN,
+        bcm_db::leases::worker_leave(&db, KIND, &holder),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not release leases on shutdown; they expire")
+        }
+        Err(_) => tracing::warn!("releasing leases on shutdown took too long; they expire"),
     }
 }
 
