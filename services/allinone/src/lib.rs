@@ -267,21 +267,29 @@ pub async fn run(
     // A database or a bus that went down first must not hold the process:
     // what is still running after the drain stops where it stood, as a
     // kill would leave it, and resumes there at the next start.
-    // The tasks and the pools' closing share one deadline: a pool waits
-    // for its connections, and a dead database's never come back.
+    // The tasks and the pools' closing share one deadline. Closing a pool
+    // waits for its connections, and those a dead database holds come
+    // back only at the pool's acquire timeout: closing is a courtesy to
+    // the server, so it gets a second at most.
     let deadline = tokio::time::Instant::now() + bcm_telemetry::signals::DRAIN;
     tasks.until(deadline).await;
+    let closing = deadline.min(tokio::time::Instant::now() + POOL_CLOSE_WITHIN);
     for pool in [&db, &state.inner.db] {
-        if tokio::time::timeout_at(deadline, pool.close())
+        if tokio::time::timeout_at(closing, pool.close())
             .await
             .is_err()
         {
-            tracing::warn!("the database pool did not close within the drain");
+            tracing::warn!(
+                "the database pool did not close in time; its connections end with the process"
+            );
         }
     }
     tracing::info!("stopped");
     served
 }
+
+/// How long closing the database pools may take at a stop.
+const POOL_CLOSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The quorum keys of this process: where the API has no policy key, one
 /// is made now (it dies with the process); where the simulated site has no

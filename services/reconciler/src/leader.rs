@@ -23,15 +23,36 @@ pub async fn lead<F, Fut>(
     Fut: Future<Output = ()>,
 {
     while !shutdown.is_cancelled() {
-        match bcm_db::leases::lease_acquire(db, kind, 0, holder, ttl).await {
-            Ok(true) => round().await,
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, kind, "taking the lease failed"),
+        let turn = async {
+            match bcm_db::leases::lease_acquire(db, kind, 0, holder, ttl).await {
+                Ok(true) => round().await,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, kind, "taking the lease failed"),
+            }
+        };
+        // A turn under way at a stop gets a short grace to finish, not
+        // the wait of a database gone away: a round cut short is left as
+        // a kill would leave it, and every round is resumable.
+        if bcm_telemetry::signals::drained(kind, shutdown, crate::shards::STOP_GRACE, turn)
+            .await
+            .is_none()
+        {
+            break;
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(every) => {}
         }
     }
-    let _ = bcm_db::leases::lease_release(db, kind, 0, holder).await;
+    // Releasing the lease is a courtesy to the next leader: brief.
+    let release = bcm_db::leases::lease_release(db, kind, 0, holder);
+    if tokio::time::timeout(crate::shards::LEAVE_WITHIN, release)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            kind,
+            "releasing the lease on shutdown took too long; it expires"
+        );
+    }
 }

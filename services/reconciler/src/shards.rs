@@ -20,8 +20,11 @@ use crate::{reconcile, ReconcilerConfig};
 /// The kind of work the reconciler's shard leases are for.
 pub const KIND: &str = "reconcile";
 
-/// How long a stopping worker tries to release its shard leases.
-const LEAVE_WITHIN: Duration = Duration::from_secs(2);
+/// How long a round under way at a stop may take to finish.
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// How long a stopping worker tries to release its leases.
+pub(crate) const LEAVE_WITHIN: Duration = Duration::from_secs(2);
 
 /// Runs the lease loop, the per-shard consumers and the poll loop.
 pub async fn run(
@@ -45,11 +48,13 @@ pub async fn run(
         let round = rebalance(
             &db, &bus, &cfg, &holder, shards, offset, ttl, &mut owned, &shutdown,
         );
-        // A stop does not wait for a round that waits on a database gone
-        // away; a lease the round took is released below, or expires.
-        let round = tokio::select! {
-            r = round => r,
-            _ = shutdown.cancelled() => break,
+        // A round under way at a stop gets a short grace, not the wait of
+        // a database gone away; a lease a round cut short took is
+        // released below, or expires.
+        let Some(round) =
+            bcm_telemetry::signals::drained("reconcile leases", &shutdown, STOP_GRACE, round).await
+        else {
+            break;
         };
         if let Err(e) = round {
             tracing::warn!(error = %e, "lease round failed");
