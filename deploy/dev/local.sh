@@ -153,14 +153,19 @@ if [ -n "$verbose" ]; then
 else
   log_args=(--log-file "$repo/.bcm/logs/bcm.log")
 fi
+# Ctrl-C, or a TERM or HUP to this script, stops bcm first; the stack
+# goes down (the EXIT trap) only once bcm has drained against it (at most
+# its 10 s drain).
+bcm_pid=""
+trap '[ -z "$bcm_pid" ] || kill -TERM "$bcm_pid" 2>/dev/null || true' INT TERM HUP
 target/release/bcm --config .bcm/bcm.toml --sim-machines "$machines" \
   --summary-file .bcm/summary.txt "${log_args[@]}" &
 bcm_pid=$!
-# Ctrl-C, or a TERM or HUP to this script, stops bcm first; the stack
-# goes down (the EXIT trap) only once bcm has drained against it.
-trap 'kill -TERM "$bcm_pid" 2>/dev/null || true' INT TERM HUP
-rc=0
+# A trapped signal interrupts `wait`: wait again until bcm is gone, then
+# take its own exit status (bash keeps it for the last `wait`).
 while kill -0 "$bcm_pid" 2>/dev/null; do
-  wait "$bcm_pid" && rc=0 || rc=$?
+  wait "$bcm_pid" || true
 done
+rc=0
+wait "$bcm_pid" || rc=$?
 exit "$rc"

@@ -133,7 +133,10 @@ nats_up() {
     echo "  ]"
     echo "}"
   ) >"$dir/nats.conf"
-  nohup "$bin" -c "$dir/nats.conf" -a 127.0.0.1 -p "$nats_port" -js -sd "$dir/store" >"$dir/nats.log" 2>&1 &
+  # A session of its own (as pg_ctl gives Postgres): a Ctrl-C in the
+  # terminal of a script that started it stops that script's services
+  # first, not the bus under them.
+  setsid nohup "$bin" -c "$dir/nats.conf" -a 127.0.0.1 -p "$nats_port" -js -sd "$dir/store" >"$dir/nats.log" 2>&1 &
   echo $! >"$dir/pid"
   for _ in $(seq 1 100); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null; then log "nats-server $("$bin" --version) on 127.0.0.1:$nats_port"; return; fi

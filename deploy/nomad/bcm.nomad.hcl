@@ -98,6 +98,8 @@ job "bcm" {
 
     task "api" {
       driver = "docker"
+      # Its drain at a stop is at most 10 s (bcm_telemetry::signals::DRAIN).
+      kill_timeout = "15s"
 
       config {
         image      = var.image
@@ -156,6 +158,8 @@ EOT
 
     task "workflow" {
       driver = "docker"
+      # Its drain at a stop is at most 10 s (bcm_telemetry::signals::DRAIN).
+      kill_timeout = "15s"
 
       config {
         image      = var.image
@@ -204,6 +208,8 @@ EOT
 
     task "reconciler" {
       driver = "docker"
+      # Its drain at a stop is at most 10 s (bcm_telemetry::signals::DRAIN).
+      kill_timeout = "15s"
 
       config {
         image      = var.image
@@ -256,6 +262,8 @@ EOT
 
     task "attestation" {
       driver = "docker"
+      # Its drain at a stop is at most 10 s (bcm_telemetry::signals::DRAIN).
+      kill_timeout = "15s"
 
       config {
         image      = var.image
@@ -310,6 +318,8 @@ EOT
 
     task "sim" {
       driver = "docker"
+      # Its drain at a stop is at most 10 s (bcm_telemetry::signals::DRAIN).
+      kill_timeout = "15s"
 
       config {
         image      = var.image
@@ -368,6 +378,8 @@ EOT
 
     task "bmc" {
       driver = "docker"
+      # Its drain at a stop is at most 10 s (bcm_telemetry::signals::DRAIN).
+      kill_timeout = "15s"
 
       config {
         image      = var.image
@@ -416,6 +428,8 @@ EOT
 
     task "boot" {
       driver = "docker"
+      # Its drain at a stop is at most 10 s (bcm_telemetry::signals::DRAIN).
+      kill_timeout = "15s"
       user   = "root"
 
       config {

@@ -242,19 +242,36 @@ pub async fn run(
             }),
         );
     }
+    // The drain's deadline runs from the stop (or from the API server's
+    // end on an error): the server's own drain, the services' and the
+    // pools' closing all fit in it.
     let mut served = Ok(());
+    let deadline;
     if on(Service::Api) {
         let app = bcm_api::router(state.clone());
         let stop = shutdown.clone();
-        let server =
+        let mut server =
             tokio::spawn(async move { bcm_api::serve(listener, app, serving, stop).await });
         let _ = ready.send(base);
-        // The server ends after the stop (its own drain bounded), or on
-        // an error: the services stop with it either way.
-        served = server
-            .await
-            .map_err(|e| RunError::Task(e.to_string()))
-            .and_then(|r| r.map_err(RunError::from));
+        let ended = tokio::select! {
+            r = &mut server => Some(r),
+            _ = shutdown.cancelled() => None,
+        };
+        shutdown.cancel();
+        deadline = tokio::time::Instant::now() + bcm_telemetry::signals::DRAIN;
+        let ended = match ended {
+            Some(r) => Some(r),
+            None => tokio::time::timeout_at(deadline, &mut server).await.ok(),
+        };
+        served = match ended {
+            Some(r) => r
+                .map_err(|e| RunError::Task(e.to_string()))
+                .and_then(|r| r.map_err(RunError::from)),
+            None => {
+                server.abort();
+                Ok(())
+            }
+        };
     } else {
         // A process without the API serves its metrics on the listener.
         let _ = ready.send(base);
@@ -262,16 +279,15 @@ pub async fn run(
             tracing::warn!(error = %e, "the metrics listener stopped");
         }
         shutdown.cancelled().await;
+        deadline = tokio::time::Instant::now() + bcm_telemetry::signals::DRAIN;
     }
     shutdown.cancel();
     // A database or a bus that went down first must not hold the process:
-    // what is still running after the drain stops where it stood, as a
-    // kill would leave it, and resumes there at the next start.
-    // The tasks and the pools' closing share one deadline. Closing a pool
-    // waits for its connections, and those a dead database holds come
-    // back only at the pool's acquire timeout: closing is a courtesy to
-    // the server, so it gets a second at most.
-    let deadline = tokio::time::Instant::now() + bcm_telemetry::signals::DRAIN;
+    // what is still running at the deadline stops where it stood, as a
+    // kill would leave it, and resumes there at the next start. Closing a
+    // pool waits for its connections, and those a dead database holds
+    // come back only at the pool's acquire timeout: closing is a courtesy
+    // to the server, so it gets a second at most.
     tasks.until(deadline).await;
     let closing = deadline.min(tokio::time::Instant::now() + POOL_CLOSE_WITHIN);
     for pool in [&db, &state.inner.db] {

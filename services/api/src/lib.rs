@@ -790,10 +790,22 @@ pub async fn run(
     });
     tracing::info!(addr = %listener.local_addr()?, tls = matches!(serving, bcm_pki::tls::Serving::Tls(_)), "metal API listening");
     let app = router(state.clone());
+    // The drain's deadline runs from the stop (or from the server's end
+    // on an error); the server's own drain is shorter and fits in it.
+    let stopped_at = {
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            tokio::time::Instant::now()
+        })
+    };
     let served = serve(listener, app, serving, shutdown.clone()).await;
     shutdown.cancel();
     // A database or a bus that went down first must not hold the process.
-    let deadline = tokio::time::Instant::now() + bcm_telemetry::signals::DRAIN;
+    let stopped_at = stopped_at
+        .await
+        .unwrap_or_else(|_| tokio::time::Instant::now());
+    let deadline = stopped_at + bcm_telemetry::signals::DRAIN;
     let mut tasks = bcm_telemetry::signals::Drain::new();
     if let Some(r) = relay {
         tasks.push("relay", r);

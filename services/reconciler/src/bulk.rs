@@ -148,13 +148,16 @@ async fn expire(db: &Db, bus: &Bus) -> Result<(), DbError> {
         // A held one-leaf command goes out refused (a rotation rolls back).
         let refused =
             bcm_metal::batches::release_held_refused_in_txn(&mut tx, &b.header.batch_id).await?;
-        let refused: Vec<_> = refused.into_iter().collect();
-        bcm_db::outbox::outbox_insert_in_txn(&mut tx, &refused).await?;
-        tx.commit().await.map_err(DbError::from)?;
-        if moved && b.scope == "bulk" {
-            let c = counts(db, &b.header.batch_id).await?;
+        let mut rows: Vec<_> = refused.into_iter().collect();
+        // The bulk's end is recorded in the transaction that ends it: a
+        // stop or a kill after the commit cannot lose it (an expired batch
+        // is never looked at again).
+        let finished = moved && b.scope == "bulk";
+        if finished {
+            let c = bcm_db::batches::batch_counts_in_txn(&mut tx, &b.header.batch_id)
+                .await?
+                .0;
             let t = tenant(&b)?;
-            let mut tx = db.begin().await?;
             let ev = bcm_bus::outgoing::batch_event(
                 bus.subjects(),
                 &t,
@@ -168,8 +171,11 @@ async fn expire(db: &Db, bus: &Bus) -> Result<(), DbError> {
                     reason: Some("expired before it finished".into()),
                 },
             );
-            bcm_db::outbox::outbox_insert_in_txn(&mut tx, &[bcm_metal::outbox::row(ev)]).await?;
-            tx.commit().await.map_err(DbError::from)?;
+            rows.push(bcm_metal::outbox::row(ev));
+        }
+        bcm_db::outbox::outbox_insert_in_txn(&mut tx, &rows).await?;
+        tx.commit().await.map_err(DbError::from)?;
+        if finished {
             tracing::info!(batch = %b.header.batch_id, "bulk expired");
         }
     }

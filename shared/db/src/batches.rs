@@ -579,11 +579,26 @@ pub async fn batch_counts(
     db: &Db,
     batch: &str,
 ) -> Result<(BulkCounts, std::collections::BTreeMap<String, u64>), DbError> {
+    counts_with(db.pool(), batch).await
+}
+
+/// [`batch_counts`], read in the transaction (what it changed included).
+pub async fn batch_counts_in_txn(
+    tx: &mut Tx<'_>,
+    batch: &str,
+) -> Result<(BulkCounts, std::collections::BTreeMap<String, u64>), DbError> {
+    counts_with(&mut **tx, batch).await
+}
+
+async fn counts_with<'e>(
+    ex: impl sqlx::PgExecutor<'e>,
+    batch: &str,
+) -> Result<(BulkCounts, std::collections::BTreeMap<String, u64>), DbError> {
     let rows: Vec<(String, Option<String>, i64)> = sqlx::query_as(
         "SELECT state, code, count(*) FROM batch_nodes WHERE batch_id = $1 GROUP BY state, code ORDER BY state, code",
     )
     .bind(batch)
-    .fetch_all(db.pool())
+    .fetch_all(ex)
     .await?;
     let mut c = BulkCounts::default();
     let mut errors = std::collections::BTreeMap::new();

@@ -1,33 +1,41 @@
-//! The signals that stop a service: Ctrl-C (SIGINT), and SIGTERM from a
-//! supervisor (`docker stop`, systemd, Kubernetes). Both cancel one token
-//! the service drains on; neither kills it mid-transaction.
+//! The signals that stop a service: Ctrl-C (SIGINT), SIGTERM from a
+//! supervisor (`docker stop`, systemd, Nomad, Kubernetes) and SIGHUP (the
+//! terminal it ran in closed). Each cancels one token the service drains
+//! on; none kills it mid-transaction. The drain is bounded ([`DRAIN`]).
 
 use tokio_util::sync::CancellationToken;
 
-/// A token cancelled on the first SIGINT or SIGTERM. Call it inside the
-/// runtime, once, at start-up.
+/// A token cancelled on the first SIGINT, SIGTERM or SIGHUP. Call it
+/// inside the runtime, once, at start-up.
 pub fn shutdown_token() -> CancellationToken {
+    use tokio::signal::unix::{signal, SignalKind};
     let token = CancellationToken::new();
     let stop = token.clone();
     tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| tracing::warn!(error = %e, "no SIGTERM handler; only Ctrl-C stops"))
+        let mut term = signal(SignalKind::terminate())
+            .map_err(|e| tracing::warn!(error = %e, "no SIGTERM handler"))
             .ok();
-        let sigterm = async {
-            match term.as_mut() {
-                Some(t) => {
-                    t.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
+        let mut hup = signal(SignalKind::hangup())
+            .map_err(|e| tracing::warn!(error = %e, "no SIGHUP handler"))
+            .ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
-            _ = sigterm => tracing::info!("SIGTERM; stopping"),
+            _ = received(term.as_mut()) => tracing::info!("SIGTERM; stopping"),
+            _ = received(hup.as_mut()) => tracing::info!("SIGHUP; stopping"),
         }
         stop.cancel();
     });
     token
+}
+
+/// Resolves when the signal arrives; never where it has no handler.
+async fn received(s: Option<&mut tokio::signal::unix::Signal>) {
+    match s {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending::<()>().await,
+    }
 }
 
 /// How long a service has, once told to stop, to finish what it holds
@@ -143,7 +151,29 @@ mod tests {
         let aborted = drain.within(Duration::from_millis(200)).await;
         assert_eq!(aborted, vec!["stuck"]);
         // The aborted task was dropped: its sender with it.
-        assert!(rx.await.is_err());
+        let dropped = tokio::time::timeout(Duration::from_secs(10), rx).await;
+        assert!(
+            matches!(dropped, Ok(Err(_))),
+            "the stuck task was not aborted"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_deadline_is_shared_not_given_to_each_task() {
+        const NAMES: [&str; 10] = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
+        let mut drain = Drain::new();
+        for name in NAMES {
+            drain.push(name, tokio::spawn(std::future::pending::<()>()));
+        }
+        let began = std::time::Instant::now();
+        let aborted = drain.within(Duration::from_millis(500)).await;
+        assert_eq!(aborted, NAMES.to_vec());
+        // One deadline for all ten: a drain per task would take 5 s.
+        assert!(
+            began.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            began.elapsed()
+        );
     }
 
     #[tokio::test]
@@ -180,5 +210,17 @@ mod tests {
             std::future::pending::<()>(),
         );
         assert_eq!(stuck.await, None);
+    }
+
+    #[tokio::test]
+    async fn work_that_ends_within_the_drain_after_the_stop_is_waited_for() {
+        let stop = CancellationToken::new();
+        stop.cancel();
+        // Stopped already; the work ends 50 ms later, well within the drain.
+        let work = drained("finishing", &stop, Duration::from_secs(10), async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            "done"
+        });
+        assert_eq!(work.await, Some("done"));
     }
 }
