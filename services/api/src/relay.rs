@@ -183,8 +183,7 @@ async fn lead(
         if rows.is_empty() {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
-                n = listener.notified() => {
-                    n?;
+                _ = listener.notified() => {
                     if linger > Duration::ZERO {
                         tokio::time::sleep(linger).await;
                     }

@@ -782,3 +782,64 @@ async fn a_polls_first_look_touches_its_session_and_takes_what_its_purpose_runs_
     );
     assert_eq!(status_of(&db, &second).await, CommandStatus::Pending);
 }
+
+/// The listener's `LISTEN` backend, as Postgres sees it: whether it holds
+/// a snapshot (`backend_xmin`) and whether it waits to write to its client.
+async fn outbox_listen_backend(db: &bcm_db::Db) -> Option<(bool, bool)> {
+    // A transaction of its own: the activity view is read once per
+    // transaction.
+    let mut tx = db.begin().await.expect("tx");
+    let row = sqlx::query_as(
+        "SELECT backend_xmin IS NOT NULL, wait_event IS NOT DISTINCT FROM 'ClientWrite' \
+         FROM pg_stat_activity WHERE datname = current_database() AND query = $1",
+    )
+    .bind(format!("LISTEN \"{}\"", bcm_db::outbox::NOTIFY_CHANNEL))
+    .fetch_optional(&mut *tx)
+    .await
+    .expect("pg_stat_activity");
+    tx.rollback().await.expect("rollback");
+    row
+}
+
+#[tokio::test]
+async fn a_busy_relay_s_listener_never_holds_back_vacuum() {
+    let db = support::fresh_db("listener").await;
+    let mut listener = bcm_db::outbox::outbox_listener(&db).await.expect("listen");
+    // A relay busy publishing does not wait on its listener while commits
+    // announce megabytes of notifications: more than the socket holds.
+    support::exec(
+        &db,
+        &format!(
+            "SELECT pg_notify('{}', g::text) FROM generate_series(1, 300000) g",
+            bcm_db::outbox::NOTIFY_CHANNEL
+        ),
+    )
+    .await;
+    // Read as they arrive, they leave the backend idle with no snapshot
+    // (for a second on end, so that the look is not the moment before it
+    // fills the socket). Unread, it would wait on the full socket inside a
+    // transaction for as long as nobody reads, its snapshot holding every
+    // vacuum back.
+    let (mut backend, mut idle_looks) = (None, 0);
+    for _ in 0..300 {
+        backend = outbox_listen_backend(&db).await;
+        idle_looks = if backend == Some((false, false)) {
+            idle_looks + 1
+        } else {
+            0
+        };
+        if idle_looks == 10 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        (backend, idle_looks),
+        (Some((false, false)), 10),
+        "(holds a snapshot, waits to write to its client), idle looks in a row"
+    );
+    // What arrived while the relay was busy wakes its next wait at once.
+    tokio::time::timeout(std::time::Duration::from_secs(5), listener.notified())
+        .await
+        .expect("a wake-up kept for the next wait");
+}
