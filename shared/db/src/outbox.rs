@@ -240,29 +240,55 @@ impl Drop for OutboxListener {
     }
 }
 
-/// Reads `inner`'s notifications until the pool closes, each one a
-/// wake-up; a lost connection is a wake-up too, and is made again on the
-/// next read (a second later if the database is away).
-async fn read_notifications(mut inner: PgListener, wake: std::sync::Arc<tokio::sync::Notify>) {
+/// Reads the notifications until the pool closes, each one a wake-up. A
+/// lost connection is a wake-up too: sqlx makes it again before it says so.
+/// Any other error leaves the connection as it was, so the listener is made
+/// again on a new one (each second while the database is away).
+async fn read_notifications(
+    db: Db,
+    mut inner: PgListener,
+    wake: std::sync::Arc<tokio::sync::Notify>,
+) {
     loop {
         match inner.try_recv().await {
             Ok(Some(_)) | Ok(None) => wake.notify_one(),
             Err(sqlx::Error::PoolClosed) => return,
             Err(e) => {
-                tracing::debug!(error = %e, "outbox listener lost; listening again");
+                tracing::warn!(error = %e, "outbox listener failed; listening again on a new connection");
                 wake.notify_one();
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    if db.is_closed() {
+                        return;
+                    }
+                    match listen(&db).await {
+                        Ok(again) => {
+                            inner = again;
+                            // Commits meanwhile announced nothing.
+                            wake.notify_one();
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "cannot listen for outbox commits yet")
+                        }
+                    }
+                }
             }
         }
     }
 }
 
-/// Listens for commits that added outbox rows.
-pub async fn outbox_listener(db: &Db) -> Result<OutboxListener, DbError> {
+async fn listen(db: &Db) -> Result<PgListener, DbError> {
     let mut inner = PgListener::connect_with(db.pool()).await?;
     inner.listen(NOTIFY_CHANNEL).await?;
+    Ok(inner)
+}
+
+/// Listens for commits that added outbox rows.
+pub async fn outbox_listener(db: &Db) -> Result<OutboxListener, DbError> {
+    let inner = listen(db).await?;
     let wake = std::sync::Arc::new(tokio::sync::Notify::new());
-    let reader = tokio::spawn(read_notifications(inner, wake.clone()));
+    let reader = tokio::spawn(read_notifications(db.clone(), inner, wake.clone()));
     Ok(OutboxListener { wake, reader })
 }
 

@@ -810,7 +810,7 @@ async fn a_busy_relay_s_listener_never_holds_back_vacuum() {
     support::exec(
         &db,
         &format!(
-            "SELECT pg_notify('{}', g::text) FROM generate_series(1, 300000) g",
+            "SELECT pg_notify('{}', g::text) FROM generate_series(1, 750000) g",
             bcm_db::outbox::NOTIFY_CHANNEL
         ),
     )
