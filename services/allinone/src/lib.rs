@@ -233,7 +233,9 @@ pub async fn run(
                     sim,
                     machines,
                     faults,
-                    bcm_sim::site::Executions::default(),
+                    // Nothing here reads them; the chaos verdicts count
+                    // the store's execution notes.
+                    bcm_sim::site::Executions::not_kept(),
                     stop,
                 );
                 if let Err(e) = site.await {

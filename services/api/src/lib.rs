@@ -677,29 +677,23 @@ async fn database_once(cfg: &ApiConfig) -> Result<(Db, Db, downloads::Downloads)
     Ok((db, agent_db, downloads))
 }
 
-/// Forwards `bcm_agent` notifications to waiting long-polls, reconnecting
-/// on failure (long-polls re-check every few seconds meanwhile); ends when
-/// the pool is closed.
+/// Forwards `bcm_agent` notifications to waiting long-polls; listening
+/// (again, after a lost connection) wakes them all, as what was written
+/// meanwhile woke nobody (long-polls re-check every few seconds while the
+/// database is away). Ends when the pool is closed.
 async fn forward_agent_wakeups(db: Db, wakeups: Arc<wakeups::AgentWakeups>) {
-    while !db.is_closed() {
-        match bcm_db::commands::agent_listener(&db).await {
-            Ok(mut l) => {
-                // Listening (again): what was written meanwhile woke nobody.
-                wakeups.wake_all();
-                loop {
-                    match l.next().await {
-                        Ok(node) => wakeups.wake(&node),
-                        Err(e) => {
-                            tracing::debug!(error = %e, "agent wake-up listener ended; reconnecting");
-                            break;
-                        }
-                    }
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "cannot listen for agent commands"),
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
+    use bcm_db::listen::Heard;
+    bcm_db::listen::read_channel(
+        &db,
+        bcm_db::commands::AGENT_CHANNEL,
+        move |heard| match heard {
+            Heard::Notification(node) => wakeups.wake(node),
+            Heard::Resumed => wakeups.wake_all(),
+        },
+    )
+    .await
+    .ended()
+    .await;
 }
 
 async fn seed(db: &Db, seed: &Seed) -> Result<(), StartError> {

@@ -156,7 +156,7 @@ async fn lead(
     mut lease: bcm_db::outbox::RelayLease,
     shutdown: &CancellationToken,
 ) -> Result<(), RoundError> {
-    let mut listener = bcm_db::outbox::outbox_listener(db).await?;
+    let mut listener = bcm_db::outbox::outbox_listener(db).await;
     let poll = Duration::from_millis(cfg.poll_ms.max(10));
     let linger = Duration::from_millis(cfg.linger_ms.min(100));
     let mut next_prune = tokio::time::Instant::now();

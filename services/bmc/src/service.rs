@@ -118,7 +118,14 @@ impl Ctx {
         self.runs
             .get_or_try_init(|| async {
                 let name = self.bus.subjects().kv_bucket("bmc_runs", &self.site);
-                bcm_bus::kv::Bucket::open(&self.bus, &name).await
+                // A run record is needed while its command can be
+                // delivered again, and no longer.
+                bcm_bus::kv::Bucket::open_expiring(
+                    &self.bus,
+                    &name,
+                    bcm_bus::streams::COMMAND_RETENTION,
+                )
+                .await
             })
             .await
     }

@@ -60,31 +60,18 @@ impl Ctx {
     }
 }
 
-/// Wakes one idle worker per notification of a due step; a worker that
-/// found work wakes the next, so wake-ups fan out with the work instead of
-/// every worker polling an empty queue at each notification.
+/// Wakes one idle worker per notification of a due step (and when it
+/// listens again after a lost connection); a worker that found work wakes
+/// the next, so wake-ups fan out with the work instead of every worker
+/// polling an empty queue at each notification.
 pub async fn listen(ctx: Arc<Ctx>, shutdown: CancellationToken) {
-    while !shutdown.is_cancelled() {
-        match bcm_db::workflows::workflow_listener(&ctx.db).await {
-            Ok(mut l) => loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    r = l.notified() => match r {
-                        Ok(()) => ctx.wake.notify_one(),
-                        Err(e) => {
-                            tracing::debug!(error = %e, "workflow listener ended; reconnecting");
-                            break;
-                        }
-                    },
-                }
-            },
-            Err(e) => tracing::warn!(error = %e, "no LISTEN connection; workers poll"),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
-    }
+    let woken = ctx.clone();
+    let _reader =
+        bcm_db::listen::read_channel(&ctx.db, bcm_db::workflows::NOTIFY_CHANNEL, move |_| {
+            woken.wake.notify_one()
+        })
+        .await;
+    shutdown.cancelled().await;
 }
 
 /// One worker: advances due steps until `shutdown`.

@@ -2,7 +2,11 @@
 //! state must outlive it without a database of its own (the simulated
 //! site's machines). Values are JSON; a key is `[-_=./a-zA-Z0-9]+`
 //! ([`key_token`] makes one from anything). A write returns once the
-//! server stored it.
+//! server stored it. A bucket keeps its values for good
+//! ([`Bucket::open`]) or drops each a set time after its last write
+//! ([`Bucket::open_expiring`]: records that outlive their use only by
+//! that time, such as a command's run record, so the server's store does
+//! not grow with every command ever run).
 
 use async_nats::jetstream::kv;
 use futures::StreamExt as _;
@@ -45,7 +49,8 @@ pub fn key_token(text: &str) -> String {
 
 impl Bucket {
     /// Opens the bucket `name` (one of [`crate::Subjects::kv_bucket`]),
-    /// creating it (file storage, one value per key) if it does not exist.
+    /// creating it (file storage, one value per key, kept for good) if it
+    /// does not exist. An existing bucket is taken as it is.
     pub async fn open(bus: &Bus, name: &str) -> Result<Self, BusError> {
         let name = name.to_owned();
         let js = bus.jetstream();
@@ -62,6 +67,36 @@ impl Bucket {
                 .map_err(|e| err(&name, e))?,
         };
         Ok(Self { store, name })
+    }
+
+    /// Opens the bucket `name`, whose values each expire `max_age` after
+    /// their last write: created so if missing, and an existing bucket
+    /// (one made before its values expired) is changed to expire them.
+    pub async fn open_expiring(
+        bus: &Bus,
+        name: &str,
+        max_age: std::time::Duration,
+    ) -> Result<Self, BusError> {
+        let name = name.to_owned();
+        let store = bus
+            .jetstream()
+            .create_or_update_key_value(kv::Config {
+                bucket: name.clone(),
+                history: 1,
+                max_age,
+                storage: async_nats::jetstream::stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| err(&name, e))?;
+        Ok(Self { store, name })
+    }
+
+    /// How long a value is kept after its last write (`None`: for good).
+    pub async fn max_age(&self) -> Result<Option<std::time::Duration>, BusError> {
+        let status = self.store.status().await.map_err(|e| err(&self.name, e))?;
+        let age = status.max_age();
+        Ok((!age.is_zero()).then_some(age))
     }
 
     /// The value at `key`; `None` when absent. A value that does not

@@ -8,6 +8,11 @@ use std::time::Duration;
 use crate::subjects::StreamKind;
 use crate::{Bus, BusError};
 
+/// How long a command (and a work item) is kept for delivery: a record
+/// kept only so that a redelivered command is not run again (a site's run
+/// record) need live no longer after its last write.
+pub const COMMAND_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// The configuration of `kind` under the bus's namespace.
 pub fn config(bus_subjects: &crate::Subjects, kind: StreamKind) -> Config {
     let base = Config {
@@ -27,7 +32,7 @@ pub fn config(bus_subjects: &crate::Subjects, kind: StreamKind) -> Config {
         },
         StreamKind::Work | StreamKind::Commands => Config {
             retention: RetentionPolicy::WorkQueue,
-            max_age: Duration::from_secs(7 * 24 * 3600),
+            max_age: COMMAND_RETENTION,
             ..base
         },
         StreamKind::Results => Config {
@@ -118,12 +123,36 @@ async fn stream_waiting(
         .await
 }
 
-/// Deletes every stream of the bus's namespace, with their messages and
-/// consumers. For throwaway namespaces (a benchmark's) only: nothing a
+/// Deletes every stream of the bus's namespace that exists, with their
+/// messages and consumers, and the namespace's key-value buckets (none without a
+/// namespace). For throwaway namespaces (a benchmark's) only: nothing a
 /// service runs calls it.
 pub async fn delete_all(bus: &Bus) -> Result<(), BusError> {
-    for kind in StreamKind::ALL {
-        let name = bus.subjects().stream(kind);
+    use futures::StreamExt as _;
+    let streams: Vec<String> = StreamKind::ALL
+        .iter()
+        .map(|kind| bus.subjects().stream(*kind))
+        .collect();
+    let buckets = bus
+        .subjects()
+        .kv_bucket_prefix()
+        .map(|prefix| format!("KV_{prefix}"));
+    let ours = |name: &str| {
+        streams.iter().any(|s| s == name) || buckets.as_deref().is_some_and(|p| name.starts_with(p))
+    };
+    let listing = |e: &dyn std::fmt::Display| BusError::Stream {
+        stream: "(every stream)".into(),
+        why: e.to_string(),
+    };
+    let mut names = vec![];
+    let mut all = bus.jetstream().stream_names();
+    while let Some(name) = all.next().await {
+        let name = name.map_err(|e| listing(&e))?;
+        if ours(&name) {
+            names.push(name);
+        }
+    }
+    for name in names {
         bus.jetstream()
             .delete_stream(&name)
             .await

@@ -154,21 +154,23 @@ impl Subjects {
     /// for `kv_bucket("boot_entries", site)`: bucket names allow only
     /// letters, digits, `_` and `-`.
     pub fn kv_bucket(&self, name: &str, site: &SiteId) -> String {
-        let clean = |s: &str| {
-            s.chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() {
-                        c.to_ascii_uppercase()
-                    } else {
-                        '_'
-                    }
-                })
-                .collect::<String>()
-        };
         match &self.namespace {
-            Some(ns) => format!("BCM_{}_{}_{}", clean(ns), clean(name), clean(site.as_str())),
-            None => format!("BCM_{}_{}", clean(name), clean(site.as_str())),
+            Some(ns) => format!(
+                "BCM_{}_{}_{}",
+                bucket_token(ns),
+                bucket_token(name),
+                bucket_token(site.as_str())
+            ),
+            None => format!("BCM_{}_{}", bucket_token(name), bucket_token(site.as_str())),
         }
+    }
+
+    /// What every key-value bucket of the namespace starts with
+    /// (`BCM_<NS>_`); `None` without a namespace, whose buckets share
+    /// their start with every namespace's.
+    pub fn kv_bucket_prefix(&self) -> Option<String> {
+        let ns = self.namespace.as_deref()?;
+        Some(format!("BCM_{}_", bucket_token(ns)))
     }
 
     /// Requests to the attestation service: `attest.join`, `attest.rejoin`,
@@ -217,6 +219,20 @@ pub fn shard_of(node: &NodeId, shards: u32) -> u32 {
         h = h.wrapping_mul(0x0100_0193);
     }
     h % shards.max(1)
+}
+
+/// `s` as a part of a bucket name: letters and digits upper-cased,
+/// anything else `_`.
+fn bucket_token(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

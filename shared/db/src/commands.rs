@@ -129,25 +129,6 @@ const OFFERABLE: &str = "((status = 'pending' OR (status = 'sent' \
      AND (commands.workflow_id IS NULL OR EXISTS (SELECT 1 FROM workflow_steps w \
        WHERE w.command_id = commands.id AND w.status = 'running')))";
 
-/// Listens for new agent commands: yields node ids.
-pub struct AgentListener {
-    inner: sqlx::postgres::PgListener,
-}
-
-impl AgentListener {
-    /// The node id of the next notification.
-    pub async fn next(&mut self) -> Result<String, DbError> {
-        Ok(self.inner.recv().await?.payload().to_owned())
-    }
-}
-
-/// Starts listening for new agent commands.
-pub async fn agent_listener(db: &Db) -> Result<AgentListener, DbError> {
-    let mut inner = sqlx::postgres::PgListener::connect_with(db.pool()).await?;
-    inner.listen(AGENT_CHANNEL).await?;
-    Ok(AgentListener { inner })
-}
-
 async fn command_by_id<'e>(
     e: impl sqlx::PgExecutor<'e>,
     id: &str,

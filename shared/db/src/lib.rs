@@ -15,6 +15,7 @@ pub mod downloads;
 pub mod error;
 pub mod images;
 pub mod leases;
+pub mod listen;
 pub mod nodes;
 pub mod outbox;
 pub mod secrets;

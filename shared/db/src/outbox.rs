@@ -2,7 +2,6 @@
 //! change that caused them, published by one relay at a time (an advisory
 //! lock), in sequence order, and marked published afterwards.
 
-use sqlx::postgres::PgListener;
 use sqlx::Connection as _;
 use std::future::Future as _;
 
@@ -198,24 +197,19 @@ impl RelayLease {
 
 /// Wakes the relay when a commit added outbox rows.
 ///
-/// A task of its own reads the notifications as they arrive, whether the
-/// relay is waiting or busy publishing. A `LISTEN` connection whose client
-/// stops reading blocks its Postgres backend mid-transaction, sending
-/// notifications into a full socket; that backend's snapshot then holds
-/// back every vacuum of the database for as long as the relay stays busy.
-/// (Measured: `bench-lifecycle --nodes 100000`, the relay never idle, held
-/// the horizon 25 minutes; dead rows piled up in every table and the
-/// lifecycle slowed from 38 to 8 nodes/s.) The wake-ups coalesce: one
-/// waits for the relay however many commits came meanwhile.
+/// Its channel is read as notifications arrive, whether the relay is
+/// waiting or busy publishing ([`crate::listen`] says why that matters).
+/// The wake-ups coalesce: one waits for the relay however many commits
+/// came meanwhile.
 pub struct OutboxListener {
     wake: std::sync::Arc<tokio::sync::Notify>,
-    reader: tokio::task::JoinHandle<()>,
+    _reader: crate::listen::ChannelReader,
 }
 
 impl OutboxListener {
     /// Waits for a notification since the last wait or [`Self::drain`].
-    /// A lost `LISTEN` connection wakes it too (commits meanwhile announced
-    /// nothing), and is made again.
+    /// A lost `LISTEN` connection wakes it too once listening again
+    /// (commits meanwhile announced nothing).
     pub async fn notified(&mut self) {
         self.wake.notified().await;
     }
@@ -234,62 +228,15 @@ impl OutboxListener {
     }
 }
 
-impl Drop for OutboxListener {
-    fn drop(&mut self) {
-        self.reader.abort();
-    }
-}
-
-/// Reads the notifications until the pool closes, each one a wake-up. A
-/// lost connection is a wake-up too: sqlx makes it again before it says so.
-/// Any other error leaves the connection as it was, so the listener is made
-/// again on a new one (each second while the database is away).
-async fn read_notifications(
-    db: Db,
-    mut inner: PgListener,
-    wake: std::sync::Arc<tokio::sync::Notify>,
-) {
-    loop {
-        match inner.try_recv().await {
-            Ok(Some(_)) | Ok(None) => wake.notify_one(),
-            Err(sqlx::Error::PoolClosed) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "outbox listener failed; listening again on a new connection");
-                wake.notify_one();
-                loop {
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    if db.is_closed() {
-                        return;
-                    }
-                    match listen(&db).await {
-                        Ok(again) => {
-                            inner = again;
-                            // Commits meanwhile announced nothing.
-                            wake.notify_one();
-                            break;
-                        }
-                        Err(e) => {
-                            tracing::debug!(error = %e, "cannot listen for outbox commits yet")
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-async fn listen(db: &Db) -> Result<PgListener, DbError> {
-    let mut inner = PgListener::connect_with(db.pool()).await?;
-    inner.listen(NOTIFY_CHANNEL).await?;
-    Ok(inner)
-}
-
 /// Listens for commits that added outbox rows.
-pub async fn outbox_listener(db: &Db) -> Result<OutboxListener, DbError> {
-    let inner = listen(db).await?;
+pub async fn outbox_listener(db: &Db) -> OutboxListener {
     let wake = std::sync::Arc::new(tokio::sync::Notify::new());
-    let reader = tokio::spawn(read_notifications(db.clone(), inner, wake.clone()));
-    Ok(OutboxListener { wake, reader })
+    let woken = wake.clone();
+    let reader = crate::listen::read_channel(db, NOTIFY_CHANNEL, move |_| woken.notify_one()).await;
+    OutboxListener {
+        wake,
+        _reader: reader,
+    }
 }
 
 /// How many outbox rows a node has, published or not.

@@ -5,7 +5,6 @@
 
 use bcm_core::workflow::{StepStatus, WorkflowPhase};
 use chrono::{DateTime, Utc};
-use sqlx::postgres::PgListener;
 
 use crate::{Db, DbError, Tx};
 
@@ -481,26 +480,6 @@ pub async fn workflow_unfinished_of_node_in_txn(
     .bind(node_id)
     .fetch_optional(&mut **tx)
     .await?)
-}
-
-/// Wakes engines when a step becomes due.
-pub struct WorkflowListener {
-    inner: PgListener,
-}
-
-impl WorkflowListener {
-    /// Waits for the next notification.
-    pub async fn notified(&mut self) -> Result<(), DbError> {
-        self.inner.recv().await?;
-        Ok(())
-    }
-}
-
-/// Listens for due steps.
-pub async fn workflow_listener(db: &Db) -> Result<WorkflowListener, DbError> {
-    let mut inner = PgListener::connect_with(db.pool()).await?;
-    inner.listen(NOTIFY_CHANNEL).await?;
-    Ok(WorkflowListener { inner })
 }
 
 /// Every workflow of a node, oldest first.

@@ -804,7 +804,10 @@ async fn outbox_listen_backend(db: &bcm_db::Db) -> Option<(bool, bool)> {
 #[tokio::test]
 async fn a_busy_relay_s_listener_never_holds_back_vacuum() {
     let db = support::fresh_db("listener").await;
-    let mut listener = bcm_db::outbox::outbox_listener(&db).await.expect("listen");
+    let mut listener = bcm_db::outbox::outbox_listener(&db).await;
+    // Listening wakes it once: consumed here, so the wait below is woken
+    // by what arrives later.
+    listener.notified().await;
     // A relay busy publishing does not wait on its listener while commits
     // announce megabytes of notifications: more than the socket holds.
     support::exec(
@@ -842,4 +845,61 @@ async fn a_busy_relay_s_listener_never_holds_back_vacuum() {
     tokio::time::timeout(std::time::Duration::from_secs(5), listener.notified())
         .await
         .expect("a wake-up kept for the next wait");
+}
+
+/// What a channel's reader heard, in order.
+type HeardLog = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+async fn heard_so_far(log: &HeardLog, want: usize) -> Vec<String> {
+    for _ in 0..300 {
+        let now = log.lock().expect("log").clone();
+        if now.len() >= want {
+            return now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    log.lock().expect("log").clone()
+}
+
+#[tokio::test]
+async fn a_channel_reader_hears_payloads_and_listens_again_after_its_connection_is_killed() {
+    use bcm_db::listen::Heard;
+    let db = support::fresh_db("chanreader").await;
+    let log: HeardLog = Default::default();
+    let kept = log.clone();
+    let _reader = bcm_db::listen::read_channel(&db, "bcm_test_channel", move |h| {
+        kept.lock().expect("log").push(match h {
+            Heard::Notification(p) => format!("n:{p}"),
+            Heard::Resumed => "resumed".to_owned(),
+        })
+    })
+    .await;
+    // Listening when it returns: a notification sent now is heard.
+    support::exec(&db, "SELECT pg_notify('bcm_test_channel', 'node-1')").await;
+    assert_eq!(heard_so_far(&log, 2).await, ["resumed", "n:node-1"]);
+
+    // The listening connection dies: the reader listens again and says so
+    // (what was sent meanwhile was missed), then hears what follows.
+    support::exec(
+        &db,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND query = 'LISTEN \"bcm_test_channel\"'",
+    )
+    .await;
+    let mut heard = heard_so_far(&log, 3).await;
+    assert_eq!(
+        heard.get(2).map(String::as_str),
+        Some("resumed"),
+        "{heard:?}"
+    );
+    // Once it listens again, a notification reaches it.
+    for _ in 0..100 {
+        support::exec(&db, "SELECT pg_notify('bcm_test_channel', 'node-2')").await;
+        heard = log.lock().expect("log").clone();
+        if heard.iter().any(|h| h == "n:node-2") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(heard.iter().any(|h| h == "n:node-2"), "{heard:?}");
 }

@@ -333,40 +333,60 @@ where
 /// Every execution of a site command id by any simulated site in this
 /// process, for tests and the chaos verdicts: a count above one is a
 /// command run twice.
-#[derive(Clone, Default, Debug)]
+/// [`Executions::not_kept`] counts nothing (a site whose executions no
+/// one reads, which would otherwise hold an entry per command run).
+#[derive(Clone, Debug)]
 pub struct Executions {
-    inner: Arc<Mutex<HashMap<String, u32>>>,
+    inner: Option<Arc<Mutex<HashMap<String, u32>>>>,
+}
+
+impl Default for Executions {
+    fn default() -> Self {
+        Self {
+            inner: Some(Arc::default()),
+        }
+    }
 }
 
 impl Executions {
+    /// Counts nothing: every count reads 0.
+    pub fn not_kept() -> Self {
+        Self { inner: None }
+    }
+
     fn record(&self, command_id: &str) {
-        *self
-            .inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(command_id.to_owned())
-            .or_default() += 1;
+        if let Some(inner) = &self.inner {
+            *inner
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(command_id.to_owned())
+                .or_default() += 1;
+        }
     }
 
     /// How often `command_id` was executed.
     pub fn count(&self, command_id: &str) -> u32 {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(command_id)
-            .copied()
-            .unwrap_or(0)
+        self.inner.as_ref().map_or(0, |inner| {
+            inner
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(command_id)
+                .copied()
+                .unwrap_or(0)
+        })
     }
 
     /// The command ids executed more than once.
     pub fn repeated(&self) -> Vec<String> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|(_, n)| **n > 1)
-            .map(|(id, _)| id.clone())
-            .collect()
+        self.inner.as_ref().map_or_else(Vec::new, |inner| {
+            inner
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter(|(_, n)| **n > 1)
+                .map(|(id, _)| id.clone())
+                .collect()
+        })
     }
 }
 
@@ -376,7 +396,9 @@ struct Site {
     machines: Machines,
     executions: Executions,
     http: reqwest::Client,
-    /// Results by command id, before the store is asked.
+    /// Results by command id, for a site whose store keeps nothing (a
+    /// durable store's run records answer a redelivery instead, and this
+    /// would grow with every command run).
     results: Mutex<HashMap<String, CommandResult>>,
     /// Commands seen per (address, kind), for `BmcFlaky`.
     flaky: Mutex<HashMap<(String, CommandKind), u32>>,
@@ -413,20 +435,28 @@ impl SiteHandler {
     /// redelivery gets the recorded result again).
     async fn one(&self, cmd: &CommandEnvelope) -> Disposition {
         let site = &self.site;
-        let known = site
-            .results
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&cmd.command_id)
-            .cloned();
+        // A durable site answers a redelivery from its store; only a site
+        // that keeps nothing remembers results here.
+        let remember = !site.machines.store().is_durable();
+        let known = remember
+            .then(|| {
+                site.results
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&cmd.command_id)
+                    .cloned()
+            })
+            .flatten();
         let result = match known {
             Some(r) => r,
             None => match self.run_once(cmd).await {
                 Ok(r) => {
-                    site.results
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(cmd.command_id.clone(), r.clone());
+                    if remember {
+                        site.results
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(cmd.command_id.clone(), r.clone());
+                    }
                     r
                 }
                 Err(why) => return Disposition::Retry(why),

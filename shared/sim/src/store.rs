@@ -3,7 +3,8 @@
 //! installed disk and what it booted — with its running ramdisk agent's key
 //! and session — and the boot service's entries (bucket `BCM_SIM_<site>`); the
 //! site commands it executed and the results its agents posted, by command
-//! id (bucket `BCM_SIM_RUNS_<site>`), so a redelivered command is answered from
+//! id (bucket `BCM_SIM_RUNS_<site>`, each record dropped once its command
+//! could no longer be delivered), so a redelivered command is answered from
 //! the record and never run twice. A restart of the site process is then
 //! what it is at a real site — the control plane's services going away and
 //! coming back — not a power loss of the whole fleet.
@@ -125,7 +126,14 @@ impl SiteStore {
     /// The site's buckets on `bus`, created if missing.
     pub async fn open(bus: &Bus, site: &bcm_core::SiteId) -> Result<Self, BusError> {
         let state = Bucket::open(bus, &bus.subjects().kv_bucket("sim", site)).await?;
-        let runs = Bucket::open(bus, &bus.subjects().kv_bucket("sim_runs", site)).await?;
+        // Run records (and agents' results, execution notes) are needed
+        // while their command can be delivered again, and no longer.
+        let runs = Bucket::open_expiring(
+            bus,
+            &bus.subjects().kv_bucket("sim_runs", site),
+            bcm_bus::streams::COMMAND_RETENTION,
+        )
+        .await?;
         Ok(Self {
             buckets: Some((state, runs)),
         })
