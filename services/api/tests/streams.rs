@@ -58,3 +58,35 @@ async fn a_second_start_accepts_the_streams_it_made() {
         .await
         .expect("second start accepts them");
 }
+
+#[tokio::test]
+async fn a_commands_stream_kept_longer_than_the_run_records_refuses_start() {
+    // The sites' run records, which keep a redelivered command from running
+    // twice, live the commands' retention after their last write: a
+    // commands stream that keeps a command longer (here, for good) could
+    // deliver it again after its record is gone.
+    let ns = format!("age{}", ulid::Ulid::new().to_string().to_lowercase());
+    let cfg = config(&ns);
+    let client = Bus::attach(&cfg).await.expect("nats").client().clone();
+    let js = jetstream::new(client);
+    let subjects = Subjects::new(Some(ns.clone()), 16);
+    let mut forever = bcm_bus::streams::config(&subjects, StreamKind::Commands);
+    forever.max_age = std::time::Duration::ZERO;
+    js.create_stream(forever)
+        .await
+        .expect("create a commands stream kept for good");
+
+    let err = Bus::connect(&cfg).await.expect_err("must refuse to start");
+    match &err {
+        BusError::IncompatibleStream { stream, why } => {
+            assert_eq!(stream, &subjects.stream(StreamKind::Commands));
+            assert!(why.contains("max_age"), "{why}");
+        }
+        other => panic!("unexpected error: {other}"),
+    }
+    let still = js
+        .get_stream(subjects.stream(StreamKind::Commands))
+        .await
+        .expect("the stream was not deleted");
+    assert!(still.cached_info().config.max_age.is_zero());
+}

@@ -190,9 +190,13 @@ async fn redfish_nodes_enroll_power_and_never_leak_credentials() {
     let interrupted = bcm_core::CommandId::generate().to_string();
     let mut cycle = last_power.params.clone();
     cycle["action"] = json!("cycle");
-    let runs = bcm_bus::kv::Bucket::open(bus, &bus.subjects().kv_bucket("bmc_runs", &site))
-        .await
-        .expect("the run bucket");
+    let runs = bcm_bus::kv::Bucket::open_expiring(
+        bus,
+        &bus.subjects().kv_bucket("bmc_runs", &site),
+        bcm_bus::streams::COMMAND_RETENTION,
+    )
+    .await
+    .expect("the run bucket");
     assert!(runs
         .create(
             &bcm_bus::kv::key_token(&interrupted),

@@ -66,11 +66,15 @@ impl Ctx {
 /// polling an empty queue at each notification.
 pub async fn listen(ctx: Arc<Ctx>, shutdown: CancellationToken) {
     let woken = ctx.clone();
-    let _reader =
+    let reading =
         bcm_db::listen::read_channel(&ctx.db, bcm_db::workflows::NOTIFY_CHANNEL, move |_| {
             woken.wake.notify_one()
-        })
-        .await;
+        });
+    // A stop while the database is away does not wait for the first try.
+    let _reader = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        r = reading => r,
+    };
     shutdown.cancelled().await;
 }
 

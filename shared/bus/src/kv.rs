@@ -19,6 +19,7 @@ use crate::{Bus, BusError};
 pub struct Bucket {
     store: kv::Store,
     name: String,
+    js: async_nats::jetstream::Context,
 }
 
 impl std::fmt::Debug for Bucket {
@@ -66,36 +67,71 @@ impl Bucket {
                 .await
                 .map_err(|e| err(&name, e))?,
         };
-        Ok(Self { store, name })
+        Ok(Self {
+            store,
+            name,
+            js: js.clone(),
+        })
     }
 
     /// Opens the bucket `name`, whose values each expire `max_age` after
-    /// their last write: created so if missing, and an existing bucket
-    /// (one made before its values expired) is changed to expire them.
+    /// their last write: created so if missing. An existing bucket is
+    /// taken as it is but for its `max_age`, changed to this one if it
+    /// differs (one made before its values expired then expires them; its
+    /// replicas, limits and placement stay as its operator set them).
     pub async fn open_expiring(
         bus: &Bus,
         name: &str,
         max_age: std::time::Duration,
     ) -> Result<Self, BusError> {
         let name = name.to_owned();
-        let store = bus
-            .jetstream()
-            .create_or_update_key_value(kv::Config {
-                bucket: name.clone(),
-                history: 1,
-                max_age,
-                storage: async_nats::jetstream::stream::StorageType::File,
-                ..Default::default()
-            })
+        let js = bus.jetstream();
+        let store = match js.get_key_value(&name).await {
+            Ok(s) => s,
+            Err(_) => match js
+                .create_key_value(kv::Config {
+                    bucket: name.clone(),
+                    history: 1,
+                    max_age,
+                    storage: async_nats::jetstream::stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+            {
+                Ok(s) => s,
+                // Made meanwhile by another process: take it as below.
+                Err(e) => js.get_key_value(&name).await.map_err(|_| err(&name, e))?,
+            },
+        };
+        let bucket = Self {
+            store,
+            name,
+            js: js.clone(),
+        };
+        let stream = js
+            .get_stream(format!("KV_{}", bucket.name))
             .await
-            .map_err(|e| err(&name, e))?;
-        Ok(Self { store, name })
+            .map_err(|e| err(&bucket.name, e))?;
+        if stream.cached_info().config.max_age != max_age {
+            let mut config = stream.cached_info().config.clone();
+            config.max_age = max_age;
+            js.update_stream(config)
+                .await
+                .map_err(|e| err(&bucket.name, e))?;
+            tracing::info!(bucket = %bucket.name, ?max_age, "the bucket's values now expire");
+        }
+        Ok(bucket)
     }
 
-    /// How long a value is kept after its last write (`None`: for good).
+    /// How long a value is kept after its last write (`None`: for good),
+    /// as the server has it now.
     pub async fn max_age(&self) -> Result<Option<std::time::Duration>, BusError> {
-        let status = self.store.status().await.map_err(|e| err(&self.name, e))?;
-        let age = status.max_age();
+        let stream = self
+            .js
+            .get_stream(format!("KV_{}", self.name))
+            .await
+            .map_err(|e| err(&self.name, e))?;
+        let age = stream.cached_info().config.max_age;
         Ok((!age.is_zero()).then_some(age))
     }
 

@@ -63,6 +63,18 @@ pub fn incompatibility(existing: &Config, wanted: &Config) -> Option<String> {
             existing.retention, wanted.retention
         ));
     }
+    // A site's run record lives the commands' retention after its last
+    // write (`Bucket::open_expiring`): a command kept longer could be
+    // delivered again after its record expired, and run twice.
+    if wanted.retention == RetentionPolicy::WorkQueue
+        && (existing.max_age.is_zero() || existing.max_age > wanted.max_age)
+    {
+        return Some(format!(
+            "max_age {:?} (0: for good), want at most {:?}: the sites' run records, \
+             which keep a redelivered command from running twice, are kept that long",
+            existing.max_age, wanted.max_age
+        ));
+    }
     if existing.storage != wanted.storage {
         return Some(format!(
             "storage {:?}, want {:?}",
@@ -124,31 +136,29 @@ async fn stream_waiting(
 }
 
 /// Deletes every stream of the bus's namespace that exists, with their
-/// messages and consumers, and the namespace's key-value buckets (none without a
-/// namespace). For throwaway namespaces (a benchmark's) only: nothing a
-/// service runs calls it.
-pub async fn delete_all(bus: &Bus) -> Result<(), BusError> {
+/// messages and consumers, and the key-value buckets of `sites` under it
+/// (by their exact names: [`crate::subjects::KV_BUCKETS`]). For throwaway
+/// namespaces (a benchmark's) only: nothing a service runs calls it.
+pub async fn delete_all(bus: &Bus, sites: &[bcm_core::SiteId]) -> Result<(), BusError> {
     use futures::StreamExt as _;
-    let streams: Vec<String> = StreamKind::ALL
+    let subjects = bus.subjects();
+    let mut ours: Vec<String> = StreamKind::ALL
         .iter()
-        .map(|kind| bus.subjects().stream(*kind))
+        .map(|kind| subjects.stream(*kind))
         .collect();
-    let buckets = bus
-        .subjects()
-        .kv_bucket_prefix()
-        .map(|prefix| format!("KV_{prefix}"));
-    let ours = |name: &str| {
-        streams.iter().any(|s| s == name) || buckets.as_deref().is_some_and(|p| name.starts_with(p))
-    };
-    let listing = |e: &dyn std::fmt::Display| BusError::Stream {
-        stream: "(every stream)".into(),
-        why: e.to_string(),
-    };
+    for site in sites {
+        for bucket in crate::subjects::KV_BUCKETS {
+            ours.push(format!("KV_{}", subjects.kv_bucket(bucket, site)));
+        }
+    }
     let mut names = vec![];
     let mut all = bus.jetstream().stream_names();
     while let Some(name) = all.next().await {
-        let name = name.map_err(|e| listing(&e))?;
-        if ours(&name) {
+        let name = name.map_err(|e| BusError::Stream {
+            stream: "(every stream)".into(),
+            why: e.to_string(),
+        })?;
+        if ours.contains(&name) {
             names.push(name);
         }
     }

@@ -71,6 +71,11 @@ impl Subjects {
         }
     }
 
+    /// The namespace, if any.
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
     fn p(&self, s: String) -> String {
         match &self.namespace {
             Some(ns) => format!("{ns}.{s}"),
@@ -165,14 +170,6 @@ impl Subjects {
         }
     }
 
-    /// What every key-value bucket of the namespace starts with
-    /// (`BCM_<NS>_`); `None` without a namespace, whose buckets share
-    /// their start with every namespace's.
-    pub fn kv_bucket_prefix(&self) -> Option<String> {
-        let ns = self.namespace.as_deref()?;
-        Some(format!("BCM_{}_", bucket_token(ns)))
-    }
-
     /// Requests to the attestation service: `attest.join`, `attest.rejoin`,
     /// `attest.result`.
     pub fn attest(&self, what: &str) -> String {
@@ -220,6 +217,10 @@ pub fn shard_of(node: &NodeId, shards: u32) -> u32 {
     }
     h % shards.max(1)
 }
+
+/// Every key-value bucket name (the `name` of [`Subjects::kv_bucket`]) a
+/// service or the simulated site uses.
+pub const KV_BUCKETS: [&str; 5] = ["boot_entries", "boot_lease", "bmc_runs", "sim", "sim_runs"];
 
 /// `s` as a part of a bucket name: letters and digits upper-cased,
 /// anything else `_`.

@@ -91,8 +91,10 @@ where
             Ok(mut listener) => loop {
                 match listener.try_recv().await {
                     Ok(Some(n)) => heard(Heard::Notification(n.payload())),
-                    // The connection was lost; sqlx makes it again (and
-                    // listens) at the next call.
+                    // The connection was lost, and sqlx has made it again
+                    // and listens (its `eager_reconnect`, the default)
+                    // before it says so: what was sent meanwhile was
+                    // missed.
                     Ok(None) => heard(Heard::Resumed),
                     Err(sqlx::Error::PoolClosed) => return,
                     Err(e) => {

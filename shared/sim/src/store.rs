@@ -126,8 +126,9 @@ impl SiteStore {
     /// The site's buckets on `bus`, created if missing.
     pub async fn open(bus: &Bus, site: &bcm_core::SiteId) -> Result<Self, BusError> {
         let state = Bucket::open(bus, &bus.subjects().kv_bucket("sim", site)).await?;
-        // Run records (and agents' results, execution notes) are needed
-        // while their command can be delivered again, and no longer.
+        // Run records are needed while their command can be delivered
+        // again, and no longer; an agent command's record (and result)
+        // while its step runs, which for a simulated machine is far less.
         let runs = Bucket::open_expiring(
             bus,
             &bus.subjects().kv_bucket("sim_runs", site),

@@ -791,7 +791,7 @@ async fn main() -> anyhow::Result<()> {
         let out = admit_only(&run, &db, n).await?;
         println!("{out}");
         plane.stop(&shutdown).await;
-        bcm_bus::streams::delete_all(&bus).await?;
+        bcm_bus::streams::delete_all(&bus, &["local".parse()?]).await?;
         drop(db);
         bcm_db::admin::database_drop(&database, &db_name).await?;
         return Ok(());
@@ -985,7 +985,7 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("kept database {db_name} and the streams of namespace bench{suffix}");
     } else {
         // A run leaves gigabytes behind at N = 10,000.
-        bcm_bus::streams::delete_all(&bus).await?;
+        bcm_bus::streams::delete_all(&bus, &["local".parse()?]).await?;
         drop(db);
         bcm_db::admin::database_drop(&database, &db_name).await?;
     }
