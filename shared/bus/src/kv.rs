@@ -108,10 +108,7 @@ impl Bucket {
             name,
             js: js.clone(),
         };
-        let stream = js
-            .get_stream(format!("KV_{}", bucket.name))
-            .await
-            .map_err(|e| err(&bucket.name, e))?;
+        let stream = bucket.stream().await?;
         if stream.cached_info().config.max_age != max_age {
             let mut config = stream.cached_info().config.clone();
             config.max_age = max_age;
@@ -126,13 +123,17 @@ impl Bucket {
     /// How long a value is kept after its last write (`None`: for good),
     /// as the server has it now.
     pub async fn max_age(&self) -> Result<Option<std::time::Duration>, BusError> {
-        let stream = self
-            .js
+        let age = self.stream().await?.cached_info().config.max_age;
+        Ok((!age.is_zero()).then_some(age))
+    }
+
+    /// The bucket's stream, its configuration as the server has it now
+    /// (`kv::Store::status` gives the one read when the store was opened).
+    async fn stream(&self) -> Result<async_nats::jetstream::stream::Stream, BusError> {
+        self.js
             .get_stream(format!("KV_{}", self.name))
             .await
-            .map_err(|e| err(&self.name, e))?;
-        let age = stream.cached_info().config.max_age;
-        Ok((!age.is_zero()).then_some(age))
+            .map_err(|e| err(&self.name, e))
     }
 
     /// The value at `key`; `None` when absent. A value that does not

@@ -5,23 +5,14 @@
 
 use bcm_bus::consumer::{self, ConsumerSpec, Disposition, Handler, Incoming};
 use bcm_bus::subjects::StreamKind;
-use bcm_bus::{Bus, BusConfig};
+use bcm_bus::Bus;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// A bus under a namespace of its own on the `NATS_URL` server.
-async fn bus(tag: &str) -> Bus {
-    let url = std::env::var("NATS_URL").expect("NATS_URL (the test command starts a nats-server)");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let mut cfg = BusConfig::new(url);
-    cfg.namespace = Some(format!("t{tag}{nanos}"));
-    Bus::connect(&cfg).await.expect("connect")
-}
+mod support;
+use support::bus;
 
 #[derive(serde::Deserialize)]
 struct Job {

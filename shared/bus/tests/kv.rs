@@ -8,17 +8,8 @@ use bcm_bus::kv::Bucket;
 use bcm_bus::{Bus, BusConfig};
 use std::time::{Duration, Instant};
 
-/// A bus under a namespace of its own on the `NATS_URL` server.
-async fn bus(tag: &str) -> Bus {
-    let url = std::env::var("NATS_URL").expect("NATS_URL (the test command starts a nats-server)");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let mut cfg = BusConfig::new(url);
-    cfg.namespace = Some(format!("t{tag}{nanos}"));
-    Bus::connect(&cfg).await.expect("connect")
-}
+mod support;
+use support::bus;
 
 fn site() -> bcm_core::SiteId {
     "s1".parse().expect("site")
@@ -27,7 +18,7 @@ fn site() -> bcm_core::SiteId {
 #[tokio::test]
 async fn an_expiring_bucket_drops_a_value_its_max_age_after_the_last_write() {
     let bus = bus("kvexp").await;
-    let name = bus.subjects().kv_bucket("runs", &site());
+    let name = bus.subjects().kv_bucket("bmc_runs", &site());
     let runs = Bucket::open_expiring(&bus, &name, Duration::from_secs(1))
         .await
         .expect("open");
@@ -59,7 +50,7 @@ async fn an_expiring_bucket_drops_a_value_its_max_age_after_the_last_write() {
 #[tokio::test]
 async fn a_bucket_kept_for_good_is_changed_to_expire_and_keeps_its_values() {
     let bus = bus("kvupd").await;
-    let name = bus.subjects().kv_bucket("runs", &site());
+    let name = bus.subjects().kv_bucket("bmc_runs", &site());
     let old = Bucket::open(&bus, &name).await.expect("open");
     assert_eq!(old.max_age().await.expect("status"), None);
     old.put("x.c1", &"done").await.expect("put");
