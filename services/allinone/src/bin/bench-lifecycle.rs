@@ -69,6 +69,13 @@ struct Args {
     /// agents' requests then wait so long that their steps call them silent.
     #[arg(long, default_value_t = 0)]
     setup_wave: usize,
+    /// Release in waves of this many nodes, each wave waited for before
+    /// the next (0: every node at once, as earlier runs did). For
+    /// N = 100,000: every deployed machine's ramdisk agent would
+    /// otherwise be polling at once. Ignored with `--release-by-bulk`,
+    /// whose waves are the pool's `bulkConcurrency`.
+    #[arg(long, default_value_t = 0)]
+    release_wave: usize,
     /// The API's pool for the agent endpoints (the service's default
     /// when absent).
     #[arg(long)]
@@ -871,15 +878,31 @@ async fn main() -> anyhow::Result<()> {
     if args.release_by_bulk {
         bulk_figures = bulk_release(&run, &approvers, &ids, args.bulk_concurrency).await?;
     } else {
-        each(
-            &run,
-            args.callers,
-            ids.iter()
-                .map(|id| json!({"tenantId": "root", "nodeId": id, "wipe": "quick"}))
-                .collect(),
-            "undeploy",
-        )
-        .await?;
+        let release_wave = if args.release_wave == 0 {
+            n
+        } else {
+            args.release_wave
+        };
+        for (i, chunk) in ids.chunks(release_wave.max(1)).enumerate() {
+            each(
+                &run,
+                args.callers,
+                chunk
+                    .iter()
+                    .map(|id| json!({"tenantId": "root", "nodeId": id, "wipe": "quick"}))
+                    .collect(),
+                "undeploy",
+            )
+            .await?;
+            let done = (i * release_wave + chunk.len()).min(n);
+            wait_all(
+                &db,
+                bcm_core::ProvisionState::Ready,
+                done + extra_ready,
+                timeout,
+            )
+            .await?;
+        }
     }
     wait_all(
         &db,
@@ -976,6 +999,7 @@ async fn main() -> anyhow::Result<()> {
         "engineBatch": engine_batch,
         "reconcilers": args.reconcilers,
         "setupWave": args.setup_wave,
+        "releaseWave": args.release_wave,
         "bulkRelease": bulk_figures,
         "verbLoad": verb_load_figures,
     });
