@@ -93,10 +93,13 @@ pub async fn ensure_all(bus: &Bus) -> Result<(), BusError> {
             stream: name.clone(),
             why,
         };
-        let mut stream = stream_waiting(bus, &wanted)
+        // The stream's configuration as the get or create answered it: a
+        // second request here would be one more that a NATS restart can
+        // time out, outside the wait above (a chaos run lost a relay so).
+        let stream = stream_waiting(bus, &wanted)
             .await
             .map_err(|e| err(e.to_string()))?;
-        let info = stream.info().await.map_err(|e| err(e.to_string()))?;
+        let info = stream.cached_info();
         if let Some(why) = incompatibility(&info.config, &wanted) {
             return Err(BusError::IncompatibleStream { stream: name, why });
         }
