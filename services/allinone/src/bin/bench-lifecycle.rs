@@ -46,7 +46,7 @@ struct Args {
     /// Reconciler workers in this process.
     #[arg(long, default_value_t = 1)]
     reconcilers: usize,
-    /// Give up after this many seconds per phase.
+    /// Give up after this many seconds per phase (per wave, with waves).
     #[arg(long, default_value_t = 1800)]
     phase_timeout_secs: u64,
     /// Keep the run's database and streams afterwards (a run that fails
@@ -291,6 +291,15 @@ impl Run {
 }
 
 /// Waits until `n` nodes are in `state`; fails early when a node failed.
+/// The nodes of one wave: `wave`, or all `n` at once when it is 0.
+fn wave_size(wave: usize, n: usize) -> usize {
+    if wave == 0 {
+        n
+    } else {
+        wave
+    }
+}
+
 async fn wait_all(
     db: &bcm_db::Db,
     state: bcm_core::ProvisionState,
@@ -827,11 +836,7 @@ async fn main() -> anyhow::Result<()> {
     let passes_before = histogram_totals(&metrics_before, "bcm_reconciler_pass_cpu_seconds");
     let pass_wall_before = histogram_totals(&metrics_before, "bcm_reconciler_pass_seconds");
     let t0 = Instant::now();
-    let wave = if args.setup_wave == 0 {
-        n
-    } else {
-        args.setup_wave
-    };
+    let wave = wave_size(args.setup_wave, n);
     let mut enrolled = Vec::with_capacity(n);
     for start in (0..n).step_by(wave.max(1)) {
         let end = (start + wave).min(n);
@@ -878,11 +883,7 @@ async fn main() -> anyhow::Result<()> {
     if args.release_by_bulk {
         bulk_figures = bulk_release(&run, &approvers, &ids, args.bulk_concurrency).await?;
     } else {
-        let release_wave = if args.release_wave == 0 {
-            n
-        } else {
-            args.release_wave
-        };
+        let release_wave = wave_size(args.release_wave, n);
         for (i, chunk) in ids.chunks(release_wave.max(1)).enumerate() {
             each(
                 &run,
@@ -894,7 +895,7 @@ async fn main() -> anyhow::Result<()> {
                 "undeploy",
             )
             .await?;
-            let done = (i * release_wave + chunk.len()).min(n);
+            let done = i * release_wave + chunk.len();
             wait_all(
                 &db,
                 bcm_core::ProvisionState::Ready,
