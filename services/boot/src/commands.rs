@@ -27,8 +27,18 @@ use tracing::Instrument as _;
 use crate::entries::{self, BootEntry, Entries, Mac};
 use crate::BootError;
 
-/// The site's entries bucket and lease bucket (created if missing).
+/// The site's entries bucket and lease bucket (created if missing),
+/// waiting through a NATS outage (a restart as this service starts).
 pub async fn buckets(
+    bus: &Bus,
+    site: &SiteId,
+    lease_ttl: Duration,
+) -> Result<(Store, Store), BootError> {
+    let probe = format!("KV_{}", bus.subjects().kv_bucket("boot_entries", site));
+    bcm_bus::streams::through_outage(bus, &probe, || buckets_once(bus, site, lease_ttl)).await
+}
+
+async fn buckets_once(
     bus: &Bus,
     site: &SiteId,
     lease_ttl: Duration,

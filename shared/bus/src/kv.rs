@@ -51,8 +51,14 @@ pub fn key_token(text: &str) -> String {
 impl Bucket {
     /// Opens the bucket `name` (one of [`crate::Subjects::kv_bucket`]),
     /// creating it (file storage, one value per key, kept for good) if it
-    /// does not exist. An existing bucket is taken as it is.
+    /// does not exist. An existing bucket is taken as it is. Waits through
+    /// a NATS outage as [`crate::streams::ensure_all`] does.
     pub async fn open(bus: &Bus, name: &str) -> Result<Self, BusError> {
+        crate::streams::through_outage(bus, &format!("KV_{name}"), || Self::open_once(bus, name))
+            .await
+    }
+
+    async fn open_once(bus: &Bus, name: &str) -> Result<Self, BusError> {
         let name = name.to_owned();
         let js = bus.jetstream();
         let store = match js.get_key_value(&name).await {
@@ -79,7 +85,19 @@ impl Bucket {
     /// taken as it is but for its `max_age`, changed to this one if it
     /// differs (one made before its values expired then expires them; its
     /// replicas, limits and placement stay as its operator set them).
+    /// Waits through a NATS outage as [`crate::streams::ensure_all`] does.
     pub async fn open_expiring(
+        bus: &Bus,
+        name: &str,
+        max_age: std::time::Duration,
+    ) -> Result<Self, BusError> {
+        crate::streams::through_outage(bus, &format!("KV_{name}"), || {
+            Self::open_expiring_once(bus, name, max_age)
+        })
+        .await
+    }
+
+    async fn open_expiring_once(
         bus: &Bus,
         name: &str,
         max_age: std::time::Duration,

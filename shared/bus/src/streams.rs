@@ -138,6 +138,61 @@ async fn stream_waiting(
         .await
 }
 
+/// Runs `op` again while it fails in a NATS outage (the server does not
+/// answer, or its JetStream is not available yet: a restart), pausing
+/// 250 ms doubling to 5 s, for up to [`STREAMS_WAIT`]. Whether NATS is
+/// away is asked of the server about `stream` (the stream `op` works on),
+/// so `op`'s own errors need no kinds. A failure with NATS answering is
+/// tried once more (the outage it met may have just ended), then returned:
+/// a bad configuration or a refusal is not waited on. For what a process
+/// does at start (opening its key-value buckets as NATS restarts), so that
+/// it comes up with NATS instead of exiting.
+pub async fn through_outage<T, E, F, Fut>(bus: &Bus, stream: &str, op: F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let give_up = std::time::Instant::now() + STREAMS_WAIT;
+    let mut pause = Duration::from_millis(250);
+    let mut tried_with_nats_up = false;
+    loop {
+        let e = match op().await {
+            Ok(done) => return Ok(done),
+            Err(e) => e,
+        };
+        if std::time::Instant::now() + pause >= give_up {
+            return Err(e);
+        }
+        if !jetstream_away(bus, stream).await {
+            if tried_with_nats_up {
+                return Err(e);
+            }
+            tried_with_nats_up = true;
+            continue;
+        }
+        tried_with_nats_up = false;
+        tracing::warn!(error = %e, %stream, ?pause, "NATS JetStream is not answering yet; waiting");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Whether JetStream is away: a request about `stream` gets no answer (a
+/// timeout, no responders) or a 503 (JetStream still starting). An answer
+/// of any other kind (found, not found, refused) means it is up.
+async fn jetstream_away(bus: &Bus, stream: &str) -> bool {
+    use async_nats::jetstream::context::GetStreamErrorKind as Kind;
+    match bus.jetstream().get_stream(stream).await {
+        Ok(_) => false,
+        Err(e) => match e.kind() {
+            Kind::Request => true,
+            Kind::JetStream(js) => js.code() == 503,
+            _ => false,
+        },
+    }
+}
+
 /// Deletes every stream of the bus's namespace that exists, with their
 /// messages and consumers, and the key-value buckets of `sites` under it
 /// (by their exact names: [`crate::subjects::KV_BUCKETS`]). For throwaway
