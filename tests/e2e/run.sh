@@ -558,11 +558,11 @@ wait_rescue_up() {
 # power the machine off, and it did before the BMC booted the ramdisk: its
 # bcd answered node.powerOff (the serial console since line FROM says so)
 # and the BMC read the machine off (os-power-off and wait-os-off succeeded,
-# not skipped).
+# not skipped), so the BMC's own power-off found it off (bmc-power-off).
 check_clean_shutdown() {
   local name=$1 node=$2 from=$3 steps line
   steps=$(wf_steps "$node" rescue false)
-  grep -q "os-power-off=succeeded wait-os-off=succeeded" <<<"$steps" \
+  grep -q "os-power-off=succeeded wait-os-off=succeeded bmc-power-off=succeeded" <<<"$steps" \
     || { echo "the rescue did not shut the installed OS down cleanly: $steps" >&2; return 1; }
   line=$(tail -n +"$from" "$lab/logs/$name.serial" | tr -d '\r' | grep -m1 "powering off (node.powerOff" || true)
   [ -n "$line" ] || { echo "the installed OS's bcd did not say it powers off (logs/lab/$name.serial)" >&2; return 1; }

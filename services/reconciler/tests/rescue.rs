@@ -202,6 +202,8 @@ async fn rescue_shuts_the_installed_os_down_first_and_does_without_an_os_that_do
     };
     assert_eq!(status(&steps, "os-power-off").0, Succeeded, "{steps:?}");
     assert_eq!(status(&steps, "wait-os-off").0, Succeeded, "{steps:?}");
+    // The machine was off already: the BMC's power-off found it so.
+    assert_eq!(status(&steps, "bmc-power-off").0, Succeeded, "{steps:?}");
     let cmd = status(&steps, "os-power-off").2.expect("a command");
     let row = bcm_db::commands::command_fetch(&env.db, &cmd)
         .await
@@ -236,7 +238,13 @@ async fn rescue_shuts_the_installed_os_down_first_and_does_without_an_os_that_do
     assert!(why.contains("os-power-off timed out after 2 s"), "{why}");
     let (s, why, _) = status(&steps, "wait-os-off");
     assert_eq!((s, why.as_str()), (Skipped, "skipped with os-power-off"));
-    for name in ["pxe-once", "power-cycle", "wait-ramdisk-join"] {
+    // Its BMC shut it down instead, before the one-time PXE boot.
+    for name in [
+        "bmc-power-off",
+        "pxe-once",
+        "power-cycle",
+        "wait-ramdisk-join",
+    ] {
         assert_eq!(status(&steps, name).0, Succeeded, "{name}: {steps:?}");
     }
     let n = env.node(&id).await.expect("node");

@@ -745,10 +745,16 @@ async fn start_attempt(
                 .await?
                 .map(|(_, alive_until)| alive_until.max(ctx.heard_since()));
         if heard.is_none_or(|h| now - h > silence) {
-            return Ok(Started::Ended(Ended::failed(
-                false,
-                format!("the installed OS's agent has no live {purpose} session"),
-            )));
+            let why = match heard {
+                None => format!("the installed OS's agent has no {purpose} session"),
+                // An idle OS in a large fleet beats only every few
+                // minutes (the API's fleet-sized idle cadence).
+                Some(_) => format!(
+                    "the installed OS's agent was not heard in the last {} s",
+                    silence.num_seconds()
+                ),
+            };
+            return Ok(Started::Ended(Ended::failed(false, why)));
         }
     }
     step.deadline_at = Some(now + chrono::Duration::seconds(i64::from(def.timeout_secs)));

@@ -54,8 +54,10 @@ pub struct EngineConfig {
     pub agent_silence_ms: u64,
     /// [`Self::agent_silence_ms`] for an installed OS's agent, which an
     /// idle node hears from only at its idle heartbeat (the API's
-    /// `idle_heartbeat_secs`, 60 s ±10 % by default) until a heartbeat
-    /// tells it that a workflow runs.
+    /// `idle_heartbeat_secs`, 60 s ±10 % by default, longer in a fleet of
+    /// more than `max_idle_heartbeats_per_sec` × that) until a heartbeat
+    /// tells it that a workflow runs. An optional ask of an OS not heard
+    /// within it is skipped at once (rescue's BMC then shuts it down).
     #[serde(default = "default_installed_os_silence_ms")]
     pub installed_os_silence_ms: u64,
     /// A site's own time-outs for steps, by step name (`collect-inventory`,
@@ -93,7 +95,9 @@ fn default_join_poll_ms() -> u64 {
 }
 
 fn default_installed_os_silence_ms() -> u64 {
-    // Two idle heartbeats (66 s at the most, with jitter) missed.
+    // Two idle heartbeats of a small fleet (66 s at the most, with
+    // jitter) missed. A large fleet's idle OSes beat more slowly: most are
+    // then not asked, and rescue's BMC power-off shuts them down.
     135_000
 }
 

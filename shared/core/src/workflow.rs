@@ -469,32 +469,37 @@ pub fn metal_release_dedicated(mode: WipeMode) -> Profile {
     }
 }
 
-/// `metal-rescue` v4: `metal.ensureRamdisk`, with the installed OS shut
-/// down cleanly first: its agent is asked to power the machine off
-/// (`node.powerOff`) and the BMC is read until it is off, so its file
-/// systems are left clean before the power cycle boots the ramdisk. Both
-/// are optional: an OS whose agent does not answer (none runs, it hangs,
-/// it refuses) or that does not go off in time is power-cycled as v3 did.
+/// `metal-rescue` v5: `metal.ensureRamdisk`, with the installed OS shut
+/// down cleanly first, so its file systems are left clean before the power
+/// cycle boots the ramdisk. Its agent is asked to power the machine off
+/// (`node.powerOff`) and the BMC is read until it is off; both optional: an
+/// OS whose agent does not answer (none runs, it hangs, it refuses, or it
+/// was not heard lately: an idle OS in a large fleet beats only every
+/// several minutes) or that does not go off in time is let be. Then the
+/// BMC powers it off (`bmc-power-off`, v5): a graceful shutdown where the
+/// BMC offers one (ACPI), forced after its time, and nothing when the OS
+/// already went off. v4 power-cycled an OS that had not answered hard.
 /// Cancelled (undeploy while the rescue ramdisk still boots) or failed, it
-/// clears the boot entry it made and powers off (v2 had no cleanup, so an
-/// abandoned rescue left its entry and join token behind).
+/// clears the boot entry it made and powers off.
 pub fn metal_rescue() -> Profile {
     let mut steps = ensure_ramdisk();
     steps.splice(
         1..1,
         [
             // An idle OS hears of the workflow at its next heartbeat
-            // (about a minute), then takes the command.
+            // (a minute in a small fleet, more in a large one), then takes
+            // the command.
             optional(once("os-power-off", StepKind::NodePowerOff, 150)),
             optional(StepDef {
                 retry: RetryPolicy::POLL_SHUTDOWN,
                 ..step("wait-os-off", StepKind::WaitPowerOff, 60)
             }),
+            step("bmc-power-off", StepKind::BmcPowerOff, 300),
         ],
     );
     Profile {
         id: "metal-rescue".into(),
-        version: 4,
+        version: 5,
         steps,
         cleanup: boot_cleanup(),
     }
@@ -1014,13 +1019,14 @@ pub fn retry_starts_at(main: &[StepKind], pos: usize) -> usize {
 
 /// The main steps a retry of main step `pos` opens again: from where
 /// [`retry_starts_at`] says it starts up to `pos`, but for the optional
-/// ones (the installed OS asked to shut down, and the wait for it): those
-/// asked the OS once, what it did stands, and the ramdisk's chain does not
+/// ones (the installed OS asked to shut down, and the wait for it) and a
+/// BMC power-off (rescue's shutdown of the installed OS): those shut the
+/// OS down once, what they did stands, and the ramdisk's chain does not
 /// depend on them.
 pub fn repeated_for_retry(main: &[StepDef], pos: usize) -> Vec<usize> {
     let kinds: Vec<StepKind> = main.iter().map(|d| d.kind.clone()).collect();
     (retry_starts_at(&kinds, pos)..pos)
-        .filter(|&i| !main[i].optional)
+        .filter(|&i| !main[i].optional && main[i].kind != StepKind::BmcPowerOff)
         .collect()
 }
 

@@ -154,15 +154,18 @@ fn profiles_do_what_the_spec_says() {
     }));
     assert!(kinds(metal_retire()).contains(&StepKind::RevokeIdentity));
     assert!(kinds(metal_retire()).contains(&StepKind::ForgetBmcCredentials));
-    // Rescue boots the ramdisk as the others do, the installed OS asked
-    // to shut down first (optional steps) between the entry and the boot.
+    // Rescue boots the ramdisk as the others do, the installed OS shut
+    // down first (asked, optionally, then by its BMC) between the entry
+    // and the boot.
+    let mut shut_down_first = ensure_ramdisk();
+    shut_down_first.insert(1, step("bmc-power-off", StepKind::BmcPowerOff, 300));
     assert_eq!(
         metal_rescue()
             .steps
             .into_iter()
             .filter(|s| !s.optional)
             .collect::<Vec<_>>(),
-        ensure_ramdisk()
+        shut_down_first
     );
     // Every profile that needs the ramdisk boots it the same way, then
     // works in it.
@@ -540,23 +543,31 @@ fn rescue_shuts_the_os_down_first_and_can_do_without_it() {
             "prepare-boot-entry",
             "os-power-off",
             "wait-os-off",
+            "bmc-power-off",
             "pxe-once",
             "power-cycle",
             "wait-ramdisk-join"
         ]
     );
+    assert_eq!(p.version, 5);
     let optional: Vec<bool> = p.steps.iter().map(|s| s.optional).collect();
-    assert_eq!(optional, [false, true, true, false, false, false]);
+    assert_eq!(optional, [false, true, true, false, false, false, false]);
     assert_eq!(p.steps[1].kind, StepKind::NodePowerOff);
     assert_eq!(p.steps[1].kind.target(), StepTarget::Node);
-    // Skipping the ask skips the wait for it, and nothing else.
+    // Whatever the OS did, its BMC powers it off (gracefully first)
+    // before the one-time PXE boot.
+    assert_eq!(p.steps[3].kind, StepKind::BmcPowerOff);
+    assert_eq!(p.steps[3].kind.target(), StepTarget::Site);
+    // Skipping the ask skips the wait for it, and nothing else (never the
+    // BMC's power-off).
     assert_eq!(skipped_after(&p.steps, 1), 2..3);
     assert_eq!(skipped_after(&p.steps, 2), 3..3);
-    assert_eq!(skipped_after(&p.steps, 5), 6..6);
-    assert_eq!(skipped_after(&p.steps, 9), 6..6);
-    // The power cycle's retry repeats the entry and the PXE boot only.
-    assert_eq!(repeated_for_retry(&p.steps, 4), vec![0, 3]);
-    assert_eq!(repeated_for_retry(&p.steps, 3), Vec::<usize>::new());
+    assert_eq!(skipped_after(&p.steps, 6), 7..7);
+    assert_eq!(skipped_after(&p.steps, 9), 7..7);
+    // The power cycle's retry repeats the entry and the PXE boot only:
+    // the shutdown stands.
+    assert_eq!(repeated_for_retry(&p.steps, 5), vec![0, 4]);
+    assert_eq!(repeated_for_retry(&p.steps, 4), Vec::<usize>::new());
     // An optional step's final failure or time-out skips; a retryable one
     // with attempts left still retries.
     let ask = &p.steps[1];
@@ -595,12 +606,12 @@ fn rescue_shuts_the_os_down_first_and_can_do_without_it() {
     ));
     // A step that is not optional still gives up.
     assert!(matches!(
-        after_outcome(&p.steps[4], 5, &StepOutcome::TimedOut, 0.5),
+        after_outcome(&p.steps[5], 5, &StepOutcome::TimedOut, 0.5),
         AfterOutcome::GiveUp { .. }
     ));
     // Stored before `optional` existed, a definition reads as required and
     // one that is not optional is written as before.
-    let mut json = serde_json::to_value(&p.steps[4]).expect("json");
+    let mut json = serde_json::to_value(&p.steps[5]).expect("json");
     assert!(json.get("optional").is_none());
     json.as_object_mut().map(|o| o.remove("optional"));
     let back: StepDef = serde_json::from_value(json).expect("reads");
