@@ -368,6 +368,7 @@ pub async fn heartbeat(
             &app.inner.agents,
             &agent.purpose,
             running,
+            app.inner.idle_fleet.get(),
             rand::random::<f64>(),
         ),
         poll_commands: polls_commands(&agent.purpose, running),
@@ -413,12 +414,15 @@ fn polls_commands(purpose: &str, workflow_running: bool) -> bool {
 }
 
 /// The cadence asked of an agent: busy while its node runs a workflow or
-/// it is a ramdisk (whose silence the engine watches), else idle, moved by
-/// up to a tenth either way (`jitter` in 0..1) so a fleet spreads out.
+/// it is a ramdisk (whose silence the engine watches), else idle (sized to
+/// the `idle_fleet` installed OSes, `idle_fleet.rs`), moved by up to a
+/// tenth either way (`jitter` in 0..1) so a fleet spreads out, and never
+/// beyond what an agent keeps (1 s to [`HeartbeatAck::MAX_SECS`]).
 fn heartbeat_cadence(
     cfg: &crate::AgentProtocolConfig,
     purpose: &str,
     workflow_running: bool,
+    idle_fleet: u64,
     jitter: f64,
 ) -> u32 {
     let installed_os = matches!(
@@ -428,14 +432,18 @@ fn heartbeat_cadence(
     if workflow_running || !installed_os {
         return cfg.busy_heartbeat_secs;
     }
-    let idle = f64::from(cfg.idle_heartbeat_secs);
+    let idle = f64::from(crate::idle_fleet::idle_cadence_secs(
+        cfg.idle_heartbeat_secs,
+        cfg.max_idle_heartbeats_per_sec,
+        idle_fleet,
+    ));
     let jitter = if jitter.is_finite() {
         jitter.clamp(0.0, 1.0)
     } else {
         0.5
     };
     let spread = idle * 0.1 * (2.0 * jitter - 1.0);
-    ((idle + spread).round() as u32).max(1)
+    ((idle + spread).round() as u32).clamp(1, HeartbeatAck::MAX_SECS)
 }
 
 /// Long-poll parameters.
@@ -682,18 +690,67 @@ mod tests {
     #[test]
     fn an_idle_installed_os_beats_slowly_with_jitter_and_a_busy_or_ramdisk_agent_often() {
         let cfg = AgentProtocolConfig::default();
-        assert_eq!(heartbeat_cadence(&cfg, "provisioned", true, 0.5), 10);
-        assert_eq!(heartbeat_cadence(&cfg, "discovery", false, 0.5), 10);
-        assert_eq!(heartbeat_cadence(&cfg, "what-is-this", false, 0.5), 10);
-        assert_eq!(heartbeat_cadence(&cfg, "provisioned", false, 0.5), 60);
-        assert_eq!(heartbeat_cadence(&cfg, "node", false, 0.0), 54);
-        assert_eq!(heartbeat_cadence(&cfg, "node", false, 1.0), 66);
-        assert_eq!(heartbeat_cadence(&cfg, "node", false, f64::NAN), 60);
+        let small = 10;
+        assert_eq!(heartbeat_cadence(&cfg, "provisioned", true, small, 0.5), 10);
+        assert_eq!(heartbeat_cadence(&cfg, "discovery", false, small, 0.5), 10);
+        assert_eq!(
+            heartbeat_cadence(&cfg, "what-is-this", false, small, 0.5),
+            10
+        );
+        assert_eq!(
+            heartbeat_cadence(&cfg, "provisioned", false, small, 0.5),
+            60
+        );
+        assert_eq!(heartbeat_cadence(&cfg, "node", false, small, 0.0), 54);
+        assert_eq!(heartbeat_cadence(&cfg, "node", false, small, 1.0), 66);
+        for odd in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert_eq!(heartbeat_cadence(&cfg, "node", false, small, odd), 60);
+        }
+        assert_eq!(heartbeat_cadence(&cfg, "node", false, small, -1.0), 54);
+        assert_eq!(heartbeat_cadence(&cfg, "node", false, small, 2.0), 66);
         let fast = AgentProtocolConfig {
             idle_heartbeat_secs: 1,
             ..AgentProtocolConfig::default()
         };
-        assert_eq!(heartbeat_cadence(&fast, "node", false, 0.0), 1, "never 0");
+        assert_eq!(
+            heartbeat_cadence(&fast, "node", false, small, 0.0),
+            1,
+            "never 0"
+        );
+    }
+
+    #[test]
+    fn a_large_idle_fleet_beats_slower_and_never_beyond_an_hour_while_busy_agents_stay_at_ten() {
+        let cfg = AgentProtocolConfig::default(); // 100 a second
+        let fleet = 100_000;
+        assert_eq!(
+            heartbeat_cadence(&cfg, "provisioned", false, fleet, 0.0),
+            900
+        );
+        assert_eq!(
+            heartbeat_cadence(&cfg, "provisioned", false, fleet, 0.5),
+            1_000
+        );
+        assert_eq!(heartbeat_cadence(&cfg, "node", false, fleet, 1.0), 1_100);
+        assert_eq!(heartbeat_cadence(&cfg, "provisioned", true, fleet, 1.0), 10);
+        assert_eq!(heartbeat_cadence(&cfg, "discovery", false, fleet, 1.0), 10);
+        // At the cap a tenth more is still an hour, never above it (an
+        // agent refuses more), whether the cap comes from the fleet or
+        // from the configured floor itself.
+        let huge = u64::MAX;
+        assert_eq!(heartbeat_cadence(&cfg, "node", false, huge, 1.0), 3_600);
+        assert_eq!(heartbeat_cadence(&cfg, "node", false, huge, 0.0), 3_240);
+        let hourly = AgentProtocolConfig {
+            idle_heartbeat_secs: 3_600,
+            ..AgentProtocolConfig::default()
+        };
+        assert_eq!(heartbeat_cadence(&hourly, "node", false, 0, 1.0), 3_600);
+        // 0 a second: the fixed cadence, whatever the fleet.
+        let fixed = AgentProtocolConfig {
+            max_idle_heartbeats_per_sec: 0,
+            ..AgentProtocolConfig::default()
+        };
+        assert_eq!(heartbeat_cadence(&fixed, "node", false, huge, 0.5), 60);
     }
 
     #[test]
@@ -709,6 +766,20 @@ mod tests {
         assert!(cfg
             .check()
             .is_err_and(|e| e.contains("busy_heartbeat_secs")));
+        cfg.busy_heartbeat_secs = 10;
+        for refresh in [0, 3_601] {
+            cfg.idle_fleet_refresh_secs = refresh;
+            assert!(cfg
+                .check()
+                .is_err_and(|e| e.contains("idle_fleet_refresh_secs")));
+        }
+        cfg.idle_fleet_refresh_secs = 30;
+        cfg.max_idle_heartbeats_per_sec = 1_000_001;
+        assert!(cfg
+            .check()
+            .is_err_and(|e| e.contains("max_idle_heartbeats_per_sec")));
+        cfg.max_idle_heartbeats_per_sec = 0;
+        assert!(cfg.check().is_ok(), "0: a fixed cadence");
     }
 
     #[test]

@@ -12,8 +12,8 @@ pub mod bulk;
 pub mod downloads;
 pub mod error;
 pub mod extract;
+pub mod idle_fleet;
 pub mod images;
-
 pub mod join_tokens;
 pub mod leases;
 pub mod limits;
@@ -248,6 +248,16 @@ pub struct AgentProtocolConfig {
     /// together does not beat together.
     #[serde(default = "default_idle_heartbeat_secs")]
     pub idle_heartbeat_secs: u32,
+    /// The most heartbeats a second the whole idle fleet is asked for:
+    /// with more than `idle_heartbeat_secs` times this many idle installed
+    /// OSes, each is asked to beat every `fleet / this` seconds instead
+    /// (at most an hour; see `idle_fleet.rs`). 0 keeps the fixed
+    /// `idle_heartbeat_secs` however large the fleet.
+    #[serde(default = "default_max_idle_heartbeats_per_sec")]
+    pub max_idle_heartbeats_per_sec: u32,
+    /// How often each replica counts the idle fleet (seconds).
+    #[serde(default = "default_idle_fleet_refresh_secs")]
+    pub idle_fleet_refresh_secs: u32,
 }
 
 impl AgentProtocolConfig {
@@ -262,6 +272,18 @@ impl AgentProtocolConfig {
                 return Err(format!("{name} must be 1-{max}, not {v}"));
             }
         }
+        let refresh = self.idle_fleet_refresh_secs;
+        if !(1..=3600).contains(&refresh) {
+            return Err(format!(
+                "agents.idle_fleet_refresh_secs must be 1-3600, not {refresh}"
+            ));
+        }
+        let rate = self.max_idle_heartbeats_per_sec;
+        if rate > 1_000_000 {
+            return Err(format!(
+                "agents.max_idle_heartbeats_per_sec must be 0 (a fixed cadence) to 1000000, not {rate}"
+            ));
+        }
         Ok(())
     }
 }
@@ -273,6 +295,8 @@ impl Default for AgentProtocolConfig {
             attest_retry_ms: default_attest_retry_ms(),
             busy_heartbeat_secs: default_busy_heartbeat_secs(),
             idle_heartbeat_secs: default_idle_heartbeat_secs(),
+            max_idle_heartbeats_per_sec: default_max_idle_heartbeats_per_sec(),
+            idle_fleet_refresh_secs: default_idle_fleet_refresh_secs(),
         }
     }
 }
@@ -291,6 +315,14 @@ fn default_busy_heartbeat_secs() -> u32 {
 fn default_idle_heartbeat_secs() -> u32 {
     // 10,000 deployed nodes: about 170 requests a second, not 1,000.
     60
+}
+fn default_max_idle_heartbeats_per_sec() -> u32 {
+    // Up to 6,000 idle machines beat every 60 s; 100,000 every 1,000 s.
+    100
+}
+fn default_idle_fleet_refresh_secs() -> u32 {
+    // The cadence follows the fleet within one old cadence anyway.
+    30
 }
 fn default_attest_retry_ms() -> u64 {
     // Long enough for a NATS server to restart and clients to reconnect.
@@ -467,6 +499,8 @@ pub struct Inner {
     /// When agents were last turned away unheard, recorded for the engine.
     pub turnaways: agent::TurnAways,
     pub agents: AgentProtocolConfig,
+    /// The idle installed OSes last counted, which size their cadence.
+    pub idle_fleet: Arc<idle_fleet::IdleFleet>,
     /// The join key (master), if configured.
     pub join_key: Option<bcm_pki::JoinKey>,
     /// Per-principal request limits.
@@ -614,6 +648,17 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
     let bus = Bus::connect(&cfg.bus).await?;
     let agent_wakeups = Arc::new(wakeups::AgentWakeups::default());
     tokio::spawn(forward_agent_wakeups(db.clone(), agent_wakeups.clone()));
+    // Counted before serving, so a restarted API does not send the whole
+    // fleet back to the floor cadence.
+    let idle_fleet = Arc::new(idle_fleet::IdleFleet::default());
+    if cfg.agents.max_idle_heartbeats_per_sec != 0 {
+        idle_fleet::count_once(&db, &idle_fleet, &cfg.agents).await;
+    }
+    tokio::spawn(idle_fleet::refresh(
+        db.clone(),
+        idle_fleet.clone(),
+        cfg.agents.clone(),
+    ));
     Ok(AppState {
         inner: Arc::new(Inner {
             db,
@@ -625,6 +670,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             agent_wakeups,
             turnaways: agent::TurnAways::default(),
             agents: cfg.agents.clone(),
+            idle_fleet,
             join_key,
             limits: limits::Limits::new(cfg.rate_limit.clone()),
             policy_signer,

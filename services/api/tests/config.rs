@@ -102,3 +102,46 @@ fn a_configuration_the_api_cannot_serve_names_the_key() {
         assert!(err.contains(key), "{err}");
     }
 }
+
+#[test]
+fn an_idle_heartbeat_budget_that_is_not_a_whole_number_is_refused_naming_the_key() {
+    let dir = std::env::temp_dir().join(format!("bcm-config-idle-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let good = std::fs::read_to_string(deploy().join("config/api.example.toml")).expect("example");
+    assert!(good.contains("max_idle_heartbeats_per_sec = 100\n"));
+    for garbage in ["-1", "1.5", "\"many\"", "1e400", "99999999999"] {
+        let path = dir.join("idle.toml");
+        let text = good.replace(
+            "max_idle_heartbeats_per_sec = 100\n",
+            &format!("max_idle_heartbeats_per_sec = {garbage}\n"),
+        );
+        std::fs::write(&path, text).expect("write");
+        match bcm_api::ApiConfig::load(Some(&path)) {
+            Err(e) => assert!(
+                e.to_string().contains("max_idle_heartbeats_per_sec"),
+                "{garbage}: {e}"
+            ),
+            Ok(cfg) => panic!(
+                "{garbage} was taken as {}",
+                cfg.agents.max_idle_heartbeats_per_sec
+            ),
+        }
+    }
+    // A whole number the service cannot use parses, and the start-up
+    // check refuses it by name.
+    let path = dir.join("refresh.toml");
+    std::fs::write(
+        &path,
+        good.replace(
+            "idle_fleet_refresh_secs = 30\n",
+            "idle_fleet_refresh_secs = 0\n",
+        ),
+    )
+    .expect("write");
+    let cfg = bcm_api::ApiConfig::load(Some(&path)).expect("parses");
+    assert!(cfg
+        .agents
+        .check()
+        .is_err_and(|e| e.contains("agents.idle_fleet_refresh_secs")));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -331,7 +331,8 @@ pub struct Heartbeat {
 ///
 /// The control plane sets the cadence, not the agent: an agent whose node
 /// runs a workflow (a step may be waiting on it) is asked every few
-/// seconds, an idle installed OS about once a minute with jitter, so a
+/// seconds, an idle installed OS about once a minute with jitter (less
+/// often in a large fleet, up to [`HeartbeatAck::MAX_SECS`]), so a
 /// deployed fleet's heartbeats do not crowd out the agents that are at
 /// work. Read by agents that may be older or newer than the control plane:
 /// unknown fields are ignored, and an agent that gets no answer (or a

@@ -404,6 +404,19 @@ pub async fn node_count_by_state(db: &crate::Db) -> Result<Vec<(ProvisionState, 
     rows.into_iter().map(|(s, c)| Ok((state(&s)?, c))).collect()
 }
 
+/// How many installed operating systems heartbeat: nodes `deployed` or
+/// `adopted` whose pool runs the agent (`agent_mode` `bcd`; an agentless
+/// pool's nodes send nothing). The API sizes their idle cadence to it.
+pub async fn installed_os_count(db: &crate::Db) -> Result<u64, DbError> {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM nodes n JOIN pools p ON p.id = n.pool_id \
+         WHERE n.provision_state IN ('deployed', 'adopted') AND p.agent_mode = 'bcd'",
+    )
+    .fetch_one(db.pool())
+    .await?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
 /// Which of `macs` another live node of `site` holds: `(mac, node)` pairs
 /// (MACs compared in one spelling; a MAC is unique within a site, kept by
 /// the `node_macs` table).

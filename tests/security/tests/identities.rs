@@ -331,3 +331,116 @@ async fn a_heartbeat_is_never_taken_for_a_join() {
     assert_eq!(beat.map(|b| b["event"].clone()), Some(json!("heartbeat")));
     env.stop();
 }
+
+#[tokio::test]
+async fn a_large_idle_fleet_is_asked_to_beat_slower_and_a_busy_node_still_every_ten_seconds() {
+    // A budget of one idle heartbeat a second over a 2 s floor: 20 idle
+    // installed OSes are each asked every 20 s (± a tenth).
+    let sized = bcm_testkit::AgentProtocolConfig {
+        idle_heartbeat_secs: 2,
+        max_idle_heartbeats_per_sec: 1,
+        idle_fleet_refresh_secs: 1,
+        ..Default::default()
+    };
+    let env = TestEnv::start_with(bcm_testkit::Options {
+        agents: sized,
+        reconcilers: 0,
+        engine: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let mut nodes = vec![];
+    for _ in 0..20 {
+        let node = enrolled(&env).await;
+        let id: bcm_core::NodeId = node.parse().expect("node id");
+        env.force_state(&id, bcm_core::ProvisionState::Deployed, None)
+            .await
+            .expect("deployed");
+        nodes.push(node);
+    }
+    // An agentless pool's deployed machines send no heartbeats: they are
+    // not counted (else 30 would be asked every 27-33 s).
+    for i in 0..10 {
+        let id = env
+            .enroll_sim_in(&format!("agentless-{i}"), "a-agentless")
+            .await;
+        env.force_state(&id, bcm_core::ProvisionState::Deployed, None)
+            .await
+            .expect("deployed");
+    }
+    let os = join(&env, &nodes[0], "provisioned", "node").await;
+    assert!(
+        !bcm_db::workflows::workflow_running_for_node(&env.db, &nodes[0])
+            .await
+            .expect("running?"),
+        "the node runs a workflow: it would beat busy"
+    );
+    // The replica counts the fleet every second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let every = loop {
+        let (status, every) = heartbeat_answer(&env, &os, "node").await;
+        assert_eq!(status, 200);
+        if every.is_some_and(|s| s > 2) || std::time::Instant::now() > deadline {
+            break every;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(
+        every.is_some_and(|s| (18..=22).contains(&s)),
+        "20 idle OSes at 1 a second are asked every 18-22 s, not {every:?}"
+    );
+    // Half the fleet leaves `deployed`: the cadence follows it down.
+    for node in &nodes[10..] {
+        let id: bcm_core::NodeId = node.parse().expect("node id");
+        env.force_state(&id, bcm_core::ProvisionState::Ready, None)
+            .await
+            .expect("ready");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let every = loop {
+        let (_, every) = heartbeat_answer(&env, &os, "node").await;
+        if every.is_some_and(|s| s <= 11) || std::time::Instant::now() > deadline {
+            break every;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(
+        every.is_some_and(|s| (9..=11).contains(&s)),
+        "10 idle OSes at 1 a second are asked every 9-11 s, not {every:?}"
+    );
+    env.stop();
+}
+
+#[tokio::test]
+async fn with_no_idle_budget_the_cadence_stays_fixed_however_large_the_fleet() {
+    let fixed = bcm_testkit::AgentProtocolConfig {
+        idle_heartbeat_secs: 2,
+        max_idle_heartbeats_per_sec: 0,
+        idle_fleet_refresh_secs: 1,
+        ..Default::default()
+    };
+    let env = TestEnv::start_with(bcm_testkit::Options {
+        agents: fixed,
+        reconcilers: 0,
+        engine: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let mut first = None;
+    for _ in 0..20 {
+        let node = enrolled(&env).await;
+        let id: bcm_core::NodeId = node.parse().expect("node id");
+        env.force_state(&id, bcm_core::ProvisionState::Deployed, None)
+            .await
+            .expect("deployed");
+        first.get_or_insert(node);
+    }
+    let os = join(&env, &first.expect("a node"), "provisioned", "node").await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    for _ in 0..5 {
+        assert_eq!(heartbeat_answer(&env, &os, "node").await, (200, Some(2)));
+    }
+    env.stop();
+}

@@ -1,0 +1,5 @@
+-- The installed operating systems that heartbeat (nodes deployed or
+-- adopted in a pool that runs bcd): the API sizes their idle heartbeat
+-- cadence to their count, read every few seconds, so it is kept cheap.
+CREATE INDEX nodes_installed_os ON nodes (pool_id)
+    WHERE provision_state IN ('deployed', 'adopted');
