@@ -573,7 +573,15 @@ pub async fn commands(
         if wait.is_zero() {
             return Ok(Json(vec![]));
         }
-        let _ = tokio::time::timeout(wait, woken.woken()).await;
+        let woken_now = tokio::time::timeout(wait, woken.woken()).await.is_ok();
+        // At the deadline with no wake-up, answer at once rather than look
+        // again: the agent polls again at once, and that poll's first look
+        // takes what this one would have (a look here would hold an agent
+        // connection for nothing, and a 503 from it would throw away the
+        // whole wait).
+        if !woken_now && tokio::time::Instant::now() >= deadline {
+            return Ok(Json(vec![]));
+        }
         taken = bcm_db::commands::commands_take_for_agent(
             &app.inner.agent_db,
             &agent.node_id,

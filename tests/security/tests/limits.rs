@@ -169,3 +169,72 @@ async fn an_agent_request_turned_away_for_want_of_a_connection_is_recorded() {
     );
     drop(held);
 }
+
+/// A ramdisk agent of `node`, joined: its session token.
+async fn joined_ramdisk(env: &TestEnv, node: &str) -> String {
+    let mut tx = env.db.begin().await.expect("tx");
+    let token = bcm_metal::identity::mint_join_token_in_txn(
+        &mut tx,
+        "discovery",
+        &bcm_db::agents::TokenScope::Node(node.into()),
+        chrono::Utc::now() + chrono::Duration::minutes(10),
+    )
+    .await
+    .expect("mint");
+    tx.commit().await.expect("commit");
+    let key = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
+    let csr = bcm_pki::csr_pem(&key, "agent").expect("csr");
+    let (status, body) = env
+        .post(
+            "/api/agent/join",
+            None,
+            &serde_json::json!({"token": token, "csr": csr, "role": "ramdisk"}),
+        )
+        .await
+        .expect("join");
+    assert_eq!(status, 200, "join: {body}");
+    body["sessionToken"].as_str().expect("session").to_owned()
+}
+
+/// A poll that waited its whole time with nothing for it answers `[]` at
+/// its deadline without looking at the commands again: the agent polls
+/// again at once, and that poll's first look takes what a last look would
+/// have. Here the only agent connection is held from just after the first
+/// look; a last look would wait the pool's 10 s and answer 503, throwing
+/// the whole wait away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_poll_ends_at_its_deadline_without_another_look() {
+    let env = TestEnv::start_with(Options {
+        agent_db_connections: 1,
+        reconcilers: 0,
+        engine: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let node = env.enroll("a", "a-pool").await.expect("enroll")["nodeId"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let session = joined_ramdisk(&env, &node).await;
+    let poll = env
+        .http
+        .get(format!("{}/api/agent/commands?waitMs=2000", env.base))
+        .bearer_auth(&session)
+        .send();
+    let poll = tokio::spawn(poll);
+    // The first look is done well within this.
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let held = env
+        .state
+        .inner
+        .agent_db
+        .hold_connection()
+        .await
+        .expect("the only one");
+    let answer = poll.await.expect("task").expect("answered");
+    assert_eq!(answer.status().as_u16(), 200, "{answer:?}");
+    let body: serde_json::Value = answer.json().await.expect("json");
+    assert_eq!(body, serde_json::json!([]));
+    drop(held);
+}
