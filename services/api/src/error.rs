@@ -146,7 +146,9 @@ impl From<DbError> for ApiError {
                 ErrorCode::InvalidArgument,
                 format!("the request holds a value that cannot be stored ({why}); NUL characters are not accepted"),
             ),
-            other if other.retryable() => {
+            // An outage (no connection, a backend ended under a statement):
+            // the caller retries.
+            other if other.retryable() || other.unreachable() => {
                 tracing::warn!(error = %other, "database unavailable");
                 Self::new(
                     ErrorCode::Unavailable,

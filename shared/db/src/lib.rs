@@ -153,7 +153,13 @@ impl Db {
         max_connections: u32,
         wait: Duration,
     ) -> Result<Self, DbError> {
-        Self::connect_opts(PgConnectOptions::from_str(url)?, max_connections, wait).await
+        Self::connect_opts(
+            PgConnectOptions::from_str(url)?,
+            max_connections,
+            wait,
+            true,
+        )
+        .await
     }
 
     /// A pool whose commits do not wait for the WAL to reach the disk
@@ -164,7 +170,14 @@ impl Db {
     /// command is offered again and the agent answers from its record).
     /// Never for a record of what happened: a state, a result, an event.
     /// Such a commit costs no disk flush, so a fleet's requests do not
-    /// queue behind the WAL.
+    /// queue behind the WAL. Nor does a statement pay a ping of its
+    /// connection before it (sqlx's `test_before_acquire`: a round trip
+    /// holding the connection, a third of an agent request's): the ping
+    /// after each statement, which sqlx always makes, already drops a
+    /// connection that broke while in use, so only one that dies idle (a
+    /// Postgres restart, a terminated backend) fails the one statement
+    /// that finds it — as an outage ([`DbError::unreachable`]), which the
+    /// agent endpoints answer 503 and the agent retries.
     /// Waits like [`Db::connect_waiting`].
     pub async fn connect_for_hints(
         url: &str,
@@ -172,13 +185,14 @@ impl Db {
         wait: Duration,
     ) -> Result<Self, DbError> {
         let opts = PgConnectOptions::from_str(url)?.options([("synchronous_commit", "off")]);
-        Self::connect_opts(opts, max_connections, wait).await
+        Self::connect_opts(opts, max_connections, wait, false).await
     }
 
     async fn connect_opts(
         opts: PgConnectOptions,
         max_connections: u32,
         wait: Duration,
+        ping_before_use: bool,
     ) -> Result<Self, DbError> {
         use backon::Retryable as _;
         let opts = opts.application_name("bcm");
@@ -186,6 +200,7 @@ impl Db {
             PgPoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(Duration::from_secs(10))
+                .test_before_acquire(ping_before_use)
                 .connect_with(opts.clone())
         };
         let pool = connect
