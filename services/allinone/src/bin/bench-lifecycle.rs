@@ -80,6 +80,11 @@ struct Args {
     /// when absent).
     #[arg(long)]
     agent_connections: Option<u32>,
+    /// The API's `agents.max_idle_heartbeats_per_sec`: the idle installed
+    /// OSes' heartbeats a second it sizes their cadence to (the service's
+    /// default when absent; 0: a fixed cadence, as before it existed).
+    #[arg(long)]
+    max_idle_heartbeats_per_sec: Option<u32>,
     /// Measure only the admission of one bulk request naming every node:
     /// the nodes are written `ready` straight into the record (no
     /// workflows run), then `metal.bulk inspect` of all of them is timed
@@ -157,6 +162,17 @@ fn load_line(metrics: &str) -> String {
             }
         }
     }
+    // The idle fleet the API counted and the cadence it asks of it.
+    let gauges = metrics.lines().filter_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        let short = match name {
+            "bcm_api_agent_idle_fleet" => "idle-fleet",
+            "bcm_api_agent_idle_cadence_seconds" => "idle-cadence-s",
+            _ => return None,
+        };
+        let value = value.parse::<f64>().ok()?;
+        Some(format!("{short}={value:.0}"))
+    });
     sums.iter()
         .map(|(k, (count, sum))| {
             let mean_ms = if *count > 0.0 {
@@ -166,6 +182,7 @@ fn load_line(metrics: &str) -> String {
             };
             format!("{k}={count:.0}/{mean_ms:.0}ms")
         })
+        .chain(gauges)
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -644,6 +661,9 @@ async fn main() -> anyhow::Result<()> {
     if let Some(n) = args.agent_connections {
         config["api"]["database_agent_connections"] = json!(n);
     }
+    if let Some(n) = args.max_idle_heartbeats_per_sec {
+        config["api"]["agents"] = json!({"max_idle_heartbeats_per_sec": n});
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let scheme = if args.plain_http { "http" } else { "https" };
     let api_listen = listener.local_addr()?.to_string();
@@ -1034,11 +1054,16 @@ bcm_db_pool_wait_seconds_count{pool=\"main\"} 0
 bcm_db_pool_wait_seconds_sum{pool=\"main\"} 0
 garbage line
 bcm_api_agent_request_seconds_count{endpoint=\"join\",status=\"503\"} NaN-ish
+bcm_api_agent_idle_fleet 12000
+bcm_api_agent_idle_cadence_seconds 120
+bcm_api_agent_idle_budget_exceeded 0
+bcm_api_agent_idle_fleet many
 ";
         assert_eq!(
             load_line(text),
             "agent{endpoint=\"heartbeat\",status=\"200\"}=4/500ms \
-             pool-wait{pool=\"agent\"}=3/100ms pool-wait{pool=\"main\"}=0/0ms"
+             pool-wait{pool=\"agent\"}=3/100ms pool-wait{pool=\"main\"}=0/0ms \
+             idle-fleet=12000 idle-cadence-s=120"
         );
         assert_eq!(load_line(""), "");
     }
