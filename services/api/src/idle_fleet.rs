@@ -6,8 +6,9 @@
 //! fixed cadence the heartbeats a second, and the API's connections held
 //! for them, grew with the deployed fleet until the agent pool fell behind
 //! (docs/performance.md, N = 100,000). Nothing waits on an idle OS's beat:
-//! a release power-cycles through the BMC, and a rescue asks the OS to
-//! power off only while its node runs a workflow (then it beats busy).
+//! a release power-cycles through the BMC. A rescue's ask of the OS to
+//! power off reaches it at its next beat (then it beats busy), is skipped
+//! if the OS was not heard lately, and its BMC powers it off either way.
 //!
 //! This module owns the formula (a pure function), the fleet count each
 //! replica keeps (from the database, as replicas are many and stateless),

@@ -175,7 +175,8 @@ async fn rescue_steps(
 /// the BMC boots the ramdisk: the OS's agent answers `node.powerOff`
 /// (checked against the site's anchor) and the BMC reads off. An OS whose
 /// agent takes no command is waited for only up to the step's time-out:
-/// the ask and the wait are skipped, the BMC power-cycles it as before,
+/// the ask and the wait are skipped, its BMC powers it off and the rescue
+/// goes on,
 /// and the unanswered `node.powerOff` is never handed out afterwards — not
 /// even to the same OS once it runs again after unrescue.
 #[tokio::test]

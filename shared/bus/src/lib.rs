@@ -106,7 +106,15 @@ impl Bus {
         let mut opts = async_nats::ConnectOptions::new()
             .name("bcm")
             .retry_on_initial_connect()
-            .connection_timeout(std::time::Duration::from_secs(5));
+            .connection_timeout(std::time::Duration::from_secs(5))
+            // What the server refuses (a permissions violation: the request
+            // is never answered, so the caller sees only a time-out) is
+            // said here, with the subject, at WARN.
+            .event_callback(|event| async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    tracing::warn!(error = %e, "the NATS server refused a request of this connection");
+                }
+            });
         if let Some(path) = &cfg.nkey_file {
             let key = auth::load_seed(path).map_err(|e| connect_err(e.to_string()))?;
             let seed = key.seed().map_err(|e| connect_err(e.to_string()))?;

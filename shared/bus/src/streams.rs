@@ -144,9 +144,12 @@ async fn stream_waiting(
 /// away is asked of the server about `stream` (the stream `op` works on),
 /// so `op`'s own errors need no kinds. A failure with NATS answering is
 /// tried once more (the outage it met may have just ended), then returned:
-/// a bad configuration or a refusal is not waited on. For what a process
-/// does at start (opening its key-value buckets as NATS restarts), so that
-/// it comes up with NATS instead of exiting.
+/// a bad configuration, or a refusal the server answers, is not waited on.
+/// A publish the identity's permissions deny is never answered, though (the
+/// server sends the client an `-ERR`, which [`Bus`] logs): that looks like
+/// an outage and is waited on to the end, as in [`ensure_all`]. For what
+/// a process does at start (opening its key-value buckets as NATS
+/// restarts), so that it comes up with NATS instead of exiting.
 pub async fn through_outage<T, E, F, Fut>(bus: &Bus, stream: &str, op: F) -> Result<T, E>
 where
     E: std::fmt::Display,

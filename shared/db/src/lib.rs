@@ -173,8 +173,8 @@ impl Db {
     /// queue behind the WAL. Nor does a statement pay a ping of its
     /// connection before it (sqlx's `test_before_acquire`: a round trip
     /// holding the connection, a third of an agent request's): the ping
-    /// after each statement, which sqlx always makes, already drops a
-    /// connection that broke while in use, so only one that dies idle (a
+    /// as each use hands the connection back, which sqlx always makes,
+    /// already drops a connection that broke while in use, so only one that dies idle (a
     /// Postgres restart, a terminated backend) fails the one statement
     /// that finds it — as an outage ([`DbError::unreachable`]), which the
     /// agent endpoints answer 503 and the agent retries.

@@ -95,13 +95,14 @@ async fn site_services_opening_their_buckets_as_nats_restarts_wait_for_it() {
 }
 
 #[tokio::test]
-async fn a_bucket_the_server_refuses_is_an_error_at_once_not_a_wait() {
+async fn a_bucket_name_that_is_refused_is_an_error_at_once_not_a_wait() {
     let server = AuthServer::start(&["a"]).await.expect("server");
     bcm_bus::Bus::connect(&server.bus_config("api"))
         .await
         .expect("the control plane makes the streams");
-    // A bucket name the server answers "invalid" for is a refusal: no
-    // outage to wait through.
+    // An invalid bucket name is refused (by the client library, before
+    // the server is asked), and the probe of its stream is refused alike:
+    // no outage to wait through.
     let bus = bcm_bus::Bus::attach(&server.bus_config("api"))
         .await
         .expect("attach");

@@ -381,7 +381,8 @@ async fn a_large_idle_fleet_is_asked_to_beat_slower_and_a_busy_node_still_every_
     let every = loop {
         let (status, every) = heartbeat_answer(&env, &os, "node").await;
         assert_eq!(status, 200);
-        if every.is_some_and(|s| s > 2) || std::time::Instant::now() > deadline {
+        // The count may first be taken part way through the set-up.
+        if every.is_some_and(|s| (18..=22).contains(&s)) || std::time::Instant::now() > deadline {
             break every;
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;

@@ -219,12 +219,13 @@ async fn an_idle_poll_ends_at_its_deadline_without_another_look() {
     let session = joined_ramdisk(&env, &node).await;
     let poll = env
         .http
-        .get(format!("{}/api/agent/commands?waitMs=2000", env.base))
+        .get(format!("{}/api/agent/commands?waitMs=4000", env.base))
         .bearer_auth(&session)
         .send();
     let poll = tokio::spawn(poll);
-    // The first look is done well within this.
-    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    // The first look (one statement) is done well within this, half the
+    // poll's wait.
+    tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
     let held = env
         .state
         .inner

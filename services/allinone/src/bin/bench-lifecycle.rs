@@ -662,7 +662,7 @@ async fn main() -> anyhow::Result<()> {
         config["api"]["database_agent_connections"] = json!(n);
     }
     if let Some(n) = args.max_idle_heartbeats_per_sec {
-        config["api"]["agents"] = json!({"max_idle_heartbeats_per_sec": n});
+        config["api"]["agents"]["max_idle_heartbeats_per_sec"] = json!(n);
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let scheme = if args.plain_http { "http" } else { "https" };
