@@ -112,7 +112,12 @@ pg_up() {
   as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 -o \
     "-p $pg_port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=600 $speed \
      -c ssl=on -c ssl_cert_file=$dir/tls/server.crt -c ssl_key_file=$dir/tls/server.key" \
-    start >/dev/null
+    start >/dev/null || {
+    # Say why (a port another stack holds, most often), not only that.
+    echo "stack: postgres did not start on 127.0.0.1:$pg_port; its log ($dir/postgres.log) ends:" >&2
+    tail -n 5 "$dir/postgres.log" >&2
+    return 1
+  }
   touch "$state/pg.started"
   log "postgres on 127.0.0.1:$pg_port"
 }
