@@ -3,22 +3,11 @@
 //! one statement that finds it, as an outage, and the next statement gets
 //! a new connection. The main pool pings first and never shows it.
 
+mod support;
+
 use bcm_db::Db;
 use std::time::Duration;
-
-async fn database(tag: &str) -> (String, String, String) {
-    let server = std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL (the test command starts a throwaway Postgres)");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let name = format!("dbt_{tag}_{}_{nanos}", std::process::id());
-    let url = bcm_db::admin::database_create(&server, &name)
-        .await
-        .expect("create database");
-    (server, name, url)
-}
+use support::fresh_database as database;
 
 #[tokio::test]
 async fn a_hints_connection_that_died_idle_fails_one_statement_as_an_outage_then_is_replaced() {

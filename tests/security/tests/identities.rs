@@ -332,33 +332,45 @@ async fn a_heartbeat_is_never_taken_for_a_join() {
     env.stop();
 }
 
-#[tokio::test]
-async fn a_large_idle_fleet_is_asked_to_beat_slower_and_a_busy_node_still_every_ten_seconds() {
-    // A budget of one idle heartbeat a second over a 2 s floor: 20 idle
-    // installed OSes are each asked every 20 s (± a tenth).
-    let sized = bcm_testkit::AgentProtocolConfig {
-        idle_heartbeat_secs: 2,
-        max_idle_heartbeats_per_sec: 1,
-        idle_fleet_refresh_secs: 1,
-        ..Default::default()
-    };
-    let env = TestEnv::start_with(bcm_testkit::Options {
-        agents: sized,
+/// An API whose idle installed OSes beat every 2 s at the least, within
+/// `per_sec` heartbeats a second for the whole idle fleet, counted every
+/// second; no reconciler or engine moves the nodes set up in it.
+async fn fleet_env(per_sec: u32) -> TestEnv {
+    TestEnv::start_with(bcm_testkit::Options {
+        agents: bcm_testkit::AgentProtocolConfig {
+            idle_heartbeat_secs: 2,
+            max_idle_heartbeats_per_sec: per_sec,
+            idle_fleet_refresh_secs: 1,
+            ..Default::default()
+        },
         reconcilers: 0,
         engine: false,
         ..Default::default()
     })
     .await
-    .expect("env");
+    .expect("env")
+}
+
+/// `n` nodes of tenant `a`'s pool put in `deployed`, by id.
+async fn deployed_fleet(env: &TestEnv, n: usize) -> Vec<String> {
     let mut nodes = vec![];
-    for _ in 0..20 {
-        let node = enrolled(&env).await;
+    for _ in 0..n {
+        let node = enrolled(env).await;
         let id: bcm_core::NodeId = node.parse().expect("node id");
         env.force_state(&id, bcm_core::ProvisionState::Deployed, None)
             .await
             .expect("deployed");
         nodes.push(node);
     }
+    nodes
+}
+
+#[tokio::test]
+async fn a_large_idle_fleet_is_asked_to_beat_slower_and_a_busy_node_still_every_ten_seconds() {
+    // A budget of one idle heartbeat a second over a 2 s floor: 20 idle
+    // installed OSes are each asked every 20 s (± a tenth).
+    let env = fleet_env(1).await;
+    let nodes = deployed_fleet(&env, 20).await;
     // An agentless pool's deployed machines send no heartbeats: they are
     // not counted (else 30 would be asked every 27-33 s).
     for i in 0..10 {
@@ -415,30 +427,9 @@ async fn a_large_idle_fleet_is_asked_to_beat_slower_and_a_busy_node_still_every_
 
 #[tokio::test]
 async fn with_no_idle_budget_the_cadence_stays_fixed_however_large_the_fleet() {
-    let fixed = bcm_testkit::AgentProtocolConfig {
-        idle_heartbeat_secs: 2,
-        max_idle_heartbeats_per_sec: 0,
-        idle_fleet_refresh_secs: 1,
-        ..Default::default()
-    };
-    let env = TestEnv::start_with(bcm_testkit::Options {
-        agents: fixed,
-        reconcilers: 0,
-        engine: false,
-        ..Default::default()
-    })
-    .await
-    .expect("env");
-    let mut first = None;
-    for _ in 0..20 {
-        let node = enrolled(&env).await;
-        let id: bcm_core::NodeId = node.parse().expect("node id");
-        env.force_state(&id, bcm_core::ProvisionState::Deployed, None)
-            .await
-            .expect("deployed");
-        first.get_or_insert(node);
-    }
-    let os = join(&env, &first.expect("a node"), "provisioned", "node").await;
+    let env = fleet_env(0).await;
+    let nodes = deployed_fleet(&env, 20).await;
+    let os = join(&env, &nodes[0], "provisioned", "node").await;
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     for _ in 0..5 {
         assert_eq!(heartbeat_answer(&env, &os, "node").await, (200, Some(2)));

@@ -8,8 +8,9 @@ use bcm_core::{BmcDriver, NodeId, PoolId, ProvisionState, SiteId, TenantId};
 use bcm_db::nodes::Node;
 use bcm_db::Db;
 
-/// A new database, migrated, on the `DATABASE_URL` server.
-pub async fn fresh_db(tag: &str) -> Db {
+/// A new, empty database on the `DATABASE_URL` server: the server's URL,
+/// the database's name and its URL.
+pub async fn fresh_database(tag: &str) -> (String, String, String) {
     let server = std::env::var("DATABASE_URL")
         .expect("DATABASE_URL (the test command starts a throwaway Postgres)");
     let nanos = std::time::SystemTime::now()
@@ -20,6 +21,12 @@ pub async fn fresh_db(tag: &str) -> Db {
     let url = bcm_db::admin::database_create(&server, &name)
         .await
         .expect("create database");
+    (server, name, url)
+}
+
+/// A new database, migrated, on the `DATABASE_URL` server.
+pub async fn fresh_db(tag: &str) -> Db {
+    let (_, _, url) = fresh_database(tag).await;
     let db = Db::connect(&url, 8).await.expect("connect");
     db.migrate().await.expect("migrate");
     db
