@@ -140,21 +140,15 @@ impl Agent {
 /// pool is the one that was exhausted), off the request's path.
 #[derive(Debug, Default)]
 pub struct TurnAways {
-    /// The second (Unix time) last recorded, or being recorded.
-    last_second: std::sync::atomic::AtomicI64,
+    /// The seconds recorded, or being recorded.
+    recorded: crate::once_per_second::OncePerSecond,
 }
 
 impl TurnAways {
     /// Whether a turning away in second `now` is to be recorded: the first
     /// of each second is.
     pub fn due(&self, now: i64) -> bool {
-        use std::sync::atomic::Ordering;
-        let last = self.last_second.load(Ordering::Relaxed);
-        now > last
-            && self
-                .last_second
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+        self.recorded.due(now).is_some()
     }
 
     /// Notes a turning away now, recording it in the background when due.

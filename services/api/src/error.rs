@@ -149,7 +149,7 @@ impl From<DbError> for ApiError {
             // An outage (no connection, a backend ended under a statement):
             // the caller retries.
             other if other.retryable() || other.unreachable() => {
-                UNAVAILABLE_LOG.note(chrono::Utc::now().timestamp(), &other);
+                note_unavailable(chrono::Utc::now().timestamp(), &other);
                 Self::new(
                     ErrorCode::Unavailable,
                     "the database is unavailable; retry later",
@@ -164,75 +164,17 @@ impl From<DbError> for ApiError {
 /// how many went unlogged since (a fleet's agents retry together, and a
 /// line each buried the log: 213,961 in the N = 100,000 run). Every one is
 /// counted in `bcm_api_errors_total{code="Unavailable"}`.
-static UNAVAILABLE_LOG: OncePerSecond = OncePerSecond::new();
+static UNAVAILABLE_LOG: crate::once_per_second::OncePerSecond =
+    crate::once_per_second::OncePerSecond::new();
 
-/// Lets one caller a second through; counts the others.
-struct OncePerSecond {
-    second: std::sync::atomic::AtomicI64,
-    unlogged: std::sync::atomic::AtomicU64,
-}
-
-impl OncePerSecond {
-    const fn new() -> Self {
-        Self {
-            second: std::sync::atomic::AtomicI64::new(i64::MIN),
-            unlogged: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(unlogged since the last)` for the first call of `second`,
-    /// `None` for the others.
-    fn due(&self, second: i64) -> Option<u64> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let last = self.second.load(Relaxed);
-        if last < second
-            && self
-                .second
-                .compare_exchange(last, second, Relaxed, Relaxed)
-                .is_ok()
-        {
-            return Some(self.unlogged.swap(0, Relaxed));
-        }
-        self.unlogged.fetch_add(1, Relaxed);
-        None
-    }
-
-    fn note(&self, second: i64, e: &DbError) {
-        if let Some(unlogged) = self.due(second) {
-            tracing::warn!(error = %e, unlogged, "database unavailable; answered 503 (retry)");
-        }
+fn note_unavailable(second: i64, e: &DbError) {
+    if let Some(unlogged) = UNAVAILABLE_LOG.due(second) {
+        tracing::warn!(error = %e, unlogged, "database unavailable; answered 503 (retry)");
     }
 }
 
 impl From<bcm_seal::SealError> for ApiError {
     fn from(e: bcm_seal::SealError) -> Self {
         Self::new(ErrorCode::InvalidConfig, format!("sealing: {e}"))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::OncePerSecond;
-
-    #[test]
-    fn an_outage_is_logged_once_a_second_with_how_many_went_unlogged() {
-        let log = OncePerSecond::new();
-        assert_eq!(log.due(10), Some(0), "the first");
-        assert_eq!(log.due(10), None);
-        assert_eq!(log.due(10), None);
-        assert_eq!(log.due(9), None, "an earlier second is not new");
-        assert_eq!(log.due(11), Some(3), "the next second says how many");
-        assert_eq!(log.due(11), None);
-        // Many threads in one second: exactly one logs.
-        let log = std::sync::Arc::new(OncePerSecond::new());
-        let logged: usize = (0..8)
-            .map(|_| {
-                let log = log.clone();
-                std::thread::spawn(move || (0..1000).filter(|_| log.due(5).is_some()).count())
-            })
-            .map(|h| h.join().unwrap_or(0))
-            .sum();
-        assert_eq!(logged, 1);
-        assert_eq!(log.due(6), Some(7_999));
     }
 }

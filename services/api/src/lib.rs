@@ -17,6 +17,7 @@ pub mod images;
 pub mod join_tokens;
 pub mod leases;
 pub mod limits;
+pub mod once_per_second;
 pub mod openapi;
 pub mod profiles;
 pub mod reads;

@@ -222,10 +222,19 @@ async fn an_idle_poll_ends_at_its_deadline_without_another_look() {
         .get(format!("{}/api/agent/commands?waitMs=4000", env.base))
         .bearer_auth(&session)
         .send();
+    let joined_at = chrono::Utc::now();
     let poll = tokio::spawn(poll);
-    // The first look (one statement) is done well within this, half the
-    // poll's wait.
-    tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+    // The first look has touched the session: alive for the poll's wait.
+    bcm_testkit::eventually(std::time::Duration::from_secs(10), || async {
+        let mut tx = env.db.begin().await?;
+        let newest = bcm_db::agents::session_newest_in_txn(&mut tx, &node, "discovery").await?;
+        tx.rollback().await?;
+        Ok(newest
+            .filter(|(_, alive_until)| *alive_until > joined_at + chrono::Duration::seconds(2))
+            .map(|_| ()))
+    })
+    .await
+    .expect("the poll's first look touched its session");
     let held = env
         .state
         .inner
