@@ -12,7 +12,9 @@
 #     proto/openapi.json; client_test.py lists nodes, enrolls a simulated
 #     machine, waits for ready and deploys it through that client.
 #
-# Needs DATABASE_URL and NATS_URL (the test command provides them). Usage:
+# Needs DATABASE_URL and NATS_URL (the test command provides them).
+# BCM_CONFORMANCE_REPORTS=junit,har also keeps every request and answer
+# (a HAR file in the output dir) to find what a failure did. Usage:
 # tests/conformance/run.sh [output dir]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -136,13 +138,17 @@ set +e
   "$venv/bin/schemathesis" --config-file "$here/schemathesis.toml" \
   run "https://$addr/api/openapi.json" \
   --checks all --max-examples "${BCM_CONFORMANCE_EXAMPLES:-25}" --workers 1 \
-  --report junit --report-dir "$out" --seed 1 --no-color) > "$out/schemathesis.log" 2>&1
+  --report "${BCM_CONFORMANCE_REPORTS:-junit}" --report-dir "$out" --seed 1 --no-color) > "$out/schemathesis.log" 2>&1
 st=$?
 set -e
 if [ "$st" -ne 0 ]; then
-  # The failures themselves (operation, check, the curl that reproduces
-  # it), not only the summary that ends the log.
-  sed -n '/^=* FAILURES =*$/,/^=* SUMMARY =*$/p' "$out/schemathesis.log" | head -n 200 >&2
+  # The errors (a request that got no answer: which operation, which
+  # exception) and the failures (operation, check, the curl that
+  # reproduces it), not only the summary that ends the log; and what the
+  # server logged at WARN and above meanwhile.
+  sed -n '/^=* \(ERRORS\|FAILURES\) =*$/,/^=* SUMMARY =*$/p' "$out/schemathesis.log" | head -n 200 >&2
+  log "the server's log, WARN and above:"
+  grep -E ' (WARN|ERROR) ' "$out/bcm.log" | tail -n 40 >&2 || true
 fi
 tail -n 40 "$out/schemathesis.log" >&2
 log "schemathesis took $(( $(date +%s) - started )) s"
