@@ -252,8 +252,9 @@ pub async fn run(
     if on(Service::Api) {
         let app = bcm_api::router(state.clone());
         let stop = shutdown.clone();
+        let http = cfg.api.http.clone();
         let mut server =
-            tokio::spawn(async move { bcm_api::serve(listener, app, serving, stop).await });
+            tokio::spawn(async move { bcm_api::serve(listener, app, serving, &http, stop).await });
         let _ = ready.send(base);
         let ended = tokio::select! {
             r = &mut server => Some(r),

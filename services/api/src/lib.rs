@@ -9,6 +9,7 @@ pub mod admin;
 pub mod agent;
 pub mod auth;
 pub mod bulk;
+pub mod connections;
 pub mod downloads;
 pub mod error;
 pub mod extract;
@@ -76,6 +77,9 @@ pub struct ApiConfig {
     /// How the agent endpoints ride out lost answers.
     #[serde(default)]
     pub agents: AgentProtocolConfig,
+    /// The API's client connections: how many at once, how long idle.
+    #[serde(default)]
+    pub http: connections::HttpConfig,
     /// Per-principal request limits.
     #[serde(default)]
     pub rate_limit: limits::RateLimitConfig,
@@ -447,35 +451,47 @@ pub type Router = axum::Router;
 pub const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves `app` on `listener` until `stop` — HTTPS, or plain HTTP when
-/// the configuration asked for it by name — then drains for at most
-/// [`DRAIN`].
+/// the configuration asked for it by name — holding at most `http`'s cap
+/// of connections and closing idle ones (`connections.rs`), then drains
+/// for at most [`DRAIN`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     serving: bcm_pki::tls::Serving,
+    http: &connections::HttpConfig,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
-    if let bcm_pki::tls::Serving::Tls(tls) = serving {
-        let handle = axum_server::Handle::new();
-        let h = handle.clone();
-        tokio::spawn(async move {
-            stop.cancelled().await;
-            h.graceful_shutdown(Some(DRAIN));
-        });
-        let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
-        return axum_server::from_tcp_rustls(listener.into_std()?, config)
-            .handle(handle)
-            .serve(app.into_make_service())
-            .await;
+    let open_files = bcm_telemetry::open_files::raise_to_hard_limit();
+    if let Some(files) = open_files.filter(|f| f.raised_from.is_some()) {
+        tracing::info!(from = ?files.raised_from, to = files.soft, "raised the open-file limit to the hard limit");
     }
-    let s = stop.clone();
-    let server =
-        axum::serve(listener, app).with_graceful_shutdown(async move { s.cancelled().await });
-    tokio::select! {
-        r = server => r,
-        _ = async { stop.cancelled().await; tokio::time::sleep(DRAIN).await } => {
-            tracing::info!(drain_secs = DRAIN.as_secs(), "requests still open after the drain are dropped");
-            Ok(())
+    let cap = http.cap(open_files.map(|f| f.soft));
+    tracing::info!(
+        max_connections = cap,
+        idle_timeout_secs = http.idle_timeout_secs,
+        "API connections"
+    );
+    let handle = axum_server::Handle::new();
+    let h = handle.clone();
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        h.graceful_shutdown(Some(DRAIN));
+    });
+    let capped = connections::Capped::new(app, cap);
+    let idle = connections::IdleAcceptor::new(http.idle_timeout());
+    let server = axum_server::from_tcp(listener.into_std()?).handle(handle);
+    match serving {
+        bcm_pki::tls::Serving::Tls(tls) => {
+            let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
+            let tls = axum_server::tls_rustls::RustlsAcceptor::new(config).acceptor(idle);
+            let mut server = server.acceptor(tls);
+            http.tune(server.http_builder());
+            server.serve(capped).await
+        }
+        bcm_pki::tls::Serving::Plain => {
+            let mut server = server.acceptor(idle);
+            http.tune(server.http_builder());
+            server.serve(capped).await
         }
     }
 }
@@ -644,6 +660,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
         ));
     }
     cfg.agents.check().map_err(StartError::Config)?;
+    cfg.http.check().map_err(StartError::Config)?;
     let hardware = hardware_profiles(cfg)?;
     let policy_signer = cfg.quorum.signer().map_err(StartError::Config)?;
     let edge_quorum = cfg.quorum.edge_quorum().map_err(StartError::Config)?;
@@ -848,7 +865,7 @@ pub async fn run(
             tokio::time::Instant::now()
         })
     };
-    let served = serve(listener, app, serving, shutdown.clone()).await;
+    let served = serve(listener, app, serving, &cfg.http, shutdown.clone()).await;
     shutdown.cancel();
     // A database or a bus that went down first must not hold the process.
     let stopped_at = stopped_at

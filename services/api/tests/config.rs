@@ -145,3 +145,45 @@ fn an_idle_heartbeat_budget_that_is_not_a_whole_number_is_refused_naming_the_key
         .is_err_and(|e| e.contains("agents.idle_fleet_refresh_secs")));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn connection_limits_that_are_not_whole_numbers_or_cannot_serve_are_refused_naming_the_key() {
+    let dir = std::env::temp_dir().join(format!("bcm-config-http-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let good = std::fs::read_to_string(deploy().join("config/api.example.toml")).expect("example");
+    for (key, line) in [
+        ("max_connections", "max_connections = 0\n"),
+        ("idle_timeout_secs", "idle_timeout_secs = 75\n"),
+    ] {
+        assert!(good.contains(line), "{line}");
+        for garbage in ["-1", "1.5", "\"many\"", "1e400", "99999999999", "[]"] {
+            let path = dir.join("http.toml");
+            std::fs::write(&path, good.replace(line, &format!("{key} = {garbage}\n")))
+                .expect("write");
+            match bcm_api::ApiConfig::load(Some(&path)) {
+                Err(e) => assert!(e.to_string().contains(key), "{key} = {garbage}: {e}"),
+                Ok(cfg) => panic!("{key} = {garbage} was taken: {:?}", cfg.http),
+            }
+        }
+    }
+    // Whole numbers the server cannot use parse, and the start-up check
+    // refuses them by name.
+    for (line, bad, name) in [
+        (
+            "idle_timeout_secs = 75\n",
+            "idle_timeout_secs = 0\n",
+            "http.idle_timeout_secs",
+        ),
+        (
+            "max_connections = 0\n",
+            "max_connections = 20000000\n",
+            "http.max_connections",
+        ),
+    ] {
+        let path = dir.join("http-range.toml");
+        std::fs::write(&path, good.replace(line, bad)).expect("write");
+        let cfg = bcm_api::ApiConfig::load(Some(&path)).expect("parses");
+        assert!(cfg.http.check().is_err_and(|e| e.contains(name)), "{bad}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

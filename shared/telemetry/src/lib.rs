@@ -9,6 +9,7 @@
 //! them.
 
 pub mod cpu;
+pub mod open_files;
 pub mod signals;
 
 use opentelemetry::propagation::TextMapPropagator;

@@ -27,7 +27,10 @@ async fn only_a_client_that_pins_the_ca_is_served_and_plain_http_gets_nothing() 
     let addr = listener.local_addr().expect("addr");
     let stop = env.child_token();
     let app = bcm_api::router(env.state.clone());
-    let server = tokio::spawn(bcm_api::serve(listener, app, serving, stop.clone()));
+    let http = bcm_api::connections::HttpConfig::default();
+    let s = stop.clone();
+    let server =
+        tokio::spawn(async move { bcm_api::serve(listener, app, serving, &http, s).await });
     let nodes = "/api/compute/metal/nodes?tenantId=a";
 
     // Pinned to the local CA, by IP address and by name.

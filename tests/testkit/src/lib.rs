@@ -251,6 +251,7 @@ impl TestEnv {
                 linger_ms: 5,
             },
             agents: opts.agents.clone(),
+            http: Default::default(),
             rate_limit: opts.rate_limit.clone(),
             telemetry: Default::default(),
             // In-process tests talk plain HTTP on loopback, by name;

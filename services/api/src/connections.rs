@@ -1,0 +1,507 @@
+//! The API's client connections: how many it holds at once, and how long
+//! one may sit without sending a request. Each held connection is a file
+//! descriptor and about 55 KiB (hyper's and rustls' buffers); a fleet of
+//! agents, or one client that opens connections and never closes them,
+//! must not use up the process's open files, which is what ended the
+//! N = 100,000 benchmark's deploy.
+//!
+//! - At most `max_connections` are held. Past the cap the server stops
+//!   accepting: new connections wait in the kernel's listen backlog, not
+//!   in this process, and are served as held ones close. (Refusing them
+//!   would only turn each into a retry.)
+//! - A connection with no request in flight that moves no byte for
+//!   `idle_timeout_secs` is closed ([`IdleIo`], under TLS, whatever the
+//!   HTTP version: an idle keep-alive, or a peer that went away, such as a
+//!   machine powered off), and so is one that takes longer than that to
+//!   send a request head (hyper's header timeout: a client sending its head
+//!   a byte at a time). A request being answered (a long poll's 30 s) is
+//!   not idle.
+
+use axum::http::Request;
+use serde::Deserialize;
+use std::convert::Infallible;
+use std::future::Future as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::PollSemaphore;
+use tower_service::Service;
+
+use crate::once_per_second::OncePerSecond;
+
+/// The `[api.http]` settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// The most client connections held at once. 0 (the default) sizes it
+    /// from the open-file limit: three quarters of it, after the soft limit
+    /// is raised to the hard one; the rest is left for the database, the
+    /// bus, logs and the other services of one process.
+    #[serde(default)]
+    pub max_connections: u32,
+    /// A connection that sends no complete request head for this long
+    /// (seconds) is closed.
+    #[serde(default = "default_idle_timeout_secs")]
+    pub idle_timeout_secs: u32,
+}
+
+fn default_idle_timeout_secs() -> u32 {
+    // Longer than an agent's poll-to-poll gap, shorter than the 90 s
+    // reqwest keeps an idle connection, and nginx's keepalive_timeout.
+    75
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 0,
+            idle_timeout_secs: default_idle_timeout_secs(),
+        }
+    }
+}
+
+/// The fewest connections a cap derived from the open-file limit allows.
+const MIN_DERIVED_CAP: u64 = 64;
+
+impl HttpConfig {
+    /// Refuses settings that could not serve: an idle timeout of 0 or over
+    /// an hour, a cap over ten million.
+    pub fn check(&self) -> Result<(), String> {
+        let idle = self.idle_timeout_secs;
+        if !(1..=3600).contains(&idle) {
+            return Err(format!("http.idle_timeout_secs must be 1-3600, not {idle}"));
+        }
+        let max = self.max_connections;
+        if max > 10_000_000 {
+            return Err(format!(
+                "http.max_connections must be 0 (from the open-file limit) to 10000000, not {max}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The cap on connections: the configured one, or three quarters of
+    /// `open_files` (at least [`MIN_DERIVED_CAP`]; unbounded files count
+    /// as a million).
+    pub fn cap(&self, open_files: Option<u64>) -> usize {
+        if self.max_connections > 0 {
+            return self.max_connections as usize;
+        }
+        let files = open_files.unwrap_or(1024).min(1_000_000);
+        usize::try_from((files / 4 * 3).max(MIN_DERIVED_CAP)).unwrap_or(usize::MAX)
+    }
+
+    /// How long a connection may send no request head.
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_secs(u64::from(self.idle_timeout_secs))
+    }
+
+    /// Applies the head timeout to a server's HTTP/1 connections (the
+    /// idle timeout itself is [`IdleAcceptor`]'s).
+    pub fn tune<E>(&self, builder: &mut hyper_util::server::conn::auto::Builder<E>) {
+        builder
+            .http1()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(self.idle_timeout());
+    }
+}
+
+/// Makes one service per accepted connection, each holding one of `cap`
+/// slots until the connection ends; with none free it is not ready, and
+/// the server accepts nothing until one is.
+pub struct Capped {
+    app: axum::Router,
+    slots: PollSemaphore,
+    held: Option<Arc<Slot>>,
+    waiting: bool,
+    cap: usize,
+    at_cap: Arc<OncePerSecond>,
+}
+
+impl Capped {
+    /// `app` behind a cap of `cap` connections.
+    pub fn new(app: axum::Router, cap: usize) -> Self {
+        let cap = cap.max(1);
+        metrics::gauge!("bcm_api_http_connections_max").set(cap as f64);
+        Self {
+            app,
+            slots: PollSemaphore::new(Arc::new(Semaphore::new(cap))),
+            held: None,
+            waiting: false,
+            cap,
+            at_cap: Arc::new(OncePerSecond::new()),
+        }
+    }
+}
+
+/// One connection's slot: freed (and the open count lowered) when the
+/// connection's last handle drops.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        metrics::gauge!("bcm_api_http_connections").decrement(1.0);
+    }
+}
+
+impl Service<SocketAddr> for Capped {
+    type Response = Connection;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Connection, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        if self.held.is_some() {
+            return Poll::Ready(Ok(()));
+        }
+        match self.slots.poll_acquire(cx) {
+            Poll::Pending => {
+                // Counted once per connection that waits, not per wake-up.
+                if !self.waiting {
+                    self.waiting = true;
+                    metrics::counter!("bcm_api_http_connections_at_cap_total").increment(1);
+                    if let Some(unlogged) = self.at_cap.due(chrono::Utc::now().timestamp()) {
+                        tracing::warn!(
+                            cap = self.cap,
+                            times_since_last_line = unlogged,
+                            "the API holds its most connections (api.http.max_connections); new ones wait in the listen backlog until one closes"
+                        );
+                    }
+                }
+                Poll::Pending
+            }
+            Poll::Ready(permit) => {
+                self.waiting = false;
+                // The semaphore is never closed, so a permit always comes.
+                if let Some(permit) = permit {
+                    metrics::gauge!("bcm_api_http_connections").increment(1.0);
+                    self.held = Some(Arc::new(Slot { _permit: permit }));
+                }
+                Poll::Ready(Ok(()))
+            }
+        }
+    }
+
+    fn call(&mut self, _peer: SocketAddr) -> Self::Future {
+        std::future::ready(Ok(Connection {
+            app: self.app.clone(),
+            _slot: self.held.take(),
+            activity: Arc::new(Activity::new()),
+        }))
+    }
+}
+
+/// The service of one connection: the router, the connection's slot, and
+/// its activity (which [`IdleAcceptor`] shares with the connection's IO).
+#[derive(Clone)]
+pub struct Connection {
+    app: axum::Router,
+    _slot: Option<Arc<Slot>>,
+    activity: Arc<Activity>,
+}
+
+impl<B> Service<Request<B>> for Connection
+where
+    axum::Router: Service<Request<B>, Response = axum::response::Response, Error = Infallible>,
+    <axum::Router as Service<Request<B>>>::Future: Send + 'static,
+{
+    type Response = axum::response::Response;
+    type Error = Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<axum::response::Response, Infallible>> + Send>,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Service::<Request<B>>::poll_ready(&mut self.app, cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let answering = InFlight::begin(self.activity.clone());
+        let answer = self.app.call(req);
+        Box::pin(async move {
+            let answer = answer.await;
+            drop(answering);
+            answer
+        })
+    }
+}
+
+/// What one connection is doing: requests being answered, and when it
+/// last moved a byte (milliseconds since [`epoch`]).
+#[derive(Debug, Default)]
+pub struct Activity {
+    in_flight: AtomicUsize,
+    last_ms: AtomicU64,
+}
+
+/// The instant activity times count from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl Activity {
+    fn new() -> Self {
+        let a = Self::default();
+        a.touch();
+        a
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Relaxed);
+    }
+
+    /// When the connection is idle long enough to close, if no request is
+    /// in flight: `idle` after its last byte.
+    fn idle_deadline(&self, idle: Duration) -> Option<Instant> {
+        (self.in_flight.load(Relaxed) == 0)
+            .then(|| epoch() + Duration::from_millis(self.last_ms.load(Relaxed)) + idle)
+    }
+}
+
+/// A request in flight on a connection, until dropped.
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn begin(activity: Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Relaxed);
+        Self(activity)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Relaxed);
+        self.0.touch();
+    }
+}
+
+/// Wraps each accepted TCP stream in an [`IdleIo`] sharing its
+/// [`Connection`]'s activity.
+#[derive(Debug, Clone, Copy)]
+pub struct IdleAcceptor {
+    idle: Duration,
+}
+
+impl IdleAcceptor {
+    /// Connections idle for `idle` are closed.
+    pub fn new(idle: Duration) -> Self {
+        Self { idle }
+    }
+}
+
+impl<I> axum_server::accept::Accept<I, Connection> for IdleAcceptor {
+    type Stream = IdleIo<I>;
+    type Service = Connection;
+    type Future = std::future::Ready<std::io::Result<(IdleIo<I>, Connection)>>;
+
+    fn accept(&self, stream: I, service: Connection) -> Self::Future {
+        let io = IdleIo {
+            inner: stream,
+            activity: service.activity.clone(),
+            idle: self.idle,
+            timer: Box::pin(tokio::time::sleep(self.idle)),
+        };
+        std::future::ready(Ok((io, service)))
+    }
+}
+
+/// A connection's byte stream that records its activity and, once no
+/// request is in flight and no byte has moved for the idle timeout, fails
+/// its next read (`TimedOut`), which ends the connection.
+pub struct IdleIo<I> {
+    inner: I,
+    activity: Arc<Activity>,
+    idle: Duration,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<I> IdleIo<I> {
+    /// Ready with an error once the connection is idle past its timeout;
+    /// otherwise the timer is set to wake the reader when it may be.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        loop {
+            let now = Instant::now();
+            let wake_at = match self.activity.idle_deadline(self.idle) {
+                Some(deadline) if deadline <= now => {
+                    metrics::counter!("bcm_api_http_connections_idle_closed_total").increment(1);
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "idle past api.http.idle_timeout_secs",
+                    )));
+                }
+                Some(deadline) => deadline,
+                // A request in flight: look again in one timeout.
+                None => now + self.idle,
+            };
+            let wake_at = tokio::time::Instant::from_std(wake_at);
+            if self.timer.deadline() != wake_at {
+                self.timer.as_mut().reset(wake_at);
+            }
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for IdleIo<I> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match std::pin::Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(done) => {
+                if buf.filled().len() > before {
+                    this.activity.touch();
+                }
+                Poll::Ready(done)
+            }
+            Poll::Pending => match this.poll_idle(cx) {
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                _ => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for IdleIo<I> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let written = std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        written
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let written = std::pin::Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Activity, HttpConfig, IdleIo, InFlight};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    fn idle_io(idle: Duration) -> (tokio::io::DuplexStream, IdleIo<tokio::io::DuplexStream>) {
+        let (client, server) = tokio::io::duplex(64);
+        let io = IdleIo {
+            inner: server,
+            activity: Arc::new(Activity::new()),
+            idle,
+            timer: Box::pin(tokio::time::sleep(idle)),
+        };
+        (client, io)
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_idle_only_with_no_request_in_flight_and_no_bytes() {
+        let idle = Duration::from_millis(300);
+        let (mut client, mut io) = idle_io(idle);
+        let mut buf = [0u8; 8];
+        // A request being answered (a long poll): three timeouts, open.
+        let answering = InFlight::begin(io.activity.clone());
+        assert!(
+            tokio::time::timeout(idle * 3, io.read(&mut buf))
+                .await
+                .is_err(),
+            "closed with a request in flight"
+        );
+        drop(answering);
+        // Bytes keep it open too.
+        for _ in 0..6 {
+            tokio::time::sleep(idle / 3).await;
+            client.write_all(b"x").await.expect("write");
+            let n = tokio::time::timeout(idle, io.read(&mut buf))
+                .await
+                .expect("a byte arrived")
+                .expect("read");
+            assert_eq!(n, 1);
+        }
+        // Then nothing: closed after the timeout, not before.
+        let quiet = Instant::now();
+        let err = tokio::time::timeout(idle * 10, io.read(&mut buf))
+            .await
+            .expect("closed")
+            .expect_err("an idle connection's read fails");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(quiet.elapsed() >= idle * 2 / 3, "{:?}", quiet.elapsed());
+    }
+
+    #[test]
+    fn the_cap_is_configured_or_three_quarters_of_the_open_files() {
+        let derived = HttpConfig::default();
+        assert_eq!(derived.cap(Some(20_000)), 15_000);
+        assert_eq!(derived.cap(Some(1_048_576)), 750_000, "a million at most");
+        assert_eq!(derived.cap(Some(u64::MAX)), 750_000, "unbounded");
+        assert_eq!(derived.cap(Some(16)), 64, "never below 64");
+        assert_eq!(derived.cap(None), 768, "unknown: as if 1,024");
+        let set = HttpConfig {
+            max_connections: 500,
+            ..HttpConfig::default()
+        };
+        assert_eq!(set.cap(Some(20_000)), 500);
+    }
+
+    #[test]
+    fn settings_that_could_not_serve_are_refused_by_name() {
+        assert!(HttpConfig::default().check().is_ok());
+        for (max_connections, idle_timeout_secs, name) in [
+            (0, 0, "http.idle_timeout_secs"),
+            (0, 3601, "http.idle_timeout_secs"),
+            (10_000_001, 75, "http.max_connections"),
+        ] {
+            let err = HttpConfig {
+                max_connections,
+                idle_timeout_secs,
+            }
+            .check()
+            .expect_err("refused");
+            assert!(err.contains(name), "{err}");
+        }
+    }
+}
