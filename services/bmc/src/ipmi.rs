@@ -29,6 +29,8 @@ pub struct IpmiSettings {
     /// How long to wait for the chassis power state to match.
     pub power_timeout: Duration,
     pub power_poll: Duration,
+    /// How long an ACPI soft-off may take before a forced off.
+    pub graceful_timeout: Duration,
 }
 
 impl Default for IpmiSettings {
@@ -41,6 +43,7 @@ impl Default for IpmiSettings {
             retry_timeout_secs: 2,
             power_timeout: Duration::from_secs(60),
             power_poll: Duration::from_millis(500),
+            graceful_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -310,6 +313,20 @@ impl Ipmi {
         })
     }
 
+    /// Whether the chassis reads `want` within `within`.
+    async fn reads_within(&self, want: PowerState, within: Duration) -> Result<bool, BmcError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.power_state().await? == want {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(self.settings.power_poll).await;
+        }
+    }
+
     async fn await_power(&self, want: PowerState) -> Result<PowerState, BmcError> {
         let deadline = tokio::time::Instant::now() + self.settings.power_timeout;
         loop {
@@ -332,8 +349,29 @@ impl Ipmi {
     }
 
     /// Applies a power action and waits until the chassis reads the result.
+    /// Off is an ACPI soft-off first (`chassis power soft`, as the Redfish
+    /// driver's `GracefulShutdown`), forced only when the chassis is not
+    /// off within `graceful_timeout` or the BMC refuses the soft-off.
     pub async fn power(&self, action: PowerAction) -> Result<PowerState, BmcError> {
         let now = self.power_state().await?;
+        if action == PowerAction::Off && now != PowerState::Off {
+            match self.run(&["chassis", "power", "soft"]).await {
+                Ok(_) => {
+                    if self
+                        .reads_within(PowerState::Off, self.settings.graceful_timeout)
+                        .await?
+                    {
+                        return Ok(PowerState::Off);
+                    }
+                    tracing::info!(address = %self.address, "soft-off timed out; forcing off");
+                }
+                // A BMC without soft-off, or one that refused it: forced.
+                Err(e @ BmcError::Refused { .. }) => {
+                    tracing::info!(address = %self.address, error = %e, "soft-off refused; forcing off");
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let (verb, want) = match (action, now) {
             (PowerAction::On, PowerState::On) => return Ok(PowerState::On),
             (PowerAction::Off, PowerState::Off) => return Ok(PowerState::Off),

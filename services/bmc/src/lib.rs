@@ -36,7 +36,8 @@ pub struct BmcConfig {
     /// How long a power change may take to show in the BMC's power state.
     #[serde(default = "default_power_timeout")]
     pub power_timeout_secs: u64,
-    /// How long a graceful shutdown may take before a forced off.
+    /// How long a graceful shutdown (Redfish `GracefulShutdown`, IPMI's
+    /// ACPI soft-off) may take before a forced off.
     #[serde(default = "default_graceful_timeout")]
     pub graceful_timeout_secs: u64,
     /// Redfish TLS: a CA bundle (PEM) to verify BMCs against instead of the
@@ -138,13 +139,20 @@ impl BmcConfig {
                 driver,
                 plugin::PluginSettings {
                     executable: exe,
-                    // The plugin's own power wait, and time to answer.
-                    timeout: Duration::from_secs(self.power_timeout_secs + 60),
+                    // The plugin's own waits (a soft-off, then a forced
+                    // one), and time to answer.
+                    timeout: Duration::from_secs(
+                        self.graceful_timeout_secs + self.power_timeout_secs + 60,
+                    ),
                     env: vec![
                         ("BCX_IPMITOOL".into(), self.ipmitool.clone()),
                         (
                             "BCX_POWER_TIMEOUT_SECS".into(),
                             self.power_timeout_secs.to_string(),
+                        ),
+                        (
+                            "BCX_GRACEFUL_TIMEOUT_SECS".into(),
+                            self.graceful_timeout_secs.to_string(),
                         ),
                     ],
                 },

@@ -28,6 +28,7 @@ fn ipmi_plugin(retries: u8) -> bcm_bmc::plugin::PluginSettings {
         timeout: Duration::from_secs(60),
         env: vec![
             ("BCX_POWER_TIMEOUT_SECS".into(), "10".into()),
+            ("BCX_GRACEFUL_TIMEOUT_SECS".into(), "3".into()),
             ("BCX_IPMI_RETRIES".into(), retries.to_string()),
         ],
     }
@@ -164,9 +165,14 @@ async fn ipmi_power_and_boot_round_trips_against_ipmi_sim() {
     );
     assert_eq!(
         sim.events(),
-        vec!["power 1", "reset", "power 0"],
-        "the chassis saw each change once; on-when-on did nothing"
+        vec!["power 1", "reset", "shutdown"],
+        "the chassis saw each change once; on-when-on did nothing; off was the OS's soft-off"
     );
+    assert_eq!(
+        d.power(PowerAction::Off).await.expect("off again"),
+        PowerState::Off
+    );
+    assert_eq!(sim.events().len(), 3, "off when off did nothing");
 
     let pxe = d
         .boot(BootDevice::Pxe, false, None)
@@ -188,6 +194,29 @@ async fn ipmi_power_and_boot_round_trips_against_ipmi_sim() {
         .await
         .expect_err("no UEFI HTTP over IPMI");
     assert!(matches!(e, BmcError::Unsupported(_)), "{e:?}");
+}
+
+#[tokio::test]
+async fn ipmi_off_is_forced_when_the_os_ignores_the_soft_off() {
+    let sim = IpmiSim::start().await;
+    let d = ipmi(&sim, &sim.password);
+    assert_eq!(d.power(PowerAction::On).await.expect("on"), PowerState::On);
+    sim.ignore_acpi();
+    let asked = std::time::Instant::now();
+    assert_eq!(
+        d.power(PowerAction::Off).await.expect("off"),
+        PowerState::Off
+    );
+    assert_eq!(
+        sim.events(),
+        vec!["power 1", "shutdown ignored", "power 0"],
+        "a soft-off first, then forced"
+    );
+    assert!(
+        asked.elapsed() >= Duration::from_secs(3),
+        "forced before the graceful timeout (3 s) ran out: {:?}",
+        asked.elapsed()
+    );
 }
 
 #[tokio::test]

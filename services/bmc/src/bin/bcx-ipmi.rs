@@ -50,6 +50,12 @@ async fn answer(input: &[u8]) -> PluginResponse {
     {
         settings.power_timeout = Duration::from_secs(secs);
     }
+    if let Some(secs) = std::env::var("BCX_GRACEFUL_TIMEOUT_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        settings.graceful_timeout = Duration::from_secs(secs);
+    }
     if let Some(n) = std::env::var("BCX_IPMI_RETRIES")
         .ok()
         .and_then(|s| s.parse::<u8>().ok())

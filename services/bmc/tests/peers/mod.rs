@@ -351,6 +351,11 @@ impl IpmiSim {
             .collect()
     }
 
+    /// From now on the chassis' "OS" ignores an ACPI soft-off.
+    pub fn ignore_acpi(&self) {
+        std::fs::write(self.chassis().join("ignores_acpi"), "").expect("ignores_acpi");
+    }
+
     /// The boot device the chassis holds.
     pub fn boot(&self) -> String {
         read_trim(&self.chassis().join("boot"))
