@@ -200,6 +200,12 @@ impl Db {
             PgPoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(Duration::from_secs(10))
+                // sqlx logs every acquire slower than 2 s at WARN: 8,233
+                // lines in one N = 10,000 run. The waits are the pool's
+                // histogram (`bcm_db_pool_wait_seconds`) and the
+                // requests' (`bcm_api_agent_request_seconds`), and one
+                // that runs out is an outage logged once a second.
+                .acquire_slow_level(log::LevelFilter::Debug)
                 .test_before_acquire(ping_before_use)
                 .connect_with(opts.clone())
         };
