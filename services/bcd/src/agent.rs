@@ -195,7 +195,7 @@ async fn ask_identity<B: serde::Serialize>(
         attempt += 1;
         tokio::select! {
             _ = stop.cancelled() => return Err(AgentError::SessionEnded),
-            _ = tokio::time::sleep(backoff(attempt)) => {}
+            _ = tokio::time::sleep(backoff(attempt, rand::random())) => {}
         }
     }
 }
@@ -536,7 +536,7 @@ async fn post_result(
         attempt += 1;
         tokio::select! {
             _ = stop.cancelled() => return Err(AgentError::SessionEnded),
-            _ = tokio::time::sleep(backoff(attempt)) => {}
+            _ = tokio::time::sleep(backoff(attempt, rand::random())) => {}
         }
     }
 }
@@ -659,7 +659,7 @@ impl Served {
                     attempt += 1;
                     tokio::select! {
                         _ = end.cancelled() => break,
-                        _ = tokio::time::sleep(backoff(attempt)) => {}
+                        _ = tokio::time::sleep(backoff(attempt, rand::random())) => {}
                     }
                     continue;
                 }

@@ -10,14 +10,23 @@ use crate::commands::{Command, CommandKind};
 use crate::ContractError;
 
 /// How long an agent waits before its `attempt`-th retry of a join, poll or
-/// result post that got no answer or a 5xx: 250 ms doubling to 8 s — far
-/// inside the engine's agent-silence limit (60 s by default), so an agent
-/// that lost the control plane is heard again within seconds of its return
-/// instead of sleeping through the limit. Every agent (`bcd`, the simulated
-/// site's) retries by this one policy; a 4xx other than 401 is final
-/// (retrying cannot change it), a 401 ends the session.
-pub fn retry_backoff(attempt: u32) -> std::time::Duration {
-    std::time::Duration::from_millis(250u64 << attempt.min(5))
+/// result post that got no answer or a 5xx: a ceiling of 250 ms doubling to
+/// 8 s — far inside the engine's agent-silence limit (60 s by default), so
+/// an agent that lost the control plane is heard again within seconds of
+/// its return instead of sleeping through the limit — of which the wait is
+/// a random point of the upper half (`draw` in 0..=1, "equal jitter"):
+/// agents turned away together (a pool wait that ran out for all of them
+/// at once) come back spread out, not as the same wave again. Every agent
+/// (`bcd`, the simulated site's) retries by this one policy; a 4xx other
+/// than 401 is final (retrying cannot change it), a 401 ends the session.
+pub fn retry_backoff(attempt: u32, draw: f64) -> std::time::Duration {
+    let ceiling = 250u64 << attempt.min(5);
+    let draw = if draw.is_finite() {
+        draw.clamp(0.0, 1.0)
+    } else {
+        1.0
+    };
+    std::time::Duration::from_millis(ceiling / 2 + (draw * (ceiling / 2) as f64) as u64)
 }
 
 /// How an agent treats the answer to one of its requests.
@@ -599,16 +608,29 @@ mod tests {
 
     #[test]
     fn agents_retry_often_enough_to_be_heard_within_the_silence_limit() {
-        assert_eq!(retry_backoff(0).as_millis(), 250);
-        assert_eq!(retry_backoff(1).as_millis(), 500);
-        assert!((0..1000).all(|a| retry_backoff(a).as_millis() <= 8_000));
+        assert_eq!(retry_backoff(0, 1.0).as_millis(), 250);
+        assert_eq!(retry_backoff(1, 1.0).as_millis(), 500);
+        assert_eq!(retry_backoff(1, 0.0).as_millis(), 250, "half the ceiling");
+        for (draw, ms) in [(0.5, 375), (f64::NAN, 500), (-3.0, 250), (7.0, 500)] {
+            assert_eq!(retry_backoff(1, draw).as_millis(), ms, "{draw}");
+        }
+        assert!((0..1000).all(|a| retry_backoff(a, 1.0).as_millis() <= 8_000));
+        assert!((0..1000).all(|a| retry_backoff(a, 0.0).as_millis() >= 125));
+        // Even drawing the longest wait every time.
         let mut waited = 0u128;
         let mut asks = 0;
-        while waited + retry_backoff(asks).as_millis() <= 60_000 {
-            waited += retry_backoff(asks).as_millis();
+        while waited + retry_backoff(asks, 1.0).as_millis() <= 60_000 {
+            waited += retry_backoff(asks, 1.0).as_millis();
             asks += 1;
         }
         assert!(asks >= 10, "{asks} asks in 60 s");
+        // Agents turned away at once come back spread over the upper half.
+        let draws: Vec<u128> = (0..=10)
+            .map(|i| retry_backoff(3, f64::from(i) / 10.0).as_millis())
+            .collect();
+        assert_eq!(draws.first(), Some(&1_000));
+        assert_eq!(draws.last(), Some(&2_000));
+        assert!(draws.windows(2).all(|w| w[0] < w[1]), "{draws:?}");
     }
 
     fn join() -> JoinRequest {

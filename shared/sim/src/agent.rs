@@ -97,7 +97,7 @@ async fn join(
         tracing::debug!(%why, attempt, "sim agent: join retried");
         tokio::select! {
             _ = stop.cancelled() => return Err(SimError::Unreachable(why)),
-            _ = tokio::time::sleep(retry_backoff(attempt)) => {}
+            _ = tokio::time::sleep(retry_backoff(attempt, rand::random())) => {}
         }
     }
 }
@@ -137,7 +137,7 @@ async fn post_result(
         attempt += 1;
         tokio::select! {
             _ = stop.cancelled() => return false,
-            _ = tokio::time::sleep(retry_backoff(attempt)) => {}
+            _ = tokio::time::sleep(retry_backoff(attempt, rand::random())) => {}
         }
     }
 }
@@ -177,7 +177,7 @@ async fn poll(
             *attempt += 1;
             tokio::select! {
                 _ = stop.cancelled() => None,
-                _ = tokio::time::sleep(retry_backoff(*attempt)) => Some(vec![]),
+                _ = tokio::time::sleep(retry_backoff(*attempt, rand::random())) => Some(vec![]),
             }
         }
     }

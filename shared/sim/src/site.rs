@@ -324,7 +324,8 @@ where
             Err(e) if attempt >= 10 => return Err(e),
             Err(_) => {
                 attempt += 1;
-                tokio::time::sleep(bcm_contracts::agent::retry_backoff(attempt)).await;
+                tokio::time::sleep(bcm_contracts::agent::retry_backoff(attempt, rand::random()))
+                    .await;
             }
         }
     }
