@@ -6,23 +6,31 @@
 //! N = 100,000 benchmark's deploy.
 //!
 //! - At most `max_connections` are held. Past the cap the server stops
-//!   accepting: new connections wait in the kernel's listen backlog, not
-//!   in this process, and are served as held ones close. (Refusing them
-//!   would only turn each into a retry.)
+//!   accepting: new connections wait in the kernel's listen backlog (the
+//!   process holds one of them, accepted and waiting for a slot) and are
+//!   served as held ones close. (Refusing them would only turn each into a
+//!   retry.)
 //! - A connection with no request in flight that moves no byte for
 //!   `idle_timeout_secs` is closed ([`IdleIo`], under TLS, whatever the
 //!   HTTP version: an idle keep-alive, or a peer that went away, such as a
 //!   machine powered off), and so is one that takes longer than that to
 //!   send a request head (hyper's header timeout: a client sending its head
-//!   a byte at a time). A request being answered (a long poll's 30 s) is
-//!   not idle.
+//!   a byte at a time), and a request whose body stalls that long (the
+//!   body timeout `serve` layers on). A request being answered (a long
+//!   poll's 30 s) is not idle.
+//! - HTTP/1.1 only (what every agent, `metalctl` and the generated clients
+//!   speak): an HTTP/2 client could keep an idle connection's bytes moving
+//!   with PING frames, and hold a slot for good without a request.
 
 use axum::http::Request;
 use serde::Deserialize;
 use std::convert::Infallible;
 use std::future::Future as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -39,12 +47,14 @@ use crate::once_per_second::OncePerSecond;
 pub struct HttpConfig {
     /// The most client connections held at once. 0 (the default) sizes it
     /// from the open-file limit: three quarters of it, after the soft limit
-    /// is raised to the hard one; the rest is left for the database, the
-    /// bus, logs and the other services of one process.
+    /// is raised to the hard one (the rest is left for the database, the
+    /// bus, logs and the other services of one process), and at most
+    /// [`MAX_DERIVED_CAP`].
     #[serde(default)]
     pub max_connections: u32,
-    /// A connection that sends no complete request head for this long
-    /// (seconds) is closed.
+    /// A connection with no request in flight that moves no byte for this
+    /// long (seconds) is closed, and so is one slower than that to send a
+    /// request head.
     #[serde(default = "default_idle_timeout_secs")]
     pub idle_timeout_secs: u32,
 }
@@ -67,6 +77,12 @@ impl Default for HttpConfig {
 /// The fewest connections a cap derived from the open-file limit allows.
 const MIN_DERIVED_CAP: u64 = 64;
 
+/// The most a cap derived from the open-file limit allows: about 1.8 GiB
+/// of connection buffers at the 36 KiB each measured over TLS. A
+/// container's hard limit is often 1,048,576; three quarters of it would
+/// be no bound on memory.
+pub const MAX_DERIVED_CAP: u64 = 50_000;
+
 impl HttpConfig {
     /// Refuses settings that could not serve: an idle timeout of 0 or over
     /// an hour, a cap over ten million.
@@ -85,24 +101,31 @@ impl HttpConfig {
     }
 
     /// The cap on connections: the configured one, or three quarters of
-    /// `open_files` (at least [`MIN_DERIVED_CAP`]; unbounded files count
-    /// as a million).
+    /// `open_files`, from [`MIN_DERIVED_CAP`] to [`MAX_DERIVED_CAP`] (an
+    /// unknown limit counts as 1,024).
     pub fn cap(&self, open_files: Option<u64>) -> usize {
         if self.max_connections > 0 {
             return self.max_connections as usize;
         }
-        let files = open_files.unwrap_or(1024).min(1_000_000);
-        usize::try_from((files / 4 * 3).max(MIN_DERIVED_CAP)).unwrap_or(usize::MAX)
+        let files = open_files.unwrap_or(1024);
+        let cap = (files / 4 * 3).clamp(MIN_DERIVED_CAP, MAX_DERIVED_CAP);
+        usize::try_from(cap).unwrap_or(usize::MAX)
     }
 
-    /// How long a connection may send no request head.
+    /// How long a connection may be idle, or take to send a head.
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_secs(u64::from(self.idle_timeout_secs))
     }
 
-    /// Applies the head timeout to a server's HTTP/1 connections (the
-    /// idle timeout itself is [`IdleAcceptor`]'s).
-    pub fn tune<E>(&self, builder: &mut hyper_util::server::conn::auto::Builder<E>) {
+    /// Serves HTTP/1.1 only, with the head timeout (the idle timeout
+    /// itself is [`IdleAcceptor`]'s).
+    pub fn tune(
+        &self,
+        builder: &mut hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
+    ) {
+        let fresh =
+            hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+        *builder = std::mem::replace(builder, fresh).http1_only();
         builder
             .http1()
             .timer(hyper_util::rt::TokioTimer::new())
@@ -188,6 +211,11 @@ impl Service<SocketAddr> for Capped {
     }
 
     fn call(&mut self, _peer: SocketAddr) -> Self::Future {
+        if self.held.is_none() {
+            // The server always asks `poll_ready` first; were it not to,
+            // the connection is served, uncounted, rather than dropped.
+            tracing::error!("a connection was made without a slot (call before poll_ready)");
+        }
         std::future::ready(Ok(Connection {
             app: self.app.clone(),
             _slot: self.held.take(),
@@ -254,14 +282,14 @@ impl Activity {
 
     fn touch(&self) {
         let ms = u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(ms, Relaxed);
+        self.last_ms.store(ms, Release);
     }
 
     /// When the connection is idle long enough to close, if no request is
     /// in flight: `idle` after its last byte.
     fn idle_deadline(&self, idle: Duration) -> Option<Instant> {
-        (self.in_flight.load(Relaxed) == 0)
-            .then(|| epoch() + Duration::from_millis(self.last_ms.load(Relaxed)) + idle)
+        (self.in_flight.load(Acquire) == 0)
+            .then(|| epoch() + Duration::from_millis(self.last_ms.load(Acquire)) + idle)
     }
 }
 
@@ -277,8 +305,10 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Relaxed);
+        // The answer's time first: a reader that sees no request in flight
+        // also sees when the last one ended.
         self.0.touch();
+        self.0.in_flight.fetch_sub(1, Release);
     }
 }
 
@@ -307,6 +337,7 @@ impl<I> axum_server::accept::Accept<I, Connection> for IdleAcceptor {
             activity: service.activity.clone(),
             idle: self.idle,
             timer: Box::pin(tokio::time::sleep(self.idle)),
+            closed: false,
         };
         std::future::ready(Ok((io, service)))
     }
@@ -320,6 +351,8 @@ pub struct IdleIo<I> {
     activity: Arc<Activity>,
     idle: Duration,
     timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Closed for idleness (counted once).
+    closed: bool,
 }
 
 impl<I> IdleIo<I> {
@@ -327,20 +360,22 @@ impl<I> IdleIo<I> {
     /// otherwise the timer is set to wake the reader when it may be.
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         loop {
-            let now = Instant::now();
+            let now = tokio::time::Instant::now();
             let wake_at = match self.activity.idle_deadline(self.idle) {
-                Some(deadline) if deadline <= now => {
-                    metrics::counter!("bcm_api_http_connections_idle_closed_total").increment(1);
-                    return Poll::Ready(Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "idle past api.http.idle_timeout_secs",
-                    )));
-                }
-                Some(deadline) => deadline,
+                Some(deadline) => tokio::time::Instant::from_std(deadline),
                 // A request in flight: look again in one timeout.
                 None => now + self.idle,
             };
-            let wake_at = tokio::time::Instant::from_std(wake_at);
+            if wake_at <= now {
+                if !self.closed {
+                    self.closed = true;
+                    metrics::counter!("bcm_api_http_connections_idle_closed_total").increment(1);
+                }
+                return Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "idle past api.http.idle_timeout_secs",
+                )));
+            }
             if self.timer.deadline() != wake_at {
                 self.timer.as_mut().reset(wake_at);
             }
@@ -434,6 +469,7 @@ mod tests {
             activity: Arc::new(Activity::new()),
             idle,
             timer: Box::pin(tokio::time::sleep(idle)),
+            closed: false,
         };
         (client, io)
     }
@@ -476,8 +512,12 @@ mod tests {
     fn the_cap_is_configured_or_three_quarters_of_the_open_files() {
         let derived = HttpConfig::default();
         assert_eq!(derived.cap(Some(20_000)), 15_000);
-        assert_eq!(derived.cap(Some(1_048_576)), 750_000, "a million at most");
-        assert_eq!(derived.cap(Some(u64::MAX)), 750_000, "unbounded");
+        assert_eq!(
+            derived.cap(Some(1_048_576)),
+            50_000,
+            "a container's million: 50,000"
+        );
+        assert_eq!(derived.cap(Some(u64::MAX)), 50_000, "unbounded");
         assert_eq!(derived.cap(Some(16)), 64, "never below 64");
         assert_eq!(derived.cap(None), 768, "unknown: as if 1,024");
         let set = HttpConfig {

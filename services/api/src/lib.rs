@@ -476,13 +476,33 @@ pub async fn serve(
     tokio::spawn(async move {
         stop.cancelled().await;
         h.graceful_shutdown(Some(DRAIN));
+        // The accept loop does not watch the stop while it waits for a
+        // slot at the cap: after the drain everything ends regardless.
+        tokio::time::sleep(DRAIN).await;
+        let open = h.connection_count();
+        if open > 0 {
+            tracing::info!(
+                open,
+                drain_secs = DRAIN.as_secs(),
+                "connections still open after the drain are dropped"
+            );
+        }
+        h.shutdown();
     });
+    // A request whose body stalls is in flight, so its connection is not
+    // idle: the body's own wait ends it (INVALID_ARGUMENT) and frees the slot.
+    let app = app.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+        http.idle_timeout(),
+    ));
     let capped = connections::Capped::new(app, cap);
     let idle = connections::IdleAcceptor::new(http.idle_timeout());
     let server = axum_server::from_tcp(listener.into_std()?).handle(handle);
     match serving {
         bcm_pki::tls::Serving::Tls(tls) => {
-            let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
+            // HTTP/1.1 only (`connections.rs`): ALPN offers nothing else.
+            let mut tls = (*tls).clone();
+            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let config = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(tls));
             let tls = axum_server::tls_rustls::RustlsAcceptor::new(config).acceptor(idle);
             let mut server = server.acceptor(tls);
             http.tune(server.http_builder());

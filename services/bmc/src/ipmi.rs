@@ -48,6 +48,23 @@ impl Default for IpmiSettings {
     }
 }
 
+/// Whether ipmitool's answer to `chassis power soft` says the BMC cannot
+/// do a soft-off at all (a completion code for an unknown or unsupported
+/// command or argument), rather than that the answer was lost or the BMC
+/// was busy.
+fn soft_off_unsupported(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("failed:")
+        && [
+            "invalid command",
+            "not supported",
+            "invalid data field",
+            "parameter out of range",
+        ]
+        .iter()
+        .any(|c| m.contains(c))
+}
+
 /// A client for one IPMI BMC.
 pub struct Ipmi {
     host: String,
@@ -355,21 +372,30 @@ impl Ipmi {
     pub async fn power(&self, action: PowerAction) -> Result<PowerState, BmcError> {
         let now = self.power_state().await?;
         if action == PowerAction::Off && now != PowerState::Off {
-            match self.run(&["chassis", "power", "soft"]).await {
-                Ok(_) => {
-                    if self
-                        .reads_within(PowerState::Off, self.settings.graceful_timeout)
-                        .await?
-                    {
-                        return Ok(PowerState::Off);
-                    }
-                    tracing::info!(address = %self.address, "soft-off timed out; forcing off");
+            let wait = match self.run(&["chassis", "power", "soft"]).await {
+                Ok(_) => true,
+                // A BMC without soft-off: forced at once.
+                Err(BmcError::Refused { message, .. }) if soft_off_unsupported(&message) => {
+                    tracing::info!(address = %self.address, %message, "no soft-off here; forcing off");
+                    false
                 }
-                // A BMC without soft-off, or one that refused it: forced.
-                Err(e @ BmcError::Refused { .. }) => {
-                    tracing::info!(address = %self.address, error = %e, "soft-off refused; forcing off");
+                // Any other failure may be a lost answer to a soft-off
+                // the BMC did start: the OS gets its time all the same.
+                Err(BmcError::Refused { message, .. }) => {
+                    tracing::info!(address = %self.address, %message, "soft-off not confirmed; waiting for the OS as if it were");
+                    true
                 }
                 Err(e) => return Err(e),
+            };
+            if wait
+                && self
+                    .reads_within(PowerState::Off, self.settings.graceful_timeout)
+                    .await?
+            {
+                return Ok(PowerState::Off);
+            }
+            if wait {
+                tracing::info!(address = %self.address, "soft-off timed out; forcing off");
             }
         }
         let (verb, want) = match (action, now) {
@@ -468,6 +494,26 @@ fn field(text: &str, name: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_a_refusal_code_skips_the_soft_off_wait() {
+        use super::soft_off_unsupported;
+        for unsupported in [
+            "ipmitool chassis power soft: Set Chassis Power Control to Soft failed: Invalid command",
+            "ipmitool chassis power soft: Set Chassis Power Control to Soft failed: Command not supported in present state",
+            "ipmitool chassis power soft: Set Chassis Power Control to Soft failed: Invalid data field in request",
+        ] {
+            assert!(soft_off_unsupported(unsupported), "{unsupported}");
+        }
+        for maybe_started in [
+            "ipmitool chassis power soft: Unable to set Chassis Power Control to Soft",
+            "ipmitool chassis power soft: Set Chassis Power Control to Soft failed: Node busy",
+            "ipmitool chassis power soft: Set Chassis Power Control to Soft failed: Unspecified error",
+            "",
+        ] {
+            assert!(!soft_off_unsupported(maybe_started), "{maybe_started}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -119,3 +119,100 @@ async fn past_the_cap_a_connection_waits_for_one_to_close_and_idle_ones_are_clos
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     env.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_ends_the_server_within_its_drain_even_at_the_cap() {
+    let env = TestEnv::start().await.expect("env");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let stop = env.child_token();
+    // One slot, held by a request whose body stalls, which a graceful
+    // stop would wait a minute for.
+    let http = HttpConfig {
+        max_connections: 1,
+        idle_timeout_secs: 60,
+    };
+    let app = bcm_api::router(env.state.clone());
+    let s = stop.clone();
+    let server = tokio::spawn(async move {
+        bcm_api::serve(listener, app, bcm_pki::tls::Serving::Plain, &http, s).await
+    });
+    let mut held = TcpStream::connect(addr).await.expect("held");
+    held.write_all(
+        b"POST /api/agent/join HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+    )
+    .await
+    .expect("half a body");
+    // The accept loop now waits for a slot for this one.
+    let mut waiting = TcpStream::connect(addr).await.expect("waiting");
+    waiting.write_all(ASK).await.expect("ask");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopped = std::time::Instant::now();
+    stop.cancel();
+    let ended = tokio::time::timeout(Duration::from_secs(20), server).await;
+    assert!(
+        ended.is_ok(),
+        "the server outlived its drain ({:?}) by 20 s at the cap",
+        bcm_api::DRAIN
+    );
+    assert!(
+        stopped.elapsed() <= bcm_api::DRAIN * 2 + Duration::from_secs(3),
+        "{:?}",
+        stopped.elapsed()
+    );
+    assert!(closed_within(&mut held, Duration::from_secs(5)).await);
+    env.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_body_stalls_is_ended_and_frees_its_slot() {
+    let env = TestEnv::start().await.expect("env");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let stop = env.child_token();
+    let http = HttpConfig {
+        max_connections: 1,
+        idle_timeout_secs: 2,
+    };
+    let app = bcm_api::router(env.state.clone());
+    let s = stop.clone();
+    let server = tokio::spawn(async move {
+        bcm_api::serve(listener, app, bcm_pki::tls::Serving::Plain, &http, s).await
+    });
+    // A join (no credential needed) that promises 100 bytes and sends 10.
+    let mut stalled = TcpStream::connect(addr).await.expect("stalled");
+    stalled
+        .write_all(
+            b"POST /api/agent/join HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"token\":",
+        )
+        .await
+        .expect("half a body");
+    let mut answer = Vec::new();
+    let read =
+        tokio::time::timeout(Duration::from_secs(15), stalled.read_to_end(&mut answer)).await;
+    assert!(
+        read.is_ok(),
+        "a stalled body held its connection 15 s (idle timeout 2 s)"
+    );
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 400"),
+        "answered {answer}"
+    );
+    // Its slot serves the next connection.
+    let mut next = TcpStream::connect(addr).await.expect("next");
+    next.write_all(ASK).await.expect("ask");
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), answered(&mut next))
+            .await
+            .expect("the stalled connection's slot is free")
+            .starts_with("HTTP/1.1 200")
+    );
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(15), server).await;
+    env.stop();
+}
