@@ -38,23 +38,45 @@ async fn closed_within(c: &mut TcpStream, within: Duration) -> bool {
     )
 }
 
+/// The API served as plain HTTP on a port of its own, with `max_connections`
+/// and `idle_timeout_secs`.
+struct Api {
+    env: TestEnv,
+    addr: std::net::SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Api {
+    async fn start(max_connections: u32, idle_timeout_secs: u32) -> Api {
+        let env = TestEnv::start().await.expect("env");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = env.child_token();
+        let http = HttpConfig {
+            max_connections,
+            idle_timeout_secs,
+        };
+        let app = bcm_api::router(env.state.clone());
+        let s = stop.clone();
+        let server = tokio::spawn(async move {
+            bcm_api::serve(listener, app, bcm_pki::tls::Serving::Plain, &http, s).await
+        });
+        Api {
+            env,
+            addr,
+            stop,
+            server,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_cap_a_connection_waits_for_one_to_close_and_idle_ones_are_closed() {
-    let env = TestEnv::start().await.expect("env");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let stop = env.child_token();
-    let http = HttpConfig {
-        max_connections: 2,
-        idle_timeout_secs: 3,
-    };
-    let app = bcm_api::router(env.state.clone());
-    let s = stop.clone();
-    let server = tokio::spawn(async move {
-        bcm_api::serve(listener, app, bcm_pki::tls::Serving::Plain, &http, s).await
-    });
+    let api = Api::start(2, 3).await;
+    let (addr, stop) = (api.addr, api.stop.clone());
 
     // Two connections, each answered and kept.
     let mut a = TcpStream::connect(addr).await.expect("a");
@@ -116,29 +138,16 @@ async fn past_the_cap_a_connection_waits_for_one_to_close_and_idle_ones_are_clos
     );
 
     stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
-    env.stop();
+    let _ = tokio::time::timeout(Duration::from_secs(10), api.server).await;
+    api.env.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_ends_the_server_within_its_drain_even_at_the_cap() {
-    let env = TestEnv::start().await.expect("env");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let stop = env.child_token();
     // One slot, held by a request whose body stalls, which a graceful
     // stop would wait a minute for.
-    let http = HttpConfig {
-        max_connections: 1,
-        idle_timeout_secs: 60,
-    };
-    let app = bcm_api::router(env.state.clone());
-    let s = stop.clone();
-    let server = tokio::spawn(async move {
-        bcm_api::serve(listener, app, bcm_pki::tls::Serving::Plain, &http, s).await
-    });
+    let api = Api::start(1, 60).await;
+    let (addr, stop) = (api.addr, api.stop.clone());
     let mut held = TcpStream::connect(addr).await.expect("held");
     held.write_all(
         b"POST /api/agent/join HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
@@ -151,7 +160,7 @@ async fn a_stop_ends_the_server_within_its_drain_even_at_the_cap() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stopped = std::time::Instant::now();
     stop.cancel();
-    let ended = tokio::time::timeout(Duration::from_secs(20), server).await;
+    let ended = tokio::time::timeout(Duration::from_secs(20), api.server).await;
     assert!(
         ended.is_ok(),
         "the server outlived its drain ({:?}) by 20 s at the cap",
@@ -163,26 +172,13 @@ async fn a_stop_ends_the_server_within_its_drain_even_at_the_cap() {
         stopped.elapsed()
     );
     assert!(closed_within(&mut held, Duration::from_secs(5)).await);
-    env.stop();
+    api.env.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_whose_body_stalls_is_ended_and_frees_its_slot() {
-    let env = TestEnv::start().await.expect("env");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let stop = env.child_token();
-    let http = HttpConfig {
-        max_connections: 1,
-        idle_timeout_secs: 2,
-    };
-    let app = bcm_api::router(env.state.clone());
-    let s = stop.clone();
-    let server = tokio::spawn(async move {
-        bcm_api::serve(listener, app, bcm_pki::tls::Serving::Plain, &http, s).await
-    });
+    let api = Api::start(1, 2).await;
+    let (addr, stop) = (api.addr, api.stop.clone());
     // A join (no credential needed) that promises 100 bytes and sends 10.
     let mut stalled = TcpStream::connect(addr).await.expect("stalled");
     stalled
@@ -213,6 +209,6 @@ async fn a_request_whose_body_stalls_is_ended_and_frees_its_slot() {
             .starts_with("HTTP/1.1 200")
     );
     stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(15), server).await;
-    env.stop();
+    let _ = tokio::time::timeout(Duration::from_secs(15), api.server).await;
+    api.env.stop();
 }

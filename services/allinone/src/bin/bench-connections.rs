@@ -55,6 +55,17 @@ fn sample(pid: u32) -> (u64, u64) {
     (fds, rss)
 }
 
+/// A client pinned to the API's CA that keeps every connection it opens.
+fn keeping_client(ca: &std::path::Path) -> anyhow::Result<reqwest::Client> {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(ca)?)?;
+    Ok(reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca)
+        .pool_max_idle_per_host(usize::MAX)
+        .pool_idle_timeout(None)
+        .build()?)
+}
+
 fn figures((fds, rss_kib): (u64, u64)) -> serde_json::Value {
     json!({"fds": fds, "rssMiB": (rss_kib as f64 / 1024.0 * 10.0).round() / 10.0})
 }
@@ -107,13 +118,7 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("{}: build it with the same profile", exe.display()))?;
     let pid = child.id().context("a child without a pid")?;
 
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(&files.ca)?)?;
-    let client = reqwest::Client::builder()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(ca)
-        .pool_max_idle_per_host(usize::MAX)
-        .pool_idle_timeout(None)
-        .build()?;
+    let client = keeping_client(&files.ca)?;
     let started = Instant::now();
     loop {
         let ready = client
@@ -151,13 +156,7 @@ async fn main() -> anyhow::Result<()> {
         })
     };
 
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(&files.ca)?)?;
-    let client = reqwest::Client::builder()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(ca)
-        .pool_max_idle_per_host(usize::MAX)
-        .pool_idle_timeout(None)
-        .build()?;
+    let client = keeping_client(&files.ca)?;
     let load = Instant::now();
     let answers = futures::future::join_all((0..args.connections).map(|_| {
         let client = client.clone();
