@@ -253,11 +253,10 @@ pub async fn run(
         let app = bcm_api::router(state.clone());
         let stop = shutdown.clone();
         let mut http = cfg.api.http.clone();
-        if on(Service::Sim) && http.max_connections == 0 {
+        if on(Service::Sim) {
             // The simulated site's agents hold their ends of the API's
-            // connections in this process too: two descriptors each.
-            let files = bcm_telemetry::open_files::raise_to_hard_limit().map(|f| f.soft / 2);
-            http.max_connections = u32::try_from(http.cap(files)).unwrap_or(u32::MAX);
+            // connections in this process too.
+            http = http.sharing_descriptors_with_clients();
         }
         let mut server =
             tokio::spawn(async move { bcm_api::serve(listener, app, serving, &http, stop).await });

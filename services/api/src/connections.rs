@@ -1,6 +1,7 @@
 //! The API's client connections: how many it holds at once, and how long
 //! one may sit without sending a request. Each held connection is a file
-//! descriptor and about 55 KiB (hyper's and rustls' buffers); a fleet of
+//! descriptor and about 36 KiB over TLS (hyper's and rustls' buffers,
+//! measured by `bench-connections`); a fleet of
 //! agents, or one client that opens connections and never closes them,
 //! must not use up the process's open files, which is what ended the
 //! N = 100,000 benchmark's deploy.
@@ -112,6 +113,18 @@ impl HttpConfig {
         usize::try_from(cap).unwrap_or(usize::MAX)
     }
 
+    /// The configuration with its cap resolved for a process whose own
+    /// clients hold the other ends of the API's connections (`bcm` with
+    /// the simulated site): a derived cap from half the open files, as
+    /// each connection is two of them there. A configured cap stands.
+    pub fn sharing_descriptors_with_clients(mut self) -> Self {
+        if self.max_connections == 0 {
+            let files = bcm_telemetry::open_files::raise_to_hard_limit().map(|f| f.soft / 2);
+            self.max_connections = u32::try_from(self.cap(files)).unwrap_or(u32::MAX);
+        }
+        self
+    }
+
     /// How long a connection may be idle, or take to send a head.
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_secs(u64::from(self.idle_timeout_secs))
@@ -142,7 +155,7 @@ pub struct Capped {
     held: Option<Arc<Slot>>,
     waiting: bool,
     cap: usize,
-    at_cap: Arc<OncePerSecond>,
+    at_cap: OncePerSecond,
 }
 
 impl Capped {
@@ -156,7 +169,7 @@ impl Capped {
             held: None,
             waiting: false,
             cap,
-            at_cap: Arc::new(OncePerSecond::new()),
+            at_cap: OncePerSecond::new(),
         }
     }
 }
@@ -332,13 +345,7 @@ impl<I> axum_server::accept::Accept<I, Connection> for IdleAcceptor {
     type Future = std::future::Ready<std::io::Result<(IdleIo<I>, Connection)>>;
 
     fn accept(&self, stream: I, service: Connection) -> Self::Future {
-        let io = IdleIo {
-            inner: stream,
-            activity: service.activity.clone(),
-            idle: self.idle,
-            timer: Box::pin(tokio::time::sleep(self.idle)),
-            closed: false,
-        };
+        let io = IdleIo::new(stream, service.activity.clone(), self.idle);
         std::future::ready(Ok((io, service)))
     }
 }
@@ -356,6 +363,16 @@ pub struct IdleIo<I> {
 }
 
 impl<I> IdleIo<I> {
+    fn new(inner: I, activity: Arc<Activity>, idle: Duration) -> Self {
+        Self {
+            inner,
+            activity,
+            idle,
+            timer: Box::pin(tokio::time::sleep(idle)),
+            closed: false,
+        }
+    }
+
     /// Ready with an error once the connection is idle past its timeout;
     /// otherwise the timer is set to wake the reader when it may be.
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -464,14 +481,7 @@ mod tests {
 
     fn idle_io(idle: Duration) -> (tokio::io::DuplexStream, IdleIo<tokio::io::DuplexStream>) {
         let (client, server) = tokio::io::duplex(64);
-        let io = IdleIo {
-            inner: server,
-            activity: Arc::new(Activity::new()),
-            idle,
-            timer: Box::pin(tokio::time::sleep(idle)),
-            closed: false,
-        };
-        (client, io)
+        (client, IdleIo::new(server, Arc::new(Activity::new()), idle))
     }
 
     #[tokio::test]

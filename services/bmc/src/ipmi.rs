@@ -345,58 +345,52 @@ impl Ipmi {
     }
 
     async fn await_power(&self, want: PowerState) -> Result<PowerState, BmcError> {
-        let deadline = tokio::time::Instant::now() + self.settings.power_timeout;
-        loop {
-            let now = self.power_state().await?;
-            if now == want {
-                return Ok(now);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(BmcError::Timeout {
-                    driver: DRIVER,
-                    address: self.address.clone(),
-                    message: format!(
-                        "chassis power did not read {want} within {} s",
-                        self.settings.power_timeout.as_secs()
-                    ),
-                });
-            }
-            tokio::time::sleep(self.settings.power_poll).await;
+        if self.reads_within(want, self.settings.power_timeout).await? {
+            return Ok(want);
         }
+        Err(BmcError::Timeout {
+            driver: DRIVER,
+            address: self.address.clone(),
+            message: format!(
+                "chassis power did not read {want} within {} s",
+                self.settings.power_timeout.as_secs()
+            ),
+        })
+    }
+
+    /// An ACPI soft-off (`chassis power soft`), as the Redfish driver's
+    /// `GracefulShutdown`: whether the chassis reads off within
+    /// `graceful_timeout`. A BMC that answers it has no soft-off is not
+    /// waited on; any other failure may be a lost answer to a soft-off the
+    /// BMC did start, so the OS gets its time all the same.
+    async fn soft_off(&self) -> Result<bool, BmcError> {
+        match self.run(&["chassis", "power", "soft"]).await {
+            Ok(_) => {}
+            Err(BmcError::Refused { message, .. }) if soft_off_unsupported(&message) => {
+                tracing::info!(address = %self.address, %message, "no soft-off here; forcing off");
+                return Ok(false);
+            }
+            Err(BmcError::Refused { message, .. }) => {
+                tracing::info!(address = %self.address, %message, "soft-off not confirmed; waiting for the OS as if it were");
+            }
+            Err(e) => return Err(e),
+        }
+        let off = self
+            .reads_within(PowerState::Off, self.settings.graceful_timeout)
+            .await?;
+        if !off {
+            tracing::info!(address = %self.address, "soft-off timed out; forcing off");
+        }
+        Ok(off)
     }
 
     /// Applies a power action and waits until the chassis reads the result.
-    /// Off is an ACPI soft-off first (`chassis power soft`, as the Redfish
-    /// driver's `GracefulShutdown`), forced only when the chassis is not
-    /// off within `graceful_timeout` or the BMC refuses the soft-off.
+    /// Off is a soft-off first ([`Self::soft_off`]), forced when that does
+    /// not turn the chassis off.
     pub async fn power(&self, action: PowerAction) -> Result<PowerState, BmcError> {
         let now = self.power_state().await?;
-        if action == PowerAction::Off && now != PowerState::Off {
-            let wait = match self.run(&["chassis", "power", "soft"]).await {
-                Ok(_) => true,
-                // A BMC without soft-off: forced at once.
-                Err(BmcError::Refused { message, .. }) if soft_off_unsupported(&message) => {
-                    tracing::info!(address = %self.address, %message, "no soft-off here; forcing off");
-                    false
-                }
-                // Any other failure may be a lost answer to a soft-off
-                // the BMC did start: the OS gets its time all the same.
-                Err(BmcError::Refused { message, .. }) => {
-                    tracing::info!(address = %self.address, %message, "soft-off not confirmed; waiting for the OS as if it were");
-                    true
-                }
-                Err(e) => return Err(e),
-            };
-            if wait
-                && self
-                    .reads_within(PowerState::Off, self.settings.graceful_timeout)
-                    .await?
-            {
-                return Ok(PowerState::Off);
-            }
-            if wait {
-                tracing::info!(address = %self.address, "soft-off timed out; forcing off");
-            }
+        if action == PowerAction::Off && now != PowerState::Off && self.soft_off().await? {
+            return Ok(PowerState::Off);
         }
         let (verb, want) = match (action, now) {
             (PowerAction::On, PowerState::On) => return Ok(PowerState::On),

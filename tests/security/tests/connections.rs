@@ -13,6 +13,10 @@ use tokio::net::TcpStream;
 
 const ASK: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: api\r\n\r\n";
 
+/// A join (no credential needed) that promises a 100-byte body and sends
+/// 10 of it.
+const STALLED_JOIN: &[u8] = b"POST /api/agent/join HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"token\":";
+
 /// Reads one answer's head and its `ok` body (keeping the connection).
 async fn answered(c: &mut TcpStream) -> String {
     let mut got = Vec::new();
@@ -149,11 +153,7 @@ async fn a_stop_ends_the_server_within_its_drain_even_at_the_cap() {
     let api = Api::start(1, 60).await;
     let (addr, stop) = (api.addr, api.stop.clone());
     let mut held = TcpStream::connect(addr).await.expect("held");
-    held.write_all(
-        b"POST /api/agent/join HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
-    )
-    .await
-    .expect("half a body");
+    held.write_all(STALLED_JOIN).await.expect("half a body");
     // The accept loop now waits for a slot for this one.
     let mut waiting = TcpStream::connect(addr).await.expect("waiting");
     waiting.write_all(ASK).await.expect("ask");
@@ -179,14 +179,8 @@ async fn a_stop_ends_the_server_within_its_drain_even_at_the_cap() {
 async fn a_request_whose_body_stalls_is_ended_and_frees_its_slot() {
     let api = Api::start(1, 2).await;
     let (addr, stop) = (api.addr, api.stop.clone());
-    // A join (no credential needed) that promises 100 bytes and sends 10.
     let mut stalled = TcpStream::connect(addr).await.expect("stalled");
-    stalled
-        .write_all(
-            b"POST /api/agent/join HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"token\":",
-        )
-        .await
-        .expect("half a body");
+    stalled.write_all(STALLED_JOIN).await.expect("half a body");
     let mut answer = Vec::new();
     let read =
         tokio::time::timeout(Duration::from_secs(15), stalled.read_to_end(&mut answer)).await;
