@@ -118,7 +118,8 @@ impl FromRequestParts<AppState> for Principal {
                         who.name,
                         wait.as_millis().max(1)
                     ),
-                ))
+                )
+                .retry_after(wait))
             }
         }
     }

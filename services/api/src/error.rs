@@ -39,8 +39,8 @@ pub enum ErrorResponses {
     #[response(status = 404)]
     NotFound(ApiErrorBody),
     /// `RATE_LIMITED`: the caller's principal is over its request rate;
-    /// the message names the wait.
-    #[response(status = 429)]
+    /// the message and `Retry-After` name the wait.
+    #[response(status = 429, headers(("Retry-After" = u32, description = "Seconds to wait before asking again.")))]
     RateLimited(ApiErrorBody),
     /// `INVALID_STATE` (the move is not legal from the node's state),
     /// `CONFLICT` (a concurrent change won, or the resource exists) or
@@ -56,8 +56,8 @@ pub enum ErrorResponses {
     #[response(status = 500)]
     Internal(ApiErrorBody),
     /// `UNAVAILABLE`: a dependency (the database, the attestation service)
-    /// is down; retry later.
-    #[response(status = 503)]
+    /// is down or saturated; retry, no sooner than `Retry-After` says.
+    #[response(status = 503, headers(("Retry-After" = u32, description = "Seconds to wait, at least, before asking again.")))]
     Unavailable(ApiErrorBody),
 }
 
@@ -67,7 +67,18 @@ pub enum ErrorResponses {
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
+    /// The `Retry-After` answered with it, in seconds: the caller's wait
+    /// for a `RATE_LIMITED`, and at least [`UNAVAILABLE_RETRY_AFTER_SECS`]
+    /// for every `UNAVAILABLE`.
+    pub retry_after_secs: Option<u64>,
 }
+
+/// The `Retry-After` of an `UNAVAILABLE` that names no other: long enough
+/// that a fleet's agents turned away at once do not come straight back
+/// into the queue that turned them away, short enough that an agent
+/// (which honours at most 8 s, `bcm_contracts::agent::RETRY_AFTER_CAP`)
+/// is heard again well inside the engine's silence limit.
+pub const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 2;
 
 impl ApiError {
     /// An error with `code` and `message`.
@@ -75,6 +86,17 @@ impl ApiError {
         Self {
             code,
             message: message.into(),
+            retry_after_secs: None,
+        }
+    }
+
+    /// The same error, asking the caller to wait `wait` (rounded up to a
+    /// whole second, at least one) before it asks again.
+    pub fn retry_after(self, wait: std::time::Duration) -> Self {
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        Self {
+            retry_after_secs: Some(secs.max(1)),
+            ..self
         }
     }
 
@@ -101,14 +123,25 @@ impl IntoResponse for ApiError {
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         metrics::counter!("bcm_api_errors_total", "code" => format!("{:?}", self.code))
             .increment(1);
-        (
+        let retry_after = match (self.retry_after_secs, self.code) {
+            (Some(secs), _) => Some(secs),
+            (None, ErrorCode::Unavailable) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
+            (None, _) => None,
+        };
+        let mut response = (
             status,
             axum::Json(ApiErrorBody {
                 code: self.code,
                 message: self.message,
             }),
         )
-            .into_response()
+            .into_response();
+        if let Some(secs) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }
 
@@ -176,5 +209,37 @@ fn note_unavailable(second: i64, e: &DbError) {
 impl From<bcm_seal::SealError> for ApiError {
     fn from(e: bcm_seal::SealError) -> Self {
         Self::new(ErrorCode::InvalidConfig, format!("sealing: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry_after(e: ApiError) -> Option<String> {
+        e.into_response()
+            .headers()
+            .get(axum::http::header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap_or("not text").to_owned())
+    }
+
+    #[test]
+    fn waits_are_answered_in_retry_after_and_nothing_else_carries_one() {
+        let unavailable = ApiError::new(ErrorCode::Unavailable, "the database is away");
+        assert_eq!(retry_after(unavailable).as_deref(), Some("2"));
+        let limited = ApiError::new(ErrorCode::RateLimited, "slow down");
+        let wait = std::time::Duration::from_millis(1_200);
+        assert_eq!(
+            retry_after(limited.clone().retry_after(wait)).as_deref(),
+            Some("2"),
+            "rounded up"
+        );
+        assert_eq!(
+            retry_after(limited.retry_after(std::time::Duration::ZERO)).as_deref(),
+            Some("1"),
+            "never 0: the caller would come straight back"
+        );
+        assert_eq!(retry_after(ApiError::node_not_found("n")), None);
+        assert_eq!(retry_after(ApiError::invalid("bad")), None);
     }
 }

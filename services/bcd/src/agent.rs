@@ -89,7 +89,7 @@ pub struct Session {
     pub image_keys: Vec<VerifyingKey>,
 }
 
-use bcm_contracts::agent::retry_backoff as backoff;
+use bcm_contracts::agent::retry_wait;
 
 /// Joins, retrying while the control plane is unreachable or unavailable;
 /// a refused token is final (it is single use).
@@ -167,6 +167,7 @@ async fn ask_identity<B: serde::Serialize>(
 ) -> Result<JoinResponse, AgentError> {
     let mut attempt = 0;
     loop {
+        let mut asked_wait = None;
         match http.post(url).json(&body()).send().await {
             Ok(r) if r.status().is_success() => {
                 let joined: JoinResponse = r
@@ -188,14 +189,15 @@ async fn ask_identity<B: serde::Serialize>(
                 return Err(AgentError::JoinRefused(text));
             }
             Ok(r) => {
-                tracing::warn!(what, status = %r.status(), "control plane unavailable; retrying")
+                tracing::warn!(what, status = %r.status(), "control plane unavailable; retrying");
+                asked_wait = retry_after(&r);
             }
             Err(e) => tracing::warn!(what, error = %e, "control plane unreachable; retrying"),
         }
         attempt += 1;
         tokio::select! {
             _ = stop.cancelled() => return Err(AgentError::SessionEnded),
-            _ = tokio::time::sleep(backoff(attempt, rand::random())) => {}
+            _ = tokio::time::sleep(retry_wait(attempt, rand::random(), asked_wait.as_deref())) => {}
         }
     }
 }
@@ -499,6 +501,15 @@ pub fn signed_result(key: &SigningKey, node: &str, cmd: &AgentCommand, o: &Outco
     bcm_pki::signed_result(key, node, cmd, o.ok, o.output.clone(), o.error.clone())
 }
 
+/// The `Retry-After` an answer carried (a floor under the backoff,
+/// `retry_wait`).
+fn retry_after(r: &reqwest::Response) -> Option<String> {
+    r.headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
 async fn post_result(
     http: &reqwest::Client,
     api: &str,
@@ -519,6 +530,7 @@ async fn post_result(
             req = req.header("traceparent", tp);
         }
         let sent = req.send().await;
+        let mut asked_wait = None;
         match sent {
             Ok(r) if r.status().is_success() => return Ok(()),
             Ok(r) if r.status().as_u16() == 401 => return Err(AgentError::SessionEnded),
@@ -530,13 +542,16 @@ async fn post_result(
                 tracing::error!(command = %result.command_id, %status, %text, "result refused");
                 return Ok(());
             }
-            Ok(r) => tracing::warn!(status = %r.status(), "posting a result: retrying"),
+            Ok(r) => {
+                tracing::warn!(status = %r.status(), "posting a result: retrying");
+                asked_wait = retry_after(&r);
+            }
             Err(e) => tracing::warn!(error = %e, "posting a result: retrying"),
         }
         attempt += 1;
         tokio::select! {
             _ = stop.cancelled() => return Err(AgentError::SessionEnded),
-            _ = tokio::time::sleep(backoff(attempt, rand::random())) => {}
+            _ = tokio::time::sleep(retry_wait(attempt, rand::random(), asked_wait.as_deref())) => {}
         }
     }
 }
@@ -653,13 +668,17 @@ impl Served {
                     return Err(AgentError::SessionEnded);
                 }
                 other => {
-                    if let Err(e) = other {
-                        tracing::warn!(error = %e, "polling: retrying");
-                    }
+                    let asked_wait = match &other {
+                        Err(e) => {
+                            tracing::warn!(error = %e, "polling: retrying");
+                            None
+                        }
+                        Ok(r) => retry_after(r),
+                    };
                     attempt += 1;
                     tokio::select! {
                         _ = end.cancelled() => break,
-                        _ = tokio::time::sleep(backoff(attempt, rand::random())) => {}
+                        _ = tokio::time::sleep(retry_wait(attempt, rand::random(), asked_wait.as_deref())) => {}
                     }
                     continue;
                 }

@@ -29,6 +29,25 @@ pub fn retry_backoff(attempt: u32, draw: f64) -> std::time::Duration {
     std::time::Duration::from_millis(ceiling / 2 + (draw * (ceiling / 2) as f64) as u64)
 }
 
+/// The longest an agent honours a `Retry-After`: the ceiling of
+/// [`retry_backoff`], so a server that asks for longer (or a garbled
+/// header) cannot make an agent sleep through its silence limit.
+pub const RETRY_AFTER_CAP: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// How long an agent waits before its `attempt`-th retry when the answer
+/// carried `retry_after` (the `Retry-After` header's value, if any; the API
+/// sends one with every `503` and `429`): [`retry_backoff`], but never less
+/// than what the server asked for, and that floor at most
+/// [`RETRY_AFTER_CAP`]. Only delta-seconds are read; an HTTP date or
+/// garbage is ignored (the backoff alone applies).
+pub fn retry_wait(attempt: u32, draw: f64, retry_after: Option<&str>) -> std::time::Duration {
+    let backoff = retry_backoff(attempt, draw);
+    let asked = retry_after
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|secs| std::time::Duration::from_secs(secs).min(RETRY_AFTER_CAP));
+    asked.map_or(backoff, |floor| backoff.max(floor))
+}
+
 /// How an agent treats the answer to one of its requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
@@ -38,7 +57,7 @@ pub enum Answer {
     SessionEnded,
     /// Another 4xx: refused for good.
     Refused,
-    /// 5xx, or no answer: ask again after [`retry_backoff`].
+    /// 5xx, or no answer: ask again after [`retry_wait`].
     Retry,
 }
 
@@ -631,6 +650,35 @@ mod tests {
         assert_eq!(draws.first(), Some(&1_000));
         assert_eq!(draws.last(), Some(&2_000));
         assert!(draws.windows(2).all(|w| w[0] < w[1]), "{draws:?}");
+    }
+
+    #[test]
+    fn a_retry_after_is_a_floor_under_the_backoff_and_capped() {
+        let b = |a| retry_backoff(a, 1.0);
+        assert_eq!(retry_wait(1, 1.0, None), b(1));
+        assert_eq!(
+            retry_wait(1, 1.0, Some("2")).as_millis(),
+            2_000,
+            "the floor"
+        );
+        assert_eq!(
+            retry_wait(5, 1.0, Some("1")),
+            b(5),
+            "a longer backoff stays"
+        );
+        assert_eq!(retry_wait(1, 1.0, Some(" 3 ")).as_millis(), 3_000);
+        assert_eq!(retry_wait(1, 1.0, Some("3600")), RETRY_AFTER_CAP);
+        assert_eq!(retry_wait(1, 1.0, Some("99999999999999999999")), b(1));
+        for garbage in [
+            "",
+            "-1",
+            "1.5",
+            "soon",
+            "Wed, 21 Oct 2015 07:28:00 GMT",
+            "\u{0}",
+        ] {
+            assert_eq!(retry_wait(1, 1.0, Some(garbage)), b(1), "{garbage:?}");
+        }
     }
 
     fn join() -> JoinRequest {

@@ -5,8 +5,8 @@
 
 use base64::Engine as _;
 use bcm_contracts::agent::{
-    retry_backoff, AgentCommand, AgentResult, AgentRole, Answer, Heartbeat, HeartbeatAck,
-    JoinRequest, JoinResponse,
+    retry_wait, AgentCommand, AgentResult, AgentRole, Answer, Heartbeat, HeartbeatAck, JoinRequest,
+    JoinResponse,
 };
 use bcm_contracts::commands::Command;
 use bcm_contracts::outputs::{
@@ -69,6 +69,7 @@ async fn join(
     };
     let mut attempt = 0;
     loop {
+        let mut asked_wait = None;
         let why = match http
             .post(format!("{api}/api/agent/join"))
             .json(&req)
@@ -82,7 +83,10 @@ async fn join(
                         .await
                         .map_err(|e| SimError::JoinRefused(format!("malformed answer: {e}")))
                 }
-                Answer::Retry => res.status().to_string(),
+                Answer::Retry => {
+                    asked_wait = retry_after(&res);
+                    res.status().to_string()
+                }
                 Answer::Refused | Answer::SessionEnded => {
                     return Err(SimError::JoinRefused(format!(
                         "{} {}",
@@ -97,9 +101,18 @@ async fn join(
         tracing::debug!(%why, attempt, "sim agent: join retried");
         tokio::select! {
             _ = stop.cancelled() => return Err(SimError::Unreachable(why)),
-            _ = tokio::time::sleep(retry_backoff(attempt, rand::random())) => {}
+            _ = tokio::time::sleep(retry_wait(attempt, rand::random(), asked_wait.as_deref())) => {}
         }
     }
+}
+
+/// The `Retry-After` an answer carried (a floor under the agents' backoff,
+/// `retry_wait`).
+fn retry_after(res: &reqwest::Response) -> Option<String> {
+    res.headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
 }
 
 /// Posts a result as `bcd` does: retried until answered; a refusal is
@@ -122,22 +135,22 @@ async fn post_result(
             req = req.header(bcm_telemetry::TRACEPARENT, tp);
         }
         let sent = req.send().await;
-        match sent
-            .as_ref()
-            .map(|r| Answer::of_status(r.status().as_u16()))
-        {
-            Ok(Answer::Done) => return true,
-            Ok(Answer::SessionEnded) => return false,
-            Ok(Answer::Refused) => {
-                tracing::warn!(command = %result.command_id, "sim agent: result refused");
-                return true;
-            }
-            Ok(Answer::Retry) | Err(_) => {}
-        }
+        let asked_wait = match &sent {
+            Ok(r) => match Answer::of_status(r.status().as_u16()) {
+                Answer::Done => return true,
+                Answer::SessionEnded => return false,
+                Answer::Refused => {
+                    tracing::warn!(command = %result.command_id, "sim agent: result refused");
+                    return true;
+                }
+                Answer::Retry => retry_after(r),
+            },
+            Err(_) => None,
+        };
         attempt += 1;
         tokio::select! {
             _ = stop.cancelled() => return false,
-            _ = tokio::time::sleep(retry_backoff(attempt, rand::random())) => {}
+            _ = tokio::time::sleep(retry_wait(attempt, rand::random(), asked_wait.as_deref())) => {}
         }
     }
 }
@@ -175,9 +188,10 @@ async fn poll(
         Ok(Answer::SessionEnded) => None,
         _ => {
             *attempt += 1;
+            let asked_wait = polled.as_ref().ok().and_then(retry_after);
             tokio::select! {
                 _ = stop.cancelled() => None,
-                _ = tokio::time::sleep(retry_backoff(*attempt, rand::random())) => Some(vec![]),
+                _ = tokio::time::sleep(retry_wait(*attempt, rand::random(), asked_wait.as_deref())) => Some(vec![]),
             }
         }
     }
