@@ -111,14 +111,13 @@ impl Agent {
     /// `alive_for_ms` from now (a long poll made just after another that
     /// marked it finds the mark in place, within its slack).
     async fn touch(state: &AppState, hash: &[u8], alive_for_ms: u64) -> Result<Agent, ApiError> {
-        match bcm_db::agents::session_touch_live(
+        let touched = bcm_db::agents::session_touch_live(
             &state.inner.agent_db,
             hash,
             alive_for_ms,
             poll_slack_ms(alive_for_ms),
-        )
-        .await
-        {
+        );
+        match heard_while_waiting(state, touched).await {
             Ok(Some(s)) => Ok(s.into()),
             Ok(None) => Err(unknown_session()),
             Err(e) => Err(touch_failed(state, e)),
@@ -135,9 +134,10 @@ impl Agent {
 }
 
 /// When agents' requests were last turned away before their session could
-/// be touched, recorded (`agent_turnaways`) for the engine's silence
-/// verdict: at most once a second, through the API's main pool (the agent
-/// pool is the one that was exhausted), off the request's path.
+/// be touched, or held in line for the agent pool a second or more,
+/// recorded (`agent_turnaways`) for the engine's silence verdict: at most
+/// once a second, through the API's main pool (the agent pool is the one
+/// that was exhausted), off the request's path.
 #[derive(Debug, Default)]
 pub struct TurnAways {
     /// The seconds recorded, or being recorded.
@@ -154,6 +154,12 @@ impl TurnAways {
     /// Notes a turning away now, recording it in the background when due.
     pub fn note(&self, db: &bcm_db::Db) {
         metrics::counter!("bcm_api_agent_turned_away_total").increment(1);
+        self.record(db);
+    }
+
+    /// Records (when due) that an agent was heard now but not yet served:
+    /// its request waits in line for the agent pool.
+    fn record(&self, db: &bcm_db::Db) {
         if !self.due(chrono::Utc::now().timestamp()) {
             return;
         }
@@ -163,6 +169,31 @@ impl TurnAways {
                 tracing::warn!(error = %e, "could not record agents turned away; the engine may count them silent");
             }
         });
+    }
+}
+
+/// Runs `touch`, the statement of an agent request that marks its session
+/// alive, noting each second it waits for the agent pool
+/// (`agents.pool_wait_ms`: a fleet's requests wait in line there rather
+/// than being turned away) that an agent was heard ([`TurnAways`]): an
+/// agent in that line has asked, and the engine must not count it silent
+/// for the control plane's own queue. Each whole second waited is
+/// counted (`bcm_api_agent_waiting_seconds_total`).
+async fn heard_while_waiting<T>(
+    state: &AppState,
+    touch: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(touch);
+    let second = Duration::from_secs(1);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + second, second);
+    loop {
+        tokio::select! {
+            done = &mut touch => return done,
+            _ = ticks.tick() => {
+                metrics::counter!("bcm_api_agent_waiting_seconds_total").increment(1);
+                state.inner.turnaways.record(&state.inner.db);
+            }
+        }
     }
 }
 
@@ -222,7 +253,10 @@ async fn attest<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
     let msg = loop {
         let left = give_up_at.saturating_duration_since(tokio::time::Instant::now());
         let asked = tokio::time::timeout(
-            left.clamp(Duration::from_millis(500), Duration::from_secs(5)),
+            left.clamp(
+                Duration::from_millis(500),
+                bcm_contracts::attest::ASK_TIMEOUT,
+            ),
             bus.client().request_with_headers(
                 bus.subjects().attest(what),
                 // The request span's trace: the attestation service goes on.
@@ -378,20 +412,17 @@ pub async fn heartbeat(
     if !running || !heard {
         return Ok(Json(ack));
     }
-    let mut tx = app.inner.agent_db.begin().await?;
-    // Kept apart from the join's record (`agent:<purpose>`): a heartbeat
-    // is never taken for a join.
-    bcm_db::agents::node_fact_merge_in_txn(
-        &mut tx,
+    // Recorded apart from the join's fact (`agent:<purpose>`): a heartbeat
+    // is never taken for a join. The steps waiting on the agent are nudged
+    // in the same statement, never behind an engine's batch (a workflow an
+    // engine holds is being looked at already).
+    bcm_db::agents::heartbeat_record(
+        &app.inner.agent_db,
         &agent.node_id,
         &format!("heartbeat:{}", agent.purpose),
         &serde_json::json!({ "role": hb.role, "event": PresenceEvent::Heartbeat }),
     )
     .await?;
-    // Never behind an engine's batch: a workflow an engine holds is being
-    // looked at already.
-    bcm_db::workflows::steps_nudge_for_node_in_txn(&mut tx, &agent.node_id).await?;
-    tx.commit().await.map_err(bcm_db::DbError::from)?;
     Ok(Json(ack))
 }
 
@@ -484,7 +515,8 @@ pub async fn commands(
         })
         .collect();
     let looked_at = std::time::Instant::now();
-    let (session, mut taken) = match bcm_db::commands::poll_touch_and_take(
+    let arrived = tokio::time::Instant::now();
+    let first_look = bcm_db::commands::poll_touch_and_take(
         &app.inner.agent_db,
         &poller.hash,
         wait,
@@ -492,19 +524,21 @@ pub async fn commands(
         &runs,
         POLL_TAKE_LIMIT,
         app.inner.agents.command_lease_ms,
-    )
-    .await
-    {
+    );
+    let (session, mut taken) = match heard_while_waiting(&app, first_look).await {
         Ok(Some(found)) => found,
         Ok(None) => return Err(unknown_session()),
         Err(e) => return Err(touch_failed(&app, e)),
     };
     let agent = Agent::from(session);
-    // No longer than the session is marked alive (by the database's clock,
-    // to within the round trip), so a held poll ends before its mark runs
-    // out and the engine does not count its agent silent meanwhile.
-    let deadline =
-        tokio::time::Instant::now() + Duration::from_millis(wait.min(agent.alive_left_ms));
+    // `waitMs` from the request's arrival, time in line for the agent pool
+    // included (a poll that waited in line past it is answered as soon as
+    // its first look is done, not a whole wait later), and no longer than the session
+    // is marked alive (by the database's clock, to within the round trip),
+    // so a held poll ends before its mark runs out and the engine does not
+    // count its agent silent meanwhile.
+    let deadline = (arrived + Duration::from_millis(wait))
+        .min(tokio::time::Instant::now() + Duration::from_millis(agent.alive_left_ms));
     // Registered once the session named its node: a command written since
     // the first look began wakes it at once.
     let mut woken = app

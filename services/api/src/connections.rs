@@ -16,9 +16,11 @@
 //!   HTTP version: an idle keep-alive, or a peer that went away, such as a
 //!   machine powered off), and so is one that takes longer than that to
 //!   send a request head (hyper's header timeout: a client sending its head
-//!   a byte at a time), and a request whose body stalls that long (the
-//!   body timeout `serve` layers on). A request being answered (a long
-//!   poll's 30 s) is not idle.
+//!   a byte at a time). A request body (at most axum's 2 MB) must arrive
+//!   whole within the same time from its first read ([`BodyDeadline`]): a
+//!   client that stalls, or drips a byte now and then, is answered `400`
+//!   and its slot freed. A request being answered (a long poll's 30 s) is
+//!   not idle.
 //! - HTTP/1.1 only (what every agent, `metalctl` and the generated clients
 //!   speak): an HTTP/2 client could keep an idle connection's bytes moving
 //!   with PING frames, and hold a slot for good without a request.
@@ -469,6 +471,67 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for IdleIo<I> {
         cx: &mut Context<'_>,
     ) -> Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// A request body that must arrive whole within `within` of the handler's
+/// first read of it, whatever pace its bytes come at: what a per-read
+/// timeout misses is a client that sends a byte just inside each wait and
+/// so holds its connection's slot for as long as it likes. Past the
+/// deadline the read fails, the handler answers `400`, and hyper closes the
+/// connection (its body was not read to the end).
+pub struct BodyDeadline {
+    body: axum::body::Body,
+    within: Duration,
+    /// Set at the first read.
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl BodyDeadline {
+    /// Wraps a request's body.
+    pub fn on(req: Request<axum::body::Body>, within: Duration) -> Request<axum::body::Body> {
+        req.map(|body| {
+            axum::body::Body::new(BodyDeadline {
+                body,
+                within,
+                deadline: None,
+            })
+        })
+    }
+}
+
+/// A request body not whole within its deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive whole within {0:?}")]
+pub struct BodyTooSlow(Duration);
+
+impl http_body::Body for BodyDeadline {
+    type Data = bytes::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::BoxError>>> {
+        let within = self.within;
+        let deadline = self
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(within)));
+        if deadline.as_mut().poll(cx).is_ready() {
+            metrics::counter!("bcm_api_http_body_too_slow_total").increment(1);
+            return Poll::Ready(Some(Err(Box::new(BodyTooSlow(within)))));
+        }
+        std::pin::Pin::new(&mut self.body)
+            .poll_frame(cx)
+            .map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -18,7 +18,7 @@ pub mod images;
 pub mod join_tokens;
 pub mod leases;
 pub mod limits;
-pub mod once_per_second;
+pub use bcm_telemetry::once_per_second;
 pub mod openapi;
 pub mod profiles;
 pub mod reads;
@@ -263,6 +263,16 @@ pub struct AgentProtocolConfig {
     /// How often each replica counts the idle fleet (seconds).
     #[serde(default = "default_idle_fleet_refresh_secs")]
     pub idle_fleet_refresh_secs: u32,
+    /// How long an agent request waits in line for one of the agent pool's
+    /// connections (`database_agent_connections`) before `UNAVAILABLE`
+    /// (with `Retry-After`). Meanwhile the waiting agent counts as heard.
+    /// A longer line does not add capacity: at N = 10,000 as separate
+    /// processes, 30 s made the release slower than 10 s (docs/
+    /// performance.md, "The agent pool's line"). Each statement of a
+    /// request waits at most this long (a result has one before it is
+    /// forwarded, `attest_retry_ms`; a busy heartbeat two); at most 30 s.
+    #[serde(default = "default_pool_wait_ms")]
+    pub pool_wait_ms: u64,
 }
 
 impl AgentProtocolConfig {
@@ -281,6 +291,12 @@ impl AgentProtocolConfig {
         if !(1..=3600).contains(&refresh) {
             return Err(format!(
                 "agents.idle_fleet_refresh_secs must be 1-3600, not {refresh}"
+            ));
+        }
+        let wait = self.pool_wait_ms;
+        if !(100..=POOL_WAIT_MAX_MS).contains(&wait) {
+            return Err(format!(
+                "agents.pool_wait_ms must be 100-{POOL_WAIT_MAX_MS}, not {wait}"
             ));
         }
         let rate = self.max_idle_heartbeats_per_sec;
@@ -302,8 +318,16 @@ impl Default for AgentProtocolConfig {
             idle_heartbeat_secs: default_idle_heartbeat_secs(),
             max_idle_heartbeats_per_sec: default_max_idle_heartbeats_per_sec(),
             idle_fleet_refresh_secs: default_idle_fleet_refresh_secs(),
+            pool_wait_ms: default_pool_wait_ms(),
         }
     }
+}
+
+/// The longest `agents.pool_wait_ms`.
+const POOL_WAIT_MAX_MS: u64 = 30_000;
+
+fn default_pool_wait_ms() -> u64 {
+    10_000
 }
 
 fn default_command_lease_ms() -> u64 {
@@ -489,10 +513,14 @@ pub async fn serve(
         }
         h.shutdown();
     });
-    // A request whose body stalls is in flight, so its connection is not
-    // idle: the body's own wait ends it (INVALID_ARGUMENT) and frees the slot.
-    let app = app.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-        http.idle_timeout(),
+    // A request whose body stalls or drips is in flight, so its connection
+    // is not idle: the body's own deadline ends it (INVALID_ARGUMENT) and
+    // frees the slot.
+    let within = http.idle_timeout();
+    let app = app.layer(axum::middleware::map_request(
+        move |req: axum::extract::Request| async move {
+            connections::BodyDeadline::on(req, within)
+        },
     ));
     let capped = connections::Capped::new(app, cap);
     let idle = connections::IdleAcceptor::new(http.idle_timeout());
@@ -760,6 +788,7 @@ async fn database_once(cfg: &ApiConfig) -> Result<(Db, Db, downloads::Downloads)
     let agent_db = Db::connect_for_hints(
         &cfg.database_url,
         cfg.database_agent_connections.max(1),
+        std::time::Duration::from_millis(cfg.agents.pool_wait_ms),
         now,
     )
     .await?

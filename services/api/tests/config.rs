@@ -143,6 +143,36 @@ fn an_idle_heartbeat_budget_that_is_not_a_whole_number_is_refused_naming_the_key
         .agents
         .check()
         .is_err_and(|e| e.contains("agents.idle_fleet_refresh_secs")));
+    // The agent pool's wait: garbage does not parse, and a wait the agents
+    // would not sit through (or none) is refused by name.
+    assert!(good.contains("pool_wait_ms = 10000\n"));
+    let path = dir.join("pool-wait.toml");
+    for garbage in ["-1", "1.5", "\"long\"", "1e400"] {
+        let text = good.replace(
+            "pool_wait_ms = 10000\n",
+            &format!("pool_wait_ms = {garbage}\n"),
+        );
+        std::fs::write(&path, text).expect("write");
+        assert!(
+            bcm_api::ApiConfig::load(Some(&path))
+                .is_err_and(|e| e.to_string().contains("pool_wait_ms")),
+            "{garbage}"
+        );
+    }
+    for unusable in ["0", "99", "30001", "99999999999"] {
+        let text = good.replace(
+            "pool_wait_ms = 10000\n",
+            &format!("pool_wait_ms = {unusable}\n"),
+        );
+        std::fs::write(&path, text).expect("write");
+        let cfg = bcm_api::ApiConfig::load(Some(&path)).expect("parses");
+        assert!(
+            cfg.agents
+                .check()
+                .is_err_and(|e| e.contains("agents.pool_wait_ms")),
+            "{unusable}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

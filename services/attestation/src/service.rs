@@ -1,6 +1,15 @@
 //! The request loop: `attest.join`, `attest.rejoin` and `attest.result` in
 //! the queue group `attestation`. A malformed request is answered INVALID_ARGUMENT and
 //! logged, never a crash.
+//!
+//! As many requests are worked on at once as the database pool has
+//! connections; the rest wait their turn, and one that could not start
+//! within [`START_WITHIN`] of its arrival, three fifths of the API's wait
+//! for an answer (`attest::ASK_TIMEOUT`), is dropped unanswered: its asker
+//! has given up on it or is about to and asks again (every request is
+//! idempotent), and working through asks nobody waits for is what turns a
+//! storm of results into a collapse (every ask then waiting out the pool
+//! and failing).
 
 use std::sync::Arc;
 
@@ -25,7 +34,19 @@ struct Ctx {
     ca: Ca,
     cfg: AttestationConfig,
     client: async_nats::Client,
+    /// A permit per database connection: the requests worked on at once.
+    working: Arc<tokio::sync::Semaphore>,
 }
+
+/// The drops of asks that waited past [`START_WITHIN`]: logged the first of
+/// each second, with how many went unlogged since.
+static SHED_LOG: bcm_telemetry::OncePerSecond = bcm_telemetry::OncePerSecond::new();
+
+/// How long an ask may wait for its turn before it is dropped: leaves two
+/// fifths of the asker's wait (`attest::ASK_TIMEOUT`, counted from before
+/// the bus delivered it) for the work and the answer.
+const START_WITHIN: std::time::Duration =
+    std::time::Duration::from_millis(bcm_contracts::attest::ASK_TIMEOUT.as_millis() as u64 * 3 / 5);
 
 fn reply<T: Serialize>(r: Result<T, AttestError>) -> Vec<u8> {
     let body = match r {
@@ -69,6 +90,19 @@ async fn answer(ctx: Arc<Ctx>, msg: async_nats::Message, what: What) {
         bcm_bus::traceparent_of(msg.headers.as_ref()).as_deref(),
     );
     let started = std::time::Instant::now();
+    let turn = tokio::time::timeout(START_WITHIN, ctx.working.clone().acquire_owned()).await;
+    let Ok(Ok(_working)) = turn else {
+        metrics::counter!("bcm_attest_shed_total", "what" => what.as_str()).increment(1);
+        if let Some(unlogged) = SHED_LOG.due(chrono::Utc::now().timestamp()) {
+            tracing::warn!(
+                what = what.as_str(),
+                unlogged,
+                waited_ms = START_WITHIN.as_millis() as u64,
+                "an attestation request could not start in time for its asker; dropped (the API asks again)"
+            );
+        }
+        return;
+    };
     answer_in(ctx, msg, what).instrument(span).await;
     metrics::counter!("bcm_attest_requests_total", "what" => what.as_str()).increment(1);
     metrics::histogram!("bcm_attest_seconds", "what" => what.as_str())
@@ -151,12 +185,16 @@ pub async fn start(
         .flush()
         .await
         .map_err(|e| AttestError::Config(format!("subscribing: {e}")))?;
+    let working = Arc::new(tokio::sync::Semaphore::new(
+        db.max_connections().max(1) as usize
+    ));
     let ctx = Arc::new(Ctx {
         db,
         subjects: bus.subjects().clone(),
         ca,
         cfg,
         client,
+        working,
     });
     tracing::info!("attestation service ready");
     Ok(tokio::spawn(async move {

@@ -774,3 +774,69 @@ async fn a_result_posted_while_the_attestation_service_is_away_is_recorded_when_
     let _ = std::fs::remove_dir_all(&dir);
     env.stop();
 }
+
+/// The service works on as many asks at once as its pool has connections.
+/// An ask that could not start in time to be answered within the API's
+/// wait (`attest::ASK_TIMEOUT`) is dropped unanswered, since its asker asks
+/// again, rather than worked on for nobody; once turns free up, asks are
+/// answered at once.
+#[tokio::test]
+async fn an_ask_that_cannot_start_within_its_askers_wait_is_dropped_and_later_ones_are_answered() {
+    let env = TestEnv::start_with(bcm_testkit::Options {
+        attestation: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let db = bcm_db::Db::connect(&env.database_url, 1).await.expect("db");
+    let held = db.hold_connection().await.expect("the only connection");
+    let bus = env.state.inner.bus.clone();
+    bcm_attestation::start(
+        db,
+        bus.clone(),
+        bcm_attestation::AttestationConfig::ephemeral(),
+        env.child_token(),
+    )
+    .await
+    .expect("start");
+    let subject = bus.subjects().attest("join");
+    let ask = |payload: Vec<u8>, wait_secs: u64| {
+        let (client, subject) = (bus.client().clone(), subject.clone());
+        async move {
+            tokio::time::timeout(
+                std::time::Duration::from_secs(wait_secs),
+                client.request(subject, payload.into()),
+            )
+            .await
+        }
+    };
+    // The only turn: a join that waits for the held connection.
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    let join = serde_json::to_vec(&json!({
+        "tokenHash": "0".repeat(64),
+        "sessionHash": "1".repeat(64),
+        "csr": bcm_pki::csr_pem(&key, "agent").expect("csr"),
+        "role": "ramdisk",
+    }))
+    .expect("json");
+    let first = tokio::spawn(ask(join, 30));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Needs no database, but waits for a turn past its asker's wait.
+    let second = ask(b"not json".to_vec(), 8).await;
+    assert!(
+        second.is_err(),
+        "an ask that waited its asker's whole wait was answered: {second:?}"
+    );
+    drop(held);
+    let third = ask(b"not json".to_vec(), 5)
+        .await
+        .expect("answered in time")
+        .expect("answered");
+    assert!(
+        String::from_utf8_lossy(&third.payload).contains("INVALID_ARGUMENT"),
+        "{:?}",
+        third.payload
+    );
+    first.abort();
+    env.stop();
+}

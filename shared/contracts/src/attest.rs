@@ -6,6 +6,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::{AgentResult, AgentRole};
 
+/// How long the API waits for the answer to one ask before it asks again
+/// (joins, rejoins and results are idempotent). An answer later than this
+/// is read by nobody, so the attestation service drops an ask it could not
+/// start in time to answer within it rather than spend the database on it:
+/// under a storm of results, working through asks whose asker moved on is
+/// what buries the ones still waited for.
+pub const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// `attest.join`: an agent's join, forwarded by the API without a secret:
 /// the join token travels as its hash (what the record keeps), and the
 /// session's bearer token, which the API derives and hands the agent, as

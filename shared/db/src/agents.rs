@@ -473,7 +473,8 @@ pub async fn session_touch_live(
 }
 
 /// Records that the API turned an agent's request away unheard now (its
-/// agent pool exhausted): the mark only moves forward.
+/// agent pool exhausted), or holds one in line for that pool: the mark
+/// only moves forward.
 pub async fn turnaway_record(db: &Db) -> Result<(), DbError> {
     sqlx::query(
         "INSERT INTO agent_turnaways (id, at) VALUES (1, now()) \
@@ -560,22 +561,30 @@ pub async fn node_fact_delete_in_txn(
     Ok(done.rows_affected() > 0)
 }
 
-/// Merges keys into what an agent reported of `kind` (a heartbeat keeps
-/// what the join recorded).
-pub async fn node_fact_merge_in_txn(
-    tx: &mut Tx<'_>,
+/// A heartbeat of the node's installed OS while a workflow runs, in one
+/// statement (one round trip on the agents' pool, not a transaction's
+/// four): merges `data`'s keys into the node's fact `kind` (a heartbeat
+/// keeps what the join recorded), and nudges the node's steps that wait for
+/// its agent, as [`crate::workflows::steps_nudge_for_node_in_txn`] (never
+/// behind an engine's batch). Both or neither: the statement is atomic,
+/// and both are hints the next heartbeat redoes.
+pub async fn heartbeat_record(
+    db: &Db,
     node_id: &str,
     kind: &str,
     data: &serde_json::Value,
 ) -> Result<(), DbError> {
-    sqlx::query(
-        "INSERT INTO node_facts (node_id, kind, data) VALUES ($1, $2, $3) \
-         ON CONFLICT (node_id, kind) DO UPDATE SET data = node_facts.data || $3, updated_at = now()",
-    )
+    sqlx::query(concat!(
+        "WITH fact AS (INSERT INTO node_facts (node_id, kind, data) VALUES ($1, $3, $4) \
+         ON CONFLICT (node_id, kind) DO UPDATE SET data = node_facts.data || $4, updated_at = now()), ",
+        crate::workflows::steps_nudge_ctes!(),
+        " SELECT pg_notify($2, '') WHERE EXISTS (SELECT 1 FROM woken)"
+    ))
     .bind(node_id)
+    .bind(crate::workflows::NOTIFY_CHANNEL)
     .bind(kind)
     .bind(data)
-    .execute(&mut **tx)
+    .execute(db.pool())
     .await?;
     Ok(())
 }

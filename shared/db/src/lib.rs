@@ -99,6 +99,10 @@ pub struct Db {
 /// How long [`Db::connect`] waits for an unreachable Postgres.
 pub const CONNECT_WAIT: Duration = Duration::from_secs(180);
 
+/// How long a statement of a [`Db::connect_waiting`] pool waits for a
+/// connection before [`DbError::retryable`] `PoolTimedOut`.
+const ACQUIRE_WAIT: Duration = Duration::from_secs(10);
+
 /// How a start-up waits out an outage of a peer it cannot work without:
 /// 250 ms doubling to 5 s between tries. Give it [`until`] as its
 /// `adjust`, for a deadline.
@@ -156,6 +160,7 @@ impl Db {
         Self::connect_opts(
             PgConnectOptions::from_str(url)?,
             max_connections,
+            ACQUIRE_WAIT,
             wait,
             true,
         )
@@ -178,19 +183,23 @@ impl Db {
     /// Postgres restart, a terminated backend) fails the one statement
     /// that finds it — as an outage ([`DbError::unreachable`]), which the
     /// agent endpoints answer 503 and the agent retries.
-    /// Waits like [`Db::connect_waiting`].
+    /// A statement waits up to `acquire_wait` for a connection (a fleet's
+    /// requests wait in line rather than being turned away). Waits for the
+    /// server like [`Db::connect_waiting`].
     pub async fn connect_for_hints(
         url: &str,
         max_connections: u32,
+        acquire_wait: Duration,
         wait: Duration,
     ) -> Result<Self, DbError> {
         let opts = PgConnectOptions::from_str(url)?.options([("synchronous_commit", "off")]);
-        Self::connect_opts(opts, max_connections, wait, false).await
+        Self::connect_opts(opts, max_connections, acquire_wait, wait, false).await
     }
 
     async fn connect_opts(
         opts: PgConnectOptions,
         max_connections: u32,
+        acquire_wait: Duration,
         wait: Duration,
         ping_before_use: bool,
     ) -> Result<Self, DbError> {
@@ -199,7 +208,7 @@ impl Db {
         let connect = || {
             PgPoolOptions::new()
                 .max_connections(max_connections)
-                .acquire_timeout(Duration::from_secs(10))
+                .acquire_timeout(acquire_wait)
                 // sqlx logs every acquire slower than 2 s at WARN: 8,233
                 // lines in one N = 10,000 run. The waits are the pool's
                 // histogram (`bcm_db_pool_wait_seconds`) and the
@@ -216,6 +225,11 @@ impl Db {
             .notify(|e, pause| tracing::warn!(error = %e, ?pause, "Postgres is not reachable yet; waiting"))
             .await?;
         Ok(Self { pool, name: "main" })
+    }
+
+    /// The most connections the pool opens.
+    pub fn max_connections(&self) -> u32 {
+        self.pool.options().get_max_connections()
     }
 
     /// The same pool, named `name` in its metrics (a service with two

@@ -433,19 +433,31 @@ pub async fn steps_wake_for_node_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Resul
     steps_nudge_for_node_in_txn(tx, node_id).await
 }
 
+/// The nudge of [`steps_nudge_for_node_in_txn`] as common table
+/// expressions over `$1` (the node), the last of them `woken` (a row per
+/// step made due): for a statement that nudges beside other work
+/// (`agents::heartbeat_record`).
+macro_rules! steps_nudge_ctes {
+    () => {
+        "free AS (SELECT id FROM workflows WHERE node_id = $1 AND status = 'running' FOR UPDATE SKIP LOCKED), \
+         woken AS (UPDATE workflow_steps s SET due_at = now() FROM free \
+         WHERE s.workflow_id = free.id AND s.status = 'running' \
+         AND s.definition->>'kind' IN ('waitRamdiskJoin', 'waitOsJoin', 'waitOsBack') RETURNING 1)"
+    };
+}
+pub(crate) use steps_nudge_ctes;
+
 /// [`steps_wake_for_node_in_txn`] for a sign of life that is not a join (a
 /// heartbeat): never waits for an engine transaction. A workflow an
 /// engine holds is left alone (that engine is advancing it; the agent's
 /// next heartbeat, or the join poll, looks again), so a heartbeat never
 /// holds a connection of the agents' pool behind an engine's batch.
 pub async fn steps_nudge_for_node_in_txn(tx: &mut Tx<'_>, node_id: &str) -> Result<(), DbError> {
-    sqlx::query(
-        "WITH free AS (SELECT id FROM workflows WHERE node_id = $1 AND status = 'running' FOR UPDATE SKIP LOCKED), \
-         woken AS (UPDATE workflow_steps s SET due_at = now() FROM free \
-         WHERE s.workflow_id = free.id AND s.status = 'running' \
-         AND s.definition->>'kind' IN ('waitRamdiskJoin', 'waitOsJoin', 'waitOsBack') RETURNING 1) \
-         SELECT pg_notify($2, '') WHERE EXISTS (SELECT 1 FROM woken)",
-    )
+    sqlx::query(concat!(
+        "WITH ",
+        steps_nudge_ctes!(),
+        " SELECT pg_notify($2, '') WHERE EXISTS (SELECT 1 FROM woken)"
+    ))
     .bind(node_id)
     .bind(NOTIFY_CHANNEL)
     .execute(&mut **tx)

@@ -12,7 +12,7 @@ use support::fresh_database as database;
 #[tokio::test]
 async fn a_hints_connection_that_died_idle_fails_one_statement_as_an_outage_then_is_replaced() {
     let (server, name, url) = database("hints").await;
-    let hints = Db::connect_for_hints(&url, 1, Duration::ZERO)
+    let hints = Db::connect_for_hints(&url, 1, Duration::from_secs(10), Duration::ZERO)
         .await
         .expect("hints pool");
     hints.migrate().await.expect("migrate");

@@ -903,3 +903,101 @@ async fn a_channel_reader_hears_payloads_and_listens_again_after_its_connection_
     }
     assert!(heard.iter().any(|h| h == "n:node-2"), "{heard:?}");
 }
+
+/// A running OS's heartbeat is one statement: its fact merged into what
+/// the node's agent reported (earlier keys kept), and the node's steps
+/// that wait for the agent made due at once; a workflow an engine holds
+/// is skipped, never waited for, and its fact is still recorded.
+#[tokio::test]
+async fn a_heartbeat_records_its_fact_and_nudges_the_steps_waiting_for_the_agent_in_one_statement()
+{
+    let db = support::fresh_db("heartbeat").await;
+    let n = support::node(&db).await;
+    let node = n.id.to_string();
+    let mut wf = workflow(&node, 1);
+    wf.steps = vec![NewStep {
+        name: "wait-os-back".into(),
+        target: "node".into(),
+        cleanup: false,
+        definition: serde_json::json!({"name": "wait-os-back", "kind": "waitOsBack", "timeoutSecs": 600}),
+    }];
+    let mut tx = db.begin().await.expect("tx");
+    bcm_db::workflows::workflow_insert_in_txn(&mut tx, &wf)
+        .await
+        .expect("insert");
+    tx.commit().await.expect("commit");
+    // The step runs, next looked at in an hour.
+    let later = || async {
+        let mut tx = db.begin().await.expect("tx");
+        sqlx::query(
+            "UPDATE workflow_steps SET status = 'running', due_at = now() + interval '1 hour' WHERE workflow_id = $1",
+        )
+        .bind(&wf.id)
+        .execute(&mut *tx)
+        .await
+        .expect("running");
+        tx.commit().await.expect("commit");
+    };
+    let due_within_a_minute = || async {
+        let mut tx = db.begin().await.expect("tx");
+        let due = sqlx::query_scalar::<_, bool>(
+            "SELECT due_at < now() + interval '1 minute' FROM workflow_steps WHERE workflow_id = $1",
+        )
+        .bind(&wf.id)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("step");
+        tx.rollback().await.expect("rollback");
+        due
+    };
+    later().await;
+    let kind = "heartbeat:provisioned";
+    bcm_db::agents::heartbeat_record(
+        &db,
+        &node,
+        kind,
+        &serde_json::json!({"role": "node", "seen": 1}),
+    )
+    .await
+    .expect("first beat");
+    assert!(
+        due_within_a_minute().await,
+        "the waiting step was not nudged"
+    );
+    bcm_db::agents::heartbeat_record(&db, &node, kind, &serde_json::json!({"event": "heartbeat"}))
+        .await
+        .expect("second beat");
+    assert_eq!(
+        bcm_db::agents::node_fact_fetch(&db, &node, kind)
+            .await
+            .expect("fact"),
+        Some(serde_json::json!({"role": "node", "seen": 1, "event": "heartbeat"})),
+        "merged, earlier keys kept"
+    );
+    // An engine holds the workflow: the beat neither waits nor nudges.
+    later().await;
+    let mut engine = db.begin().await.expect("tx");
+    sqlx::query("SELECT id FROM workflows WHERE id = $1 FOR UPDATE")
+        .bind(&wf.id)
+        .execute(&mut *engine)
+        .await
+        .expect("hold");
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        bcm_db::agents::heartbeat_record(&db, &node, kind, &serde_json::json!({"seen": 2})),
+    )
+    .await
+    .expect("a held workflow is skipped, not waited for")
+    .expect("third beat");
+    drop(engine);
+    assert!(
+        !due_within_a_minute().await,
+        "a held workflow's step was nudged"
+    );
+    assert_eq!(
+        bcm_db::agents::node_fact_fetch(&db, &node, kind)
+            .await
+            .expect("fact"),
+        Some(serde_json::json!({"role": "node", "seen": 2, "event": "heartbeat"}))
+    );
+}

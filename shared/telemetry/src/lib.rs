@@ -1,16 +1,19 @@
 //! Telemetry for every service: a `tracing` subscriber (JSON or pretty
 //! logs), spans exported over OTLP when an endpoint is configured, W3C trace
 //! context in and out of carriers (HTTP and NATS headers), and the
-//! Prometheus recorder each service renders on `/metrics`; and the signals
-//! that stop a service (`signals`).
+//! Prometheus recorder each service renders on `/metrics`; the signals
+//! that stop a service (`signals`); and a once-a-second gate for log lines
+//! a fleet would repeat (`once_per_second`).
 //!
 //! A tracer provider is always installed, with or without an exporter, so
 //! trace ids exist and propagate through NATS even when nothing collects
 //! them.
 
 pub mod cpu;
+pub mod once_per_second;
 pub mod open_files;
 pub mod signals;
+pub use once_per_second::OncePerSecond;
 
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;

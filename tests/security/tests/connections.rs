@@ -2,8 +2,9 @@
 //! `api.http.max_connections` a new connection is not served until a held
 //! one closes, and a connection that sends no complete request head for
 //! `idle_timeout_secs` — idle after its answer, or sending its head a byte
-//! at a time — is closed by the server. Raw TCP, so nothing in a client
-//! library reconnects or pools behind the test's back.
+//! at a time — is closed by the server, and a request body must arrive
+//! whole within that time, however it is paced. Raw TCP, so nothing in a
+//! client library reconnects or pools behind the test's back.
 
 use bcm_api::connections::HttpConfig;
 use bcm_testkit::TestEnv;
@@ -200,6 +201,51 @@ async fn a_request_whose_body_stalls_is_ended_and_frees_its_slot() {
         tokio::time::timeout(Duration::from_secs(10), answered(&mut next))
             .await
             .expect("the stalled connection's slot is free")
+            .starts_with("HTTP/1.1 200")
+    );
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(15), api.server).await;
+    api.env.stop();
+}
+
+/// A client that drips its body a byte at a time, each well inside the
+/// idle timeout, is still ended once the body is not whole within it, and
+/// its slot serves the next connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_body_drips_is_ended_at_its_deadline_and_frees_its_slot() {
+    let api = Api::start(1, 2).await;
+    let (addr, stop) = (api.addr, api.stop.clone());
+    let mut dripping = TcpStream::connect(addr).await.expect("dripping");
+    dripping.write_all(STALLED_JOIN).await.expect("the head");
+    let (mut read, mut write) = dripping.into_split();
+    // A byte every 500 ms: 45 s for the 90 bytes left, each far inside the
+    // 2 s idle timeout.
+    let drip = tokio::spawn(async move {
+        for _ in 0..90 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if write.write_all(b" ").await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut answer = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(15), read.read_to_end(&mut answer)).await;
+    assert!(
+        ended.is_ok(),
+        "a dripping body held its connection 15 s (deadline 2 s)"
+    );
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 400"),
+        "answered {answer}"
+    );
+    drip.abort();
+    let mut next = TcpStream::connect(addr).await.expect("next");
+    next.write_all(ASK).await.expect("ask");
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), answered(&mut next))
+            .await
+            .expect("the dripping connection's slot is free")
             .starts_with("HTTP/1.1 200")
     );
     stop.cancel();

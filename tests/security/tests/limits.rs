@@ -75,18 +75,7 @@ async fn agents_holding_every_agent_connection_do_not_stop_the_verbs() {
         pool.hold_connection().await.expect("one"),
         pool.hold_connection().await.expect("two"),
     ];
-    let heartbeat = {
-        let http = env.http.clone();
-        let url = format!("{}/api/agent/heartbeat", env.base);
-        tokio::spawn(async move {
-            http.post(url)
-                .bearer_auth(format!("bcms_{}", "0".repeat(64)))
-                .json(&serde_json::json!({"role": "ramdisk"}))
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-        })
-    };
+    let waiting = tokio::spawn(heartbeat(env.http.clone(), env.base.clone()));
     // Verbs and reads go on, on their own pool.
     let (s, b) = env
         .post(
@@ -107,38 +96,61 @@ async fn agents_holding_every_agent_connection_do_not_stop_the_verbs() {
         .expect("read");
     assert_eq!(s, 200, "{b}");
     assert!(
-        !heartbeat.is_finished(),
+        !waiting.is_finished(),
         "the agent's request waits on the agent pool"
     );
     drop(held);
-    let status = heartbeat.await.expect("task").expect("answered");
+    let (status, _) = waiting.await.expect("task");
     assert_eq!(
         status, 401,
         "a made-up session, answered once the pool frees"
     );
 }
 
+/// When agents were last heard but not served (`agent_turnaways`).
+async fn last_turnaway(env: &TestEnv) -> Option<chrono::DateTime<chrono::Utc>> {
+    let mut tx = env.db.begin().await.expect("tx");
+    let at = bcm_db::agents::turnaway_last_in_txn(&mut tx)
+        .await
+        .expect("read");
+    tx.rollback().await.expect("rollback");
+    at
+}
+
+/// A heartbeat of a made-up session: its answer's status and `Retry-After`.
+async fn heartbeat(http: reqwest::Client, base: String) -> (u16, Option<String>) {
+    let answer = http
+        .post(format!("{base}/api/agent/heartbeat"))
+        .bearer_auth(format!("bcms_{}", "0".repeat(64)))
+        .json(&serde_json::json!({"role": "ramdisk"}))
+        .send()
+        .await
+        .expect("answered");
+    let retry_after = answer
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .map(|v| v.to_str().expect("text").to_owned());
+    (answer.status().as_u16(), retry_after)
+}
+
 /// An agent request the API turns away before it can touch its session
-/// (every agent connection held: `503` after the pool's wait) is recorded
-/// (`agent_turnaways`, through the API's main pool), so the engine does not
-/// count agents silent for the control plane's own overload.
+/// (every agent connection held past `agents.pool_wait_ms`: `503`, with a
+/// `Retry-After` the agents honour) is recorded (`agent_turnaways`, through
+/// the API's main pool), so the engine does not count agents silent for the
+/// control plane's own overload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_request_turned_away_for_want_of_a_connection_is_recorded() {
     let env = TestEnv::start_with(Options {
         agent_db_connections: 1,
+        agents: bcm_testkit::AgentProtocolConfig {
+            pool_wait_ms: 1_000,
+            ..Options::default().agents
+        },
         ..Default::default()
     })
     .await
     .expect("env");
-    let last = || async {
-        let mut tx = env.db.begin().await.expect("tx");
-        let at = bcm_db::agents::turnaway_last_in_txn(&mut tx)
-            .await
-            .expect("read");
-        tx.rollback().await.expect("rollback");
-        at
-    };
-    assert_eq!(last().await, None, "nothing turned away yet");
+    assert_eq!(last_turnaway(&env).await, None, "nothing turned away yet");
     let held = env
         .state
         .inner
@@ -147,19 +159,15 @@ async fn an_agent_request_turned_away_for_want_of_a_connection_is_recorded() {
         .await
         .expect("the only one");
     let before = chrono::Utc::now();
-    let status = env
-        .http
-        .post(format!("{}/api/agent/heartbeat", env.base))
-        .bearer_auth(format!("bcms_{}", "0".repeat(64)))
-        .json(&serde_json::json!({"role": "ramdisk"}))
-        .send()
-        .await
-        .expect("answered")
-        .status()
-        .as_u16();
+    let (status, retry_after) = heartbeat(env.http.clone(), env.base.clone()).await;
     assert_eq!(status, 503, "turned away once the pool's wait ran out");
+    assert_eq!(
+        retry_after.as_deref(),
+        Some("2"),
+        "the agent is told when to come back"
+    );
     let at = bcm_testkit::eventually(std::time::Duration::from_secs(10), || async {
-        Ok(last().await)
+        Ok(last_turnaway(&env).await)
     })
     .await
     .expect("the turning away is recorded");
@@ -168,6 +176,47 @@ async fn an_agent_request_turned_away_for_want_of_a_connection_is_recorded() {
         "{at} < {before}"
     );
     drop(held);
+}
+
+/// Past the agent pool's connections, an agent request waits its turn
+/// (`agents.pool_wait_ms`), and while it waits the agent counts as heard
+/// (`agent_turnaways` written each second it waits): it is served once a
+/// connection frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_request_waits_in_line_for_a_connection_heard_meanwhile() {
+    let env = TestEnv::start_with(Options {
+        agent_db_connections: 1,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let held = env
+        .state
+        .inner
+        .agent_db
+        .hold_connection()
+        .await
+        .expect("the only one");
+    let asked_at = chrono::Utc::now();
+    let waiting = tokio::spawn(heartbeat(env.http.clone(), env.base.clone()));
+    let heard = bcm_testkit::eventually(std::time::Duration::from_secs(10), || async {
+        Ok(last_turnaway(&env)
+            .await
+            .filter(|at| *at >= asked_at - chrono::Duration::seconds(1)))
+    })
+    .await
+    .expect("the waiting agent is recorded as heard");
+    assert!(
+        !waiting.is_finished(),
+        "answered before a connection freed (at {heard})"
+    );
+    drop(held);
+    let (status, retry_after) = waiting.await.expect("task");
+    assert_eq!(
+        status, 401,
+        "a made-up session, answered once its turn came"
+    );
+    assert_eq!(retry_after, None);
 }
 
 /// A ramdisk agent of `node`, joined: its session token.
@@ -247,4 +296,56 @@ async fn an_idle_poll_ends_at_its_deadline_without_another_look() {
     let body: serde_json::Value = answer.json().await.expect("json");
     assert_eq!(body, serde_json::json!([]));
     drop(held);
+}
+
+/// A poll's `waitMs` runs from its arrival, time in line for the agent
+/// pool included: a poll that waited longer than its `waitMs` for a
+/// connection answers as soon as its first look is done, not a whole wait
+/// later, so an agent is never answered later than it asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_that_waited_in_line_answers_by_the_deadline_it_asked() {
+    let env = TestEnv::start_with(Options {
+        agent_db_connections: 1,
+        reconcilers: 0,
+        engine: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let node = env.enroll("a", "a-pool").await.expect("enroll")["nodeId"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let session = joined_ramdisk(&env, &node).await;
+    let held = env
+        .state
+        .inner
+        .agent_db
+        .hold_connection()
+        .await
+        .expect("the only one");
+    let poll = env
+        .http
+        .get(format!("{}/api/agent/commands?waitMs=3000", env.base))
+        .bearer_auth(&session)
+        .send();
+    let poll = tokio::spawn(poll);
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    assert!(
+        !poll.is_finished(),
+        "the poll waits in line for its first look"
+    );
+    drop(held);
+    let freed = std::time::Instant::now();
+    let answer = poll.await.expect("task").expect("answered");
+    let after = freed.elapsed();
+    assert_eq!(answer.status().as_u16(), 200, "{answer:?}");
+    let body: serde_json::Value = answer.json().await.expect("json");
+    assert_eq!(body, serde_json::json!([]));
+    // Its deadline passed while it waited: answered at its first look,
+    // not 3 s after it.
+    assert!(
+        after < std::time::Duration::from_secs(2),
+        "answered {after:?} after its look could run"
+    );
 }

@@ -162,12 +162,16 @@ fn load_line(metrics: &str) -> String {
             }
         }
     }
-    // The idle fleet the API counted and the cadence it asks of it.
+    // The idle fleet the API counted and the cadence it asks of it; the
+    // agents turned away, and the whole seconds agent requests waited in
+    // line for the agent pool.
     let gauges = metrics.lines().filter_map(|line| {
         let (name, value) = line.rsplit_once(' ')?;
         let short = match name {
             "bcm_api_agent_idle_fleet" => "idle-fleet",
             "bcm_api_agent_idle_cadence_seconds" => "idle-cadence-s",
+            "bcm_api_agent_turned_away_total" => "turned-away",
+            "bcm_api_agent_waiting_seconds_total" => "waited-in-line-s",
             _ => return None,
         };
         let value = value.parse::<f64>().ok()?;
