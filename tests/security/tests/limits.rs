@@ -245,14 +245,9 @@ async fn joined_ramdisk(env: &TestEnv, node: &str) -> String {
     body["sessionToken"].as_str().expect("session").to_owned()
 }
 
-/// A poll that waited its whole time with nothing for it answers `[]` at
-/// its deadline without looking at the commands again: the agent polls
-/// again at once, and that poll's first look takes what a last look would
-/// have. Here the only agent connection is held from just after the first
-/// look; a last look would wait the pool's 10 s and answer 503, throwing
-/// the whole wait away.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_poll_ends_at_its_deadline_without_another_look() {
+/// An API with one agent connection and no engine or reconciler, an
+/// enrolled node and its ramdisk agent, joined: the node and the session.
+async fn ramdisk_on_one_agent_connection() -> (TestEnv, String, String) {
     let env = TestEnv::start_with(Options {
         agent_db_connections: 1,
         reconcilers: 0,
@@ -266,6 +261,18 @@ async fn an_idle_poll_ends_at_its_deadline_without_another_look() {
         .expect("id")
         .to_owned();
     let session = joined_ramdisk(&env, &node).await;
+    (env, node, session)
+}
+
+/// A poll that waited its whole time with nothing for it answers `[]` at
+/// its deadline without looking at the commands again: the agent polls
+/// again at once, and that poll's first look takes what a last look would
+/// have. Here the only agent connection is held from just after the first
+/// look; a last look would wait the pool's 10 s and answer 503, throwing
+/// the whole wait away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_poll_ends_at_its_deadline_without_another_look() {
+    let (env, node, session) = ramdisk_on_one_agent_connection().await;
     let poll = env
         .http
         .get(format!("{}/api/agent/commands?waitMs=4000", env.base))
@@ -301,22 +308,10 @@ async fn an_idle_poll_ends_at_its_deadline_without_another_look() {
 /// A poll's `waitMs` runs from its arrival, time in line for the agent
 /// pool included: a poll that waited longer than its `waitMs` for a
 /// connection answers as soon as its first look is done, not a whole wait
-/// later, so an agent is never answered later than it asked.
+/// later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poll_that_waited_in_line_answers_by_the_deadline_it_asked() {
-    let env = TestEnv::start_with(Options {
-        agent_db_connections: 1,
-        reconcilers: 0,
-        engine: false,
-        ..Default::default()
-    })
-    .await
-    .expect("env");
-    let node = env.enroll("a", "a-pool").await.expect("enroll")["nodeId"]
-        .as_str()
-        .expect("id")
-        .to_owned();
-    let session = joined_ramdisk(&env, &node).await;
+    let (env, _, session) = ramdisk_on_one_agent_connection().await;
     let held = env
         .state
         .inner
