@@ -468,7 +468,7 @@ pub async fn session_touch_live(
     .bind(hash)
     .bind(alive_for_ms as f64 / 1000.0)
     .bind(slack_ms.min(alive_for_ms) as f64 / 1000.0)
-    .fetch_optional(db.pool())
+    .fetch_optional(&mut *db.acquire().await?)
     .await?)
 }
 
@@ -584,7 +584,7 @@ pub async fn heartbeat_record(
     .bind(crate::workflows::NOTIFY_CHANNEL)
     .bind(kind)
     .bind(data)
-    .execute(db.pool())
+    .execute(&mut *db.acquire().await?)
     .await?;
     Ok(())
 }

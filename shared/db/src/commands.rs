@@ -442,7 +442,7 @@ pub async fn poll_touch_and_take(
     .bind(limit)
     .bind(&purposes)
     .bind(&kinds)
-    .fetch_all(db.pool())
+    .fetch_all(&mut *db.acquire().await?)
     .await?;
     let Some(first) = rows.first() else {
         return Ok(None);

@@ -264,6 +264,24 @@ impl Db {
         let tx = self.pool.begin().await?;
         // How long work waited for a connection of the pool (and its BEGIN,
         // well under a millisecond on a healthy database).
+        self.waited(asked);
+        Ok(tx)
+    }
+
+    /// A connection of the pool for one statement outside a transaction,
+    /// its wait measured as [`Db::begin`]'s is: the agent endpoints' hot
+    /// statements, whose wait for the agent pool is the figure a fleet's
+    /// storm shows in.
+    pub(crate) async fn acquire(&self) -> Result<sqlx::pool::PoolConnection<Postgres>, DbError> {
+        let asked = std::time::Instant::now();
+        let conn = self.pool.acquire().await?;
+        self.waited(asked);
+        Ok(conn)
+    }
+
+    /// Records a wait for a connection that began at `asked`
+    /// (`bcm_db_pool_wait_seconds`) and the pool's use.
+    fn waited(&self, asked: std::time::Instant) {
         metrics::histogram!("bcm_db_pool_wait_seconds", "pool" => self.name)
             .record(asked.elapsed().as_secs_f64());
         let (size, idle) = (self.pool.size(), self.pool.num_idle() as u32);
@@ -271,7 +289,6 @@ impl Db {
             .set(idle as f64);
         metrics::gauge!("bcm_db_pool_connections", "pool" => self.name, "state" => "used")
             .set(size.saturating_sub(idle) as f64);
-        Ok(tx)
     }
 
     /// Checks the database answers.
