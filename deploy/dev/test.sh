@@ -65,7 +65,18 @@ e2e_env="$("$repo/tests/boot-e2e/build.sh")"
 eval "$e2e_env"
 
 step "cargo test (Postgres $DATABASE_URL, NATS ${NATS_URL/\/\/*@/\/\/})"
-cargo test --workspace --no-fail-fast
+# The whole output is long and a failure scrolls far out of sight: on a
+# failure the failing tests and their panics are printed again at the end.
+test_log="$(mktemp /tmp/bcm-cargo-test.XXXXXX)"
+if ! cargo test --workspace --no-fail-fast 2>&1 | tee "$test_log"; then
+  echo "==> cargo test failed; the failures again:"
+  awk '/^ *Running /{running=$0; shown=0}
+       / \.\.\. FAILED$|panicked at|^error: /{if (!shown) {print running; shown=1}; n=5}
+       n>0 {print; n--}' "$test_log" | tail -n 300
+  rm -f "$test_log"
+  exit 1
+fi
+rm -f "$test_log"
 
 step "API conformance: schemathesis against a running bcm from its OpenAPI document, then a generated Python client"
 conformance_dir="$(mktemp -d /tmp/bcm-conformance.XXXXXX)"
