@@ -81,11 +81,11 @@ fn unknown_session() -> ApiError {
 /// What a session's touch failing means for the request: an agent turned
 /// away unheard (the agent pool exhausted, or the database away) is noted,
 /// so the engine does not count it silent for it.
-fn touch_failed(state: &AppState, e: bcm_db::DbError) -> ApiError {
-    if e.unreachable() {
+fn touch_failed(state: &AppState, failed: crate::touches::Failed) -> ApiError {
+    if failed.unreachable {
         state.inner.turnaways.note(&state.inner.db);
     }
-    e.into()
+    failed.error
 }
 
 /// The slack a poll waiting `alive_for_ms` leaves its mark of life:
@@ -111,12 +111,10 @@ impl Agent {
     /// `alive_for_ms` from now (a long poll made just after another that
     /// marked it finds the mark in place, within its slack).
     async fn touch(state: &AppState, hash: &[u8], alive_for_ms: u64) -> Result<Agent, ApiError> {
-        let touched = bcm_db::agents::session_touch_live(
-            &state.inner.agent_db,
-            hash,
-            alive_for_ms,
-            poll_slack_ms(alive_for_ms),
-        );
+        let touched = state
+            .inner
+            .touches
+            .touch(hash, alive_for_ms, poll_slack_ms(alive_for_ms));
         match heard_while_waiting(state, touched).await {
             Ok(Some(s)) => Ok(s.into()),
             Ok(None) => Err(unknown_session()),
@@ -505,30 +503,18 @@ pub async fn commands(
         }
     };
     // The first look touches the session (marking it alive for as long as
-    // the poll may wait) and takes its commands in one statement.
-    let runs: Vec<(&str, &str)> = AgentPurpose::ALL
-        .iter()
-        .flat_map(|p| {
-            CommandKind::run_by_purpose(*p)
-                .into_iter()
-                .map(move |k| (p.as_str(), k.as_str()))
-        })
-        .collect();
+    // the poll may wait) and takes its commands in one statement, shared
+    // with the other agent requests asking meanwhile (`touches.rs`).
     let looked_at = std::time::Instant::now();
     let arrived = tokio::time::Instant::now();
-    let first_look = bcm_db::commands::poll_touch_and_take(
-        &app.inner.agent_db,
-        &poller.hash,
-        wait,
-        poll_slack_ms(wait),
-        &runs,
-        POLL_TAKE_LIMIT,
-        app.inner.agents.command_lease_ms,
-    );
+    let first_look = app
+        .inner
+        .touches
+        .poll(&poller.hash, wait, poll_slack_ms(wait));
     let (session, mut taken) = match heard_while_waiting(&app, first_look).await {
         Ok(Some(found)) => found,
         Ok(None) => return Err(unknown_session()),
-        Err(e) => return Err(touch_failed(&app, e)),
+        Err(failed) => return Err(touch_failed(&app, failed)),
     };
     let agent = Agent::from(session);
     // `waitMs` from the request's arrival, time in line for the agent pool
@@ -625,6 +611,23 @@ pub async fn commands(
 
 /// The most commands one poll is handed.
 const POLL_TAKE_LIMIT: i64 = 16;
+
+/// What every poll's first look takes: the kinds each purpose runs, at
+/// most [`POLL_TAKE_LIMIT`], under the configured command lease.
+pub fn poll_takes(cfg: &crate::AgentProtocolConfig) -> crate::touches::Takes {
+    crate::touches::Takes {
+        runs: AgentPurpose::ALL
+            .iter()
+            .flat_map(|p| {
+                CommandKind::run_by_purpose(*p)
+                    .into_iter()
+                    .map(move |k| (p.as_str().to_owned(), k.as_str().to_owned()))
+            })
+            .collect(),
+        limit: POLL_TAKE_LIMIT,
+        lease_ms: cfg.command_lease_ms,
+    }
+}
 
 /// A poll's session, before its touch: the bearer token's hash (the poll
 /// touches it in the statement that takes its commands).

@@ -23,6 +23,7 @@ pub mod openapi;
 pub mod profiles;
 pub mod reads;
 pub mod relay;
+pub mod touches;
 pub mod verbs;
 pub mod views;
 pub mod wakeups;
@@ -563,6 +564,9 @@ pub struct Inner {
     pub agent_wakeups: Arc<wakeups::AgentWakeups>,
     /// When agents were last turned away unheard, recorded for the engine.
     pub turnaways: agent::TurnAways,
+    /// Agent requests' session touches (a poll's with its first look),
+    /// gathered into shared statements.
+    pub touches: touches::Touches,
     pub agents: AgentProtocolConfig,
     /// The idle installed OSes last counted, which size their cadence.
     pub idle_fleet: Arc<idle_fleet::IdleFleet>,
@@ -733,6 +737,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
         idle_fleet.clone(),
         cfg.agents.clone(),
     ));
+    let touches = touches::Touches::start(agent_db.clone(), agent::poll_takes(&cfg.agents));
     Ok(AppState {
         inner: Arc::new(Inner {
             db,
@@ -743,6 +748,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
             lock_timeout_ms: cfg.lock_timeout_ms,
             agent_wakeups,
             turnaways: agent::TurnAways::default(),
+            touches,
             agents: cfg.agents.clone(),
             idle_fleet,
             join_key,

@@ -413,31 +413,84 @@ pub struct LiveSession {
     pub alive_left_ms: i64,
 }
 
-/// A session's touch as common table expressions, for a statement that
-/// goes on from it (binds: `$1` the token's hash, `$2` how long it is
-/// marked alive from now and `$3` the slack, both in seconds). `live`: the
-/// session, if its certificate is in force, and whether the touch `moves`
-/// its mark; `touched`: the mark moved; `heard`: the session where the
-/// touch holds (it needed no move, or its move found the row: a session
-/// ended while the move waited for its row is not heard), with whether
-/// its node runs a workflow and how long its mark holds (`workflow_running`,
-/// `alive_left_ms`: [`LiveSession`]'s fields).
-pub(crate) const TOUCH_CTES: &str = "live AS ( \
-       SELECT s.token_hash, s.node_id, s.cert_serial, s.purpose, s.alive_until, s.created_at, \
-         s.alive_until < now() + make_interval(secs => $2) - make_interval(secs => $3) AS moves \
-       FROM agent_sessions s JOIN node_certs c ON c.serial = s.cert_serial \
-       WHERE s.token_hash = $1 AND s.expires_at > now() AND c.revoked_at IS NULL \
-         AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0) \
-     ), touched AS ( \
-       UPDATE agent_sessions s SET alive_until = greatest(s.alive_until, now() + make_interval(secs => $2)) \
-       FROM live WHERE s.token_hash = live.token_hash AND live.moves \
-       RETURNING s.alive_until \
-     ), heard AS ( \
-       SELECT live.*, \
-         EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = live.node_id AND w.status = 'running') AS workflow_running, \
-         (extract(epoch FROM (coalesce((SELECT alive_until FROM touched), live.alive_until) - now())) * 1000)::bigint AS alive_left_ms \
-       FROM live WHERE NOT live.moves OR EXISTS (SELECT 1 FROM touched) \
-     )";
+/// Sessions' touches as common table expressions, for a statement that
+/// goes on from them. Binds, one element per ask: `$1` the tokens' hashes,
+/// `$2` how long each is marked alive from now and `$3` its slack, both in
+/// seconds. `asks`: the asks, numbered from 1 (`ask`); `live`: each ask's
+/// session, if its certificate is in force, and whether its touch `moves`
+/// the mark; `locked`: the sessions to move, locked in the order of their
+/// hashes (two statements moving the same sessions never wait for each
+/// other in a cycle) — unless `wait_for_locks`, one another transaction
+/// holds is passed over; `touched`: the marks moved (a session asked twice
+/// moves once, as far as its longer ask); `heard`: every ask of `live`,
+/// `busy` where its touch had to move the mark and did not (its row was
+/// passed over, or ended or rekeyed while the move waited for it: such a
+/// session is not heard), with whether the node runs a workflow and how
+/// long the mark holds (`workflow_running`, `alive_left_ms`:
+/// [`LiveSession`]'s fields).
+pub(crate) fn touch_ctes(wait_for_locks: bool) -> String {
+    let lock = if wait_for_locks {
+        "FOR UPDATE OF s"
+    } else {
+        "FOR UPDATE OF s SKIP LOCKED"
+    };
+    format!(
+        "asks AS ( \
+           SELECT * FROM unnest($1::bytea[], $2::float8[], $3::float8[]) \
+             WITH ORDINALITY AS a(token_hash, alive_for, slack, ask) \
+         ), live AS ( \
+           SELECT a.ask, a.alive_for, s.token_hash, s.node_id, s.cert_serial, s.purpose, s.alive_until, s.created_at, \
+             s.alive_until < now() + make_interval(secs => a.alive_for) - make_interval(secs => a.slack) AS moves \
+           FROM asks a JOIN agent_sessions s ON s.token_hash = a.token_hash \
+           JOIN node_certs c ON c.serial = s.cert_serial \
+           WHERE s.expires_at > now() AND c.revoked_at IS NULL \
+             AND c.epoch = coalesce((SELECT epoch FROM node_agent_epochs e WHERE e.node_id = c.node_id), 0) \
+         ), moving AS ( \
+           SELECT token_hash, max(alive_for) AS alive_for FROM live WHERE moves GROUP BY token_hash \
+         ), locked AS MATERIALIZED ( \
+           SELECT s.token_hash, m.alive_for FROM agent_sessions s JOIN moving m ON m.token_hash = s.token_hash \
+           ORDER BY s.token_hash {lock} \
+         ), touched AS ( \
+           UPDATE agent_sessions s SET alive_until = greatest(s.alive_until, now() + make_interval(secs => l.alive_for)) \
+           FROM locked l WHERE s.token_hash = l.token_hash \
+           RETURNING s.token_hash, s.alive_until \
+         ), heard AS ( \
+           SELECT live.*, live.moves AND t.token_hash IS NULL AS busy, \
+             EXISTS (SELECT 1 FROM workflows w WHERE w.node_id = live.node_id AND w.status = 'running') AS workflow_running, \
+             (extract(epoch FROM (coalesce(t.alive_until, live.alive_until) - now())) * 1000)::bigint AS alive_left_ms \
+           FROM live LEFT JOIN touched t ON t.token_hash = live.token_hash \
+         )"
+    )
+}
+
+/// What one agent request asks of its session's touch: the token's hash,
+/// how long the session is marked alive from now, the slack within which
+/// a mark already in place is left as it is, and whether the request (a
+/// poll) takes its commands as well
+/// ([`crate::commands::sessions_touch_and_take`]).
+#[derive(Debug, Clone, Copy)]
+pub struct TouchAsk<'a> {
+    pub hash: &'a [u8],
+    pub alive_for_ms: u64,
+    pub slack_ms: u64,
+    pub takes_commands: bool,
+}
+
+impl TouchAsk<'_> {
+    /// The binds of [`touch_ctes`] for `asks`: hashes, and the marks and
+    /// slacks in seconds (a slack never more than its mark).
+    pub(crate) fn binds(asks: &[TouchAsk<'_>]) -> (Vec<Vec<u8>>, Vec<f64>, Vec<f64>) {
+        (
+            asks.iter().map(|a| a.hash.to_vec()).collect(),
+            asks.iter()
+                .map(|a| a.alive_for_ms as f64 / 1000.0)
+                .collect(),
+            asks.iter()
+                .map(|a| a.slack_ms.min(a.alive_for_ms) as f64 / 1000.0)
+                .collect(),
+        )
+    }
+}
 
 /// A live session whose certificate is in force (unrevoked, of the
 /// node's current epoch), marked alive for at least `alive_for_ms` from now (a
@@ -461,13 +514,21 @@ pub async fn session_touch_live(
     alive_for_ms: u64,
     slack_ms: u64,
 ) -> Result<Option<LiveSession>, DbError> {
+    let (hashes, marks, slacks) = TouchAsk::binds(&[TouchAsk {
+        hash,
+        alive_for_ms,
+        slack_ms,
+        takes_commands: false,
+    }]);
     Ok(sqlx::query_as(&format!(
-        "WITH {TOUCH_CTES} \
-         SELECT node_id, cert_serial, purpose, workflow_running, alive_left_ms FROM heard"
+        "WITH {} \
+         SELECT node_id, cert_serial, purpose, workflow_running, alive_left_ms FROM heard \
+         WHERE NOT busy",
+        touch_ctes(true)
     ))
-    .bind(hash)
-    .bind(alive_for_ms as f64 / 1000.0)
-    .bind(slack_ms.min(alive_for_ms) as f64 / 1000.0)
+    .bind(hashes)
+    .bind(marks)
+    .bind(slacks)
     .fetch_optional(&mut *db.acquire().await?)
     .await?)
 }

@@ -395,72 +395,119 @@ pub async fn commands_take_for_agent(
     .await?)
 }
 
-/// A poll's first look, in one round trip: the session's touch (as
-/// [`crate::agents::session_touch_live`] does it) and, when the session is
-/// heard, the take of its node's offerable commands of the kinds its
-/// purpose runs (as [`commands_take_for_agent`] does it). `runs` pairs a
-/// purpose with each kind it runs. `None` when the session is unknown,
-/// ended or out of force (nothing is taken then). The take reads with the
-/// statement's one snapshot: where the touch waited for the session's row,
-/// its writer could only have ended or rekeyed the session, and then the
-/// touch finds no row, so nothing is taken.
-#[allow(clippy::too_many_arguments)]
-pub async fn poll_touch_and_take(
+/// What one ask of [`sessions_touch_and_take`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Touched {
+    /// The session is unknown, ended or out of force; nothing was taken.
+    Unknown,
+    /// The session's row is held by another transaction and its mark had
+    /// to move: passed over (only where the statement does not wait for
+    /// locks), to be asked again on its own.
+    Busy,
+    /// The session, heard, and the commands taken for it.
+    Heard(crate::agents::LiveSession, Vec<CommandRow>),
+}
+
+/// Agent requests' session touches, in one round trip for all of them:
+/// each session's touch (as [`crate::agents::session_touch_live`] does it)
+/// and, for each ask that takes commands (a poll's first look) whose
+/// session is heard, the take of its node's offerable commands of the
+/// kinds its purpose runs, at most `limit` each (as
+/// [`commands_take_for_agent`] does it). `runs` pairs a purpose with each
+/// kind it runs. The answer has one entry per ask, in order.
+///
+/// A fleet's agents ask faster than one statement each can be served:
+/// gathered, a hundred touches cost one statement and at most one commit.
+/// Unless `wait_for_locks`, the statement never waits for a row lock: a
+/// session another transaction holds (being ended, say) whose mark must
+/// move is [`Touched::Busy`], so one ask cannot hold up the others; asked
+/// again on its own with `wait_for_locks`, it waits and is answered as
+/// that transaction left it. A command is handed to one ask only, even
+/// where one session asks twice (each command row is updated once, for one
+/// of them). The take reads with the statement's one snapshot: where a
+/// touch waited for its session's row, the writer could only have ended or
+/// rekeyed the session, and then the touch finds no row, so nothing is
+/// taken for it.
+pub async fn sessions_touch_and_take(
     db: &Db,
-    hash: &[u8],
-    alive_for_ms: u64,
-    slack_ms: u64,
+    asks: &[crate::agents::TouchAsk<'_>],
     runs: &[(&str, &str)],
     limit: i64,
     lease_ms: u64,
-) -> Result<Option<(crate::agents::LiveSession, Vec<CommandRow>)>, DbError> {
+    wait_for_locks: bool,
+) -> Result<Vec<Touched>, DbError> {
     use sqlx::{FromRow as _, Row as _};
     let purposes: Vec<&str> = runs.iter().map(|(p, _)| *p).collect();
     let kinds: Vec<&str> = runs.iter().map(|(_, k)| *k).collect();
+    let (hashes, marks, slacks) = crate::agents::TouchAsk::binds(asks);
+    let takes: Vec<bool> = asks.iter().map(|a| a.takes_commands).collect();
     let rows = sqlx::query(&format!(
-        "WITH {touch}, taken AS ( \
-           UPDATE commands SET status = 'sent', sent_at = now(), \
-             lease_until = now() + make_interval(secs => $4) WHERE id IN ( \
-             SELECT commands.id FROM commands, heard \
-             WHERE commands.node_id = heard.node_id AND commands.target IN ('ramdisk', 'node') \
+        "WITH {touch}, picked AS ( \
+           SELECT heard.ask AS p_ask, pick.id AS p_id FROM heard, LATERAL ( \
+             SELECT commands.id FROM commands \
+             WHERE NOT heard.busy AND ($8::bool[])[heard.ask::int] \
+               AND commands.node_id = heard.node_id AND commands.target IN ('ramdisk', 'node') \
                AND (heard.purpose, commands.kind) IN (SELECT * FROM unnest($6::text[], $7::text[])) \
                AND {OFFERABLE} \
                AND NOT EXISTS (SELECT 1 FROM agent_sessions n WHERE n.node_id = heard.node_id \
                  AND n.purpose = heard.purpose AND n.created_at > heard.created_at) \
-             ORDER BY commands.created_at LIMIT $5 FOR UPDATE OF commands SKIP LOCKED) \
-           RETURNING {COLUMNS} \
+             ORDER BY commands.created_at LIMIT $5 FOR UPDATE OF commands SKIP LOCKED) pick \
+         ), taken AS ( \
+           UPDATE commands SET status = 'sent', sent_at = now(), \
+             lease_until = now() + make_interval(secs => $4) \
+           FROM picked WHERE commands.id = picked.p_id \
+           RETURNING picked.p_ask AS t_ask, {COLUMNS} \
          ) \
-         SELECT heard.node_id AS s_node_id, heard.cert_serial AS s_cert_serial, heard.purpose AS s_purpose, \
+         SELECT heard.ask AS s_ask, heard.busy AS s_busy, heard.node_id AS s_node_id, \
+           heard.cert_serial AS s_cert_serial, heard.purpose AS s_purpose, \
            heard.workflow_running AS s_workflow_running, heard.alive_left_ms AS s_alive_left_ms, taken.* \
-         FROM heard LEFT JOIN taken ON true ORDER BY taken.created_at",
-        touch = crate::agents::TOUCH_CTES
+         FROM heard LEFT JOIN taken ON taken.t_ask = heard.ask ORDER BY heard.ask, taken.created_at",
+        touch = crate::agents::touch_ctes(wait_for_locks)
     ))
-    .bind(hash)
-    .bind(alive_for_ms as f64 / 1000.0)
-    .bind(slack_ms.min(alive_for_ms) as f64 / 1000.0)
+    .bind(hashes)
+    .bind(marks)
+    .bind(slacks)
     .bind(lease_ms as f64 / 1000.0)
     .bind(limit)
     .bind(&purposes)
     .bind(&kinds)
+    .bind(&takes)
     .fetch_all(&mut *db.acquire().await?)
     .await?;
-    let Some(first) = rows.first() else {
-        return Ok(None);
-    };
-    let session = crate::agents::LiveSession {
-        node_id: first.try_get("s_node_id")?,
-        cert_serial: first.try_get("s_cert_serial")?,
-        purpose: first.try_get("s_purpose")?,
-        workflow_running: first.try_get("s_workflow_running")?,
-        alive_left_ms: first.try_get("s_alive_left_ms")?,
-    };
-    let mut taken = Vec::with_capacity(rows.len());
+    let mut answers: Vec<Touched> = vec![Touched::Unknown; asks.len()];
     for row in &rows {
-        if row.try_get::<Option<String>, _>("id")?.is_some() {
+        let ask: i64 = row.try_get("s_ask")?;
+        let slot = usize::try_from(ask - 1)
+            .ok()
+            .and_then(|i| answers.get_mut(i))
+            .ok_or_else(|| DbError::Corrupt(format!("a touch answered ask {ask}")))?;
+        if row.try_get::<bool, _>("s_busy")? {
+            // Waited for and gone: ended or rekeyed meanwhile.
+            *slot = if wait_for_locks {
+                Touched::Unknown
+            } else {
+                Touched::Busy
+            };
+            continue;
+        }
+        if *slot == Touched::Unknown {
+            *slot = Touched::Heard(
+                crate::agents::LiveSession {
+                    node_id: row.try_get("s_node_id")?,
+                    cert_serial: row.try_get("s_cert_serial")?,
+                    purpose: row.try_get("s_purpose")?,
+                    workflow_running: row.try_get("s_workflow_running")?,
+                    alive_left_ms: row.try_get("s_alive_left_ms")?,
+                },
+                Vec::new(),
+            );
+        }
+        if let (Touched::Heard(_, taken), Some(_)) = (slot, row.try_get::<Option<String>, _>("id")?)
+        {
             taken.push(CommandRow::from_row(row)?);
         }
     }
-    Ok(Some((session, taken)))
+    Ok(answers)
 }
 
 /// Every command of a node, oldest first.

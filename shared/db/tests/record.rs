@@ -7,7 +7,7 @@ mod support;
 
 use bcm_core::workflow::{CommandStatus, StepStatus, WorkflowPhase};
 use bcm_core::ProvisionState;
-use bcm_db::commands::{NewCommand, NewResult};
+use bcm_db::commands::{NewCommand, NewResult, Touched};
 use bcm_db::workflows::{NewStep, NewWorkflow};
 use bcm_db::DbError;
 
@@ -520,14 +520,21 @@ async fn session_mark(db: &bcm_db::Db, hash: &[u8]) -> (String, String) {
 /// on a fresh database; returns the database and the node's id.
 async fn live_session(tag: &str, hash: [u8; 32]) -> (bcm_db::Db, String) {
     let db = support::fresh_db(tag).await;
-    let node = support::node(&db).await;
+    let node_id = another_live_session(&db, &hash, "serial-1").await;
+    (db, node_id)
+}
+
+/// A new node with a ramdisk (`discovery`) session of token hash `hash`
+/// under a certificate of serial `serial`; the node's id.
+async fn another_live_session(db: &bcm_db::Db, hash: &[u8], serial: &str) -> String {
+    let node = support::node(db).await;
     let node_id = node.id.to_string();
     let now = chrono::Utc::now();
     let mut tx = db.begin().await.expect("tx");
     bcm_db::agents::cert_insert_in_txn(
         &mut tx,
         &bcm_db::agents::CertRow {
-            serial: "serial-1".into(),
+            serial: serial.into(),
             node_id: node_id.clone(),
             public_key: vec![1; 32],
             cert_pem: "pem".into(),
@@ -542,16 +549,16 @@ async fn live_session(tag: &str, hash: [u8; 32]) -> (bcm_db::Db, String) {
     .expect("cert");
     bcm_db::agents::session_insert_in_txn(
         &mut tx,
-        &hash,
+        hash,
         &node_id,
-        "serial-1",
+        serial,
         "discovery",
         now + chrono::Duration::hours(1),
     )
     .await
     .expect("session");
     tx.commit().await.expect("commit");
-    (db, node_id)
+    node_id
 }
 
 #[tokio::test]
@@ -690,6 +697,32 @@ async fn status_of(db: &bcm_db::Db, id: &str) -> CommandStatus {
         .status
 }
 
+/// One poll's first look, asked alone.
+async fn first_look(
+    db: &bcm_db::Db,
+    hash: &[u8],
+    slack_ms: u64,
+    runs: &[(&str, &str)],
+) -> Option<(
+    bcm_db::agents::LiveSession,
+    Vec<bcm_db::commands::CommandRow>,
+)> {
+    let ask = bcm_db::agents::TouchAsk {
+        hash,
+        alive_for_ms: 30_000,
+        slack_ms,
+        takes_commands: true,
+    };
+    let found = bcm_db::commands::sessions_touch_and_take(db, &[ask], runs, 16, 60_000, true)
+        .await
+        .expect("poll");
+    match found.as_slice() {
+        [Touched::Heard(live, taken)] => Some((live.clone(), taken.clone())),
+        [Touched::Unknown] => None,
+        other => panic!("one answer per ask, never busy when waiting: {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_polls_first_look_touches_its_session_and_takes_what_its_purpose_runs_in_one_statement() {
     let hash = [11u8; 32];
@@ -699,20 +732,16 @@ async fn a_polls_first_look_touches_its_session_and_takes_what_its_purpose_runs_
     let os_exec = agent_command(&db, &node_id, "osExec").await;
 
     // An unknown session: nothing, and nothing taken.
-    let none = bcm_db::commands::poll_touch_and_take(&db, &[1u8; 32], 30_000, 0, &runs, 16, 60_000)
-        .await
-        .expect("poll");
+    let none = first_look(&db, &[1u8; 32], 0, &runs).await;
     assert!(none.is_none());
     assert_eq!(status_of(&db, &inventory).await, CommandStatus::Pending);
 
     // The session: touched (its mark moved 30 s ahead) and handed the
     // command its purpose runs, now sent; the other kind stays pending.
     let (_, xmin0) = session_mark(&db, &hash).await;
-    let (live, taken) =
-        bcm_db::commands::poll_touch_and_take(&db, &hash, 30_000, 0, &runs, 16, 60_000)
-            .await
-            .expect("poll")
-            .expect("a live session");
+    let (live, taken) = first_look(&db, &hash, 0, &runs)
+        .await
+        .expect("a live session");
     assert_eq!(
         (
             live.node_id.as_str(),
@@ -737,11 +766,9 @@ async fn a_polls_first_look_touches_its_session_and_takes_what_its_purpose_runs_
 
     // Again at once: leased, so not handed again; the mark holds within
     // the slack, so the row is left as it was.
-    let (_, taken) =
-        bcm_db::commands::poll_touch_and_take(&db, &hash, 30_000, 2_000, &runs, 16, 60_000)
-            .await
-            .expect("poll")
-            .expect("a live session");
+    let (_, taken) = first_look(&db, &hash, 2_000, &runs)
+        .await
+        .expect("a live session");
     assert!(taken.is_empty(), "{taken:?}");
     assert_eq!(session_mark(&db, &hash).await.1, xmin1);
 
@@ -760,11 +787,9 @@ async fn a_polls_first_look_touches_its_session_and_takes_what_its_purpose_runs_
     .await
     .expect("session");
     tx.commit().await.expect("commit");
-    let (_, taken) =
-        bcm_db::commands::poll_touch_and_take(&db, &hash, 30_000, 0, &runs, 16, 60_000)
-            .await
-            .expect("poll")
-            .expect("the older session is heard");
+    let (_, taken) = first_look(&db, &hash, 0, &runs)
+        .await
+        .expect("the older session is heard");
     assert!(taken.is_empty(), "an older session took {taken:?}");
     assert_eq!(status_of(&db, &second).await, CommandStatus::Pending);
 
@@ -774,13 +799,139 @@ async fn a_polls_first_look_touches_its_session_and_takes_what_its_purpose_runs_
         "UPDATE node_certs SET revoked_at = now() WHERE serial = 'serial-1'",
     )
     .await;
-    assert!(
-        bcm_db::commands::poll_touch_and_take(&db, &[12u8; 32], 30_000, 0, &runs, 16, 60_000)
-            .await
-            .expect("poll")
-            .is_none()
-    );
+    assert!(first_look(&db, &[12u8; 32], 0, &runs).await.is_none());
     assert_eq!(status_of(&db, &second).await, CommandStatus::Pending);
+}
+
+#[tokio::test]
+async fn touches_gathered_are_each_answered_in_order_and_a_command_goes_to_one_poll() {
+    let (a, b) = ([21u8; 32], [22u8; 32]);
+    let (db, node_a) = live_session("polls_together", a).await;
+    let node_b = another_live_session(&db, &b, "serial-2").await;
+    let runs = [("discovery", "inventory")];
+    let for_a: Vec<String> = vec![
+        agent_command(&db, &node_a, "inventory").await,
+        agent_command(&db, &node_a, "inventory").await,
+    ];
+    let for_b = agent_command(&db, &node_b, "inventory").await;
+    let (_, b_mark) = session_mark(&db, &b).await;
+
+    // a polls twice (a poll and its retry), an unknown session polls, and
+    // b only touches its session (a heartbeat).
+    let ask = |hash, takes_commands| bcm_db::agents::TouchAsk {
+        hash,
+        alive_for_ms: 30_000,
+        slack_ms: 0,
+        takes_commands,
+    };
+    let unknown = [23u8; 32];
+    let asks = [
+        ask(&a[..], true),
+        ask(&unknown[..], true),
+        ask(&b[..], false),
+        ask(&a[..], true),
+    ];
+    let found = bcm_db::commands::sessions_touch_and_take(&db, &asks, &runs, 16, 60_000, false)
+        .await
+        .expect("polls");
+    assert_eq!(found.len(), asks.len(), "one answer per ask");
+    assert_eq!(found[1], Touched::Unknown, "the unknown session");
+    let Touched::Heard(b_live, b_taken) = &found[2] else {
+        panic!("b not heard: {:?}", found[2]);
+    };
+    assert_eq!(
+        (b_live.node_id.as_str(), b_live.cert_serial.as_str()),
+        (node_b.as_str(), "serial-2")
+    );
+    assert!(b_taken.is_empty(), "a touch takes nothing: {b_taken:?}");
+    assert_eq!(status_of(&db, &for_b).await, CommandStatus::Pending);
+    assert_ne!(session_mark(&db, &b).await.1, b_mark, "b's mark moved");
+    // Both of a's polls are heard; its commands go to one or the other,
+    // each exactly once.
+    let mut a_taken: Vec<String> = vec![];
+    for i in [0, 3] {
+        let Touched::Heard(live, taken) = &found[i] else {
+            panic!("a not heard: {:?}", found[i]);
+        };
+        assert_eq!(live.node_id, node_a);
+        assert!((29_000..=30_000).contains(&live.alive_left_ms));
+        a_taken.extend(taken.iter().map(|c| c.id.clone()));
+    }
+    a_taken.sort();
+    let mut want = for_a.clone();
+    want.sort();
+    assert_eq!(a_taken, want, "each of a's commands handed once");
+    for id in &for_a {
+        assert_eq!(status_of(&db, id).await, CommandStatus::Sent);
+    }
+
+    // While another transaction holds b's session, a statement that does
+    // not wait passes b over (busy) and answers a at once; one that waits
+    // answers b when that transaction ends.
+    let mut holder = db.begin().await.expect("tx");
+    sqlx::query("SELECT 1 FROM agent_sessions WHERE token_hash = $1 FOR UPDATE")
+        .bind(&b[..])
+        .execute(&mut *holder)
+        .await
+        .expect("hold b");
+    let moving = |hash| bcm_db::agents::TouchAsk {
+        hash,
+        alive_for_ms: 90_000,
+        slack_ms: 0,
+        takes_commands: true,
+    };
+    let found = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        bcm_db::commands::sessions_touch_and_take(
+            &db,
+            &[moving(&b[..]), moving(&a[..])],
+            &runs,
+            16,
+            60_000,
+            false,
+        ),
+    )
+    .await
+    .expect("never waits for b's lock")
+    .expect("touches");
+    assert_eq!(found[0], Touched::Busy);
+    assert!(matches!(found[1], Touched::Heard(..)), "{:?}", found[1]);
+    assert_eq!(
+        status_of(&db, &for_b).await,
+        CommandStatus::Pending,
+        "busy takes nothing"
+    );
+    let waiting = {
+        let db = db.clone();
+        tokio::spawn(async move {
+            let ask = bcm_db::agents::TouchAsk {
+                hash: &b[..],
+                alive_for_ms: 90_000,
+                slack_ms: 0,
+                takes_commands: true,
+            };
+            bcm_db::commands::sessions_touch_and_take(&db, &[ask], &runs, 16, 60_000, true).await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "waits for b's lock");
+    holder.commit().await.expect("release b");
+    let found = waiting.await.expect("task").expect("touch");
+    let [Touched::Heard(_, b_taken)] = found.as_slice() else {
+        panic!("b not heard: {found:?}");
+    };
+    assert_eq!(
+        b_taken.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+        vec![for_b.as_str()]
+    );
+
+    // No asks: no statement's worth of answers.
+    assert!(
+        bcm_db::commands::sessions_touch_and_take(&db, &[], &runs, 16, 60_000, false)
+            .await
+            .expect("none")
+            .is_empty()
+    );
 }
 
 /// The listener's `LISTEN` backend, as Postgres sees it: whether it holds

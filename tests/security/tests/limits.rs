@@ -344,3 +344,51 @@ async fn a_poll_that_waited_in_line_answers_by_the_deadline_it_asked() {
         "answered {after:?} after its look could run"
     );
 }
+
+/// Agent requests that ask while the agent pool is busy are served
+/// together (`touches.rs`): twenty polls and twenty heartbeats queued
+/// behind the only agent connection are all answered, in at most three
+/// statements — the two already waiting for the connection when the rest
+/// asked, and one for the rest — where each was a statement of its own
+/// before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_requests_that_ask_meanwhile_share_one_statement() {
+    let (env, _, session) = ramdisk_on_one_agent_connection().await;
+    let looks = env.state.inner.touches.clone();
+    let (asked, statements) = (looks.asked(), looks.statements());
+    let held = env
+        .state
+        .inner
+        .agent_db
+        .hold_connection()
+        .await
+        .expect("the only one");
+    let requests: Vec<_> = (0..40)
+        .map(|i| {
+            let request = if i % 2 == 0 {
+                env.http
+                    .get(format!("{}/api/agent/commands?waitMs=0", env.base))
+            } else {
+                env.http
+                    .post(format!("{}/api/agent/heartbeat", env.base))
+                    .json(&serde_json::json!({ "role": "ramdisk" }))
+            };
+            tokio::spawn(request.bearer_auth(&session).send())
+        })
+        .collect();
+    bcm_testkit::eventually(std::time::Duration::from_secs(10), || async {
+        Ok((looks.asked() >= asked + 40).then_some(()))
+    })
+    .await
+    .expect("every request asked for its touch");
+    drop(held);
+    for request in requests {
+        let answer = request.await.expect("task").expect("answered");
+        assert_eq!(answer.status().as_u16(), 200, "{answer:?}");
+    }
+    let statements = looks.statements() - statements;
+    assert!(
+        (1..=3).contains(&statements),
+        "{statements} statements for 40 touches"
+    );
+}

@@ -130,8 +130,10 @@ fn histogram_totals(metrics: &str, name: &str) -> (f64, f64) {
     (sum, count)
 }
 
-/// The agent requests (count and mean seconds per endpoint and status)
-/// and the pools' waits (count and mean), from the process's metrics text.
+/// The agent requests (count and mean seconds per endpoint and status),
+/// the pools' waits (count and mean) and the agent requests' gathered
+/// touches (statements, and touches per statement), from the process's
+/// metrics text.
 fn load_line(metrics: &str) -> String {
     let mut sums: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
     for line in metrics.lines() {
@@ -144,6 +146,7 @@ fn load_line(metrics: &str) -> String {
         for (metric, short) in [
             ("bcm_api_agent_request_seconds", "agent"),
             ("bcm_db_pool_wait_seconds", "pool-wait"),
+            ("bcm_api_agent_touches_per_statement", "touches"),
         ] {
             let (is_count, labels) = if let Some(l) = name.strip_prefix(&format!("{metric}_count"))
             {
@@ -179,12 +182,13 @@ fn load_line(metrics: &str) -> String {
     });
     sums.iter()
         .map(|(k, (count, sum))| {
-            let mean_ms = if *count > 0.0 {
-                sum / count * 1000.0
+            let mean = if *count > 0.0 { sum / count } else { 0.0 };
+            // Agent requests' touches: the statements, and the touches each served.
+            if k.starts_with("touches") {
+                format!("{k}={count:.0}/{mean:.1}each")
             } else {
-                0.0
-            };
-            format!("{k}={count:.0}/{mean_ms:.0}ms")
+                format!("{k}={count:.0}/{:.0}ms", mean * 1000.0)
+            }
         })
         .chain(gauges)
         .collect::<Vec<_>>()
