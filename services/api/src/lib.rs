@@ -737,7 +737,11 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
         idle_fleet.clone(),
         cfg.agents.clone(),
     ));
-    let touches = touches::Touches::start(agent_db.clone(), agent::poll_takes(&cfg.agents));
+    let touches = touches::Touches::start(
+        agent_db.clone(),
+        agent::poll_takes(&cfg.agents),
+        std::time::Duration::from_millis(cfg.agents.pool_wait_ms),
+    );
     Ok(AppState {
         inner: Arc::new(Inner {
             db,

@@ -23,6 +23,7 @@ use bcm_db::commands::{CommandRow, Touched};
 use bcm_db::Db;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 /// At most this many statements of gathered touches run at once: the agent
@@ -61,6 +62,9 @@ struct Ask {
     alive_for_ms: u64,
     slack_ms: u64,
     takes_commands: bool,
+    /// When it was asked: one still waiting for its statement after the
+    /// agent pool's line (`agents.pool_wait_ms`) is turned away.
+    asked_at: Instant,
     answer: oneshot::Sender<Result<Found, Failed>>,
 }
 
@@ -71,19 +75,42 @@ pub struct Touches {
     counts: Arc<Counts>,
 }
 
-/// How many touches were asked and how many statements served them.
+/// How many touches were asked, how many statements served them together,
+/// and how many were asked again on their own (their session busy).
 #[derive(Debug, Default)]
 struct Counts {
     asked: AtomicU64,
     statements: AtomicU64,
+    alone: AtomicU64,
+}
+
+/// What serves the queue.
+struct Gatherer {
+    db: Db,
+    takes: Takes,
+    /// The longest an ask waits for its statement (the agent pool's line),
+    /// and the longest a statement may run.
+    line: Duration,
+    counts: Arc<Counts>,
+    /// Busy asks asked again on their own, at most [`IN_FLIGHT`] at once
+    /// (each waits for a row lock on a connection of its own).
+    alone: Semaphore,
 }
 
 impl Touches {
-    /// Starts gathering touches on `db` (the agent pool).
-    pub fn start(db: Db, takes: Takes) -> Touches {
+    /// Starts gathering touches on `db` (the agent pool, whose line is
+    /// `line`: an ask waits at most that long for its statement).
+    pub fn start(db: Db, takes: Takes, line: Duration) -> Touches {
         let (asks, queue) = mpsc::unbounded_channel();
         let counts = Arc::new(Counts::default());
-        tokio::spawn(gather(db, Arc::new(takes), queue, counts.clone()));
+        let gatherer = Arc::new(Gatherer {
+            db,
+            takes,
+            line,
+            counts: counts.clone(),
+            alone: Semaphore::new(IN_FLIGHT),
+        });
+        tokio::spawn(gather(gatherer, queue));
         Touches { asks, counts }
     }
 
@@ -124,6 +151,7 @@ impl Touches {
             alive_for_ms,
             slack_ms,
             takes_commands,
+            asked_at: Instant::now(),
             answer,
         };
         let stopped = || Failed {
@@ -140,21 +168,34 @@ impl Touches {
         self.counts.asked.load(Ordering::Relaxed)
     }
 
-    /// How many statements served them.
+    /// How many statements served them together.
     pub fn statements(&self) -> u64 {
         self.counts.statements.load(Ordering::Relaxed)
+    }
+
+    /// How many were asked again on their own, their session busy.
+    pub fn alone(&self) -> u64 {
+        self.counts.alone.load(Ordering::Relaxed)
+    }
+}
+
+/// The answer to an ask that waited longer than the agent pool's line, or
+/// whose statement ran longer: turned away, as a request the pool had no
+/// connection for in time.
+fn turned_away() -> Failed {
+    Failed {
+        unreachable: true,
+        error: ApiError::new(
+            ErrorCode::Unavailable,
+            "the agent endpoints' database connections are all busy; retry later",
+        ),
     }
 }
 
 /// Takes the asks from `queue` as they come: each statement serves every
 /// ask waiting when it starts (up to [`MOST_PER_STATEMENT`]), at most
 /// [`IN_FLIGHT`] statements at once.
-async fn gather(
-    db: Db,
-    takes: Arc<Takes>,
-    mut queue: mpsc::UnboundedReceiver<Ask>,
-    counts: Arc<Counts>,
-) {
+async fn gather(gatherer: Arc<Gatherer>, mut queue: mpsc::UnboundedReceiver<Ask>) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -171,49 +212,112 @@ async fn gather(
             }
         }
         // A request whose client went away is not served: nothing is
-        // taken for an agent that no longer listens.
-        asks.retain(|a| !a.answer.is_closed());
-        if asks.is_empty() {
+        // taken for an agent that no longer listens. One that waited past
+        // the line is turned away, as the pool's own wait would have.
+        let mut waiting = Vec::with_capacity(asks.len());
+        for ask in asks {
+            if ask.answer.is_closed() {
+                continue;
+            }
+            if ask.asked_at.elapsed() > gatherer.line {
+                let _ = ask.answer.send(Err(turned_away()));
+                continue;
+            }
+            waiting.push(ask);
+        }
+        if waiting.is_empty() {
             continue;
         }
-        metrics::histogram!("bcm_api_agent_touches_per_statement").record(asks.len() as f64);
-        counts.statements.fetch_add(1, Ordering::Relaxed);
-        let (db, takes) = (db.clone(), takes.clone());
+        metrics::histogram!("bcm_api_agent_touches_per_statement").record(waiting.len() as f64);
+        gatherer.counts.statements.fetch_add(1, Ordering::Relaxed);
+        let gatherer = gatherer.clone();
         tokio::spawn(async move {
-            answer(&db, &takes, asks).await;
+            gatherer.answer(waiting).await;
             drop(slot);
         });
     }
 }
 
-/// Runs one statement for `asks` and answers each; an ask whose session
-/// another transaction holds is asked again on its own, waiting for it, so
-/// it holds up none of the others.
-async fn answer(db: &Db, takes: &Arc<Takes>, asks: Vec<Ask>) {
-    let found = match run(db, takes, &asks, false).await {
-        Ok(found) => found,
-        Err(failed) => {
-            for ask in asks {
-                let _ = ask.answer.send(Err(failed.clone()));
+impl Gatherer {
+    /// Runs one statement for `asks` and answers each; an ask whose session
+    /// another transaction holds is asked again on its own, waiting for it,
+    /// so it holds up none of the others.
+    async fn answer(self: &Arc<Self>, asks: Vec<Ask>) {
+        let found = match self.run(&asks, false).await {
+            Ok(found) => found,
+            Err(failed) => {
+                for ask in asks {
+                    let _ = ask.answer.send(Err(failed.clone()));
+                }
+                return;
             }
+        };
+        for (ask, found) in asks.into_iter().zip(found) {
+            match found {
+                Touched::Busy => {
+                    let gatherer = self.clone();
+                    tokio::spawn(async move { gatherer.answer_alone(ask).await });
+                }
+                // An answer nobody waits for any more: what it took is
+                // offered again when its lease runs out.
+                found => {
+                    let _ = ask.answer.send(Ok(heard(found)));
+                }
+            }
+        }
+    }
+
+    /// Asks a busy ask again on its own, waiting for its session's lock.
+    async fn answer_alone(&self, ask: Ask) {
+        let Ok(_slot) = self.alone.acquire().await else {
+            return;
+        };
+        if ask.answer.is_closed() {
             return;
         }
-    };
-    for (ask, found) in asks.into_iter().zip(found) {
-        match found {
-            Touched::Busy => {
-                let (db, takes) = (db.clone(), takes.clone());
-                tokio::spawn(async move {
-                    let alone = run(&db, &takes, std::slice::from_ref(&ask), true)
-                        .await
-                        .map(|mut found| found.pop().and_then(heard));
-                    let _ = ask.answer.send(alone);
-                });
-            }
-            // An answer nobody waits for any more: what it took is
-            // offered again when its lease runs out.
-            found => {
-                let _ = ask.answer.send(Ok(heard(found)));
+        self.counts.alone.fetch_add(1, Ordering::Relaxed);
+        let alone = self
+            .run(std::slice::from_ref(&ask), true)
+            .await
+            .map(|mut found| found.pop().and_then(heard));
+        let _ = ask.answer.send(alone);
+    }
+
+    /// One statement for `asks`, given at most the line's length to run.
+    async fn run(&self, asks: &[Ask], wait_for_locks: bool) -> Result<Vec<Touched>, Failed> {
+        let touches: Vec<TouchAsk<'_>> = asks
+            .iter()
+            .map(|a| TouchAsk {
+                hash: &a.hash,
+                alive_for_ms: a.alive_for_ms,
+                slack_ms: a.slack_ms,
+                takes_commands: a.takes_commands,
+            })
+            .collect();
+        let runs: Vec<(&str, &str)> = self
+            .takes
+            .runs
+            .iter()
+            .map(|(p, k)| (p.as_str(), k.as_str()))
+            .collect();
+        let statement = bcm_db::commands::sessions_touch_and_take(
+            &self.db,
+            &touches,
+            &runs,
+            self.takes.limit,
+            self.takes.lease_ms,
+            wait_for_locks,
+        );
+        // The pool's own wait is inside the line; the rest bounds a
+        // statement stuck behind a lock or a connection that hangs.
+        match tokio::time::timeout(self.line * 2, statement).await {
+            Ok(done) => done.map_err(|e| Failed {
+                unreachable: e.unreachable(),
+                error: ApiError::from(e),
+            }),
+            Err(_) => {
+                tracing::warn!(asks = asks.len(), "a statement of agents' touches ran past twice the agent pool's line; its requests are answered 503");
+                Err(turned_away())
             }
         }
     }
@@ -225,40 +329,4 @@ fn heard(found: Touched) -> Found {
         Touched::Heard(session, taken) => Some((session, taken)),
         Touched::Unknown | Touched::Busy => None,
     }
-}
-
-/// One statement for `asks`.
-async fn run(
-    db: &Db,
-    takes: &Takes,
-    asks: &[Ask],
-    wait_for_locks: bool,
-) -> Result<Vec<Touched>, Failed> {
-    let touches: Vec<TouchAsk<'_>> = asks
-        .iter()
-        .map(|a| TouchAsk {
-            hash: &a.hash,
-            alive_for_ms: a.alive_for_ms,
-            slack_ms: a.slack_ms,
-            takes_commands: a.takes_commands,
-        })
-        .collect();
-    let runs: Vec<(&str, &str)> = takes
-        .runs
-        .iter()
-        .map(|(p, k)| (p.as_str(), k.as_str()))
-        .collect();
-    bcm_db::commands::sessions_touch_and_take(
-        db,
-        &touches,
-        &runs,
-        takes.limit,
-        takes.lease_ms,
-        wait_for_locks,
-    )
-    .await
-    .map_err(|e| Failed {
-        unreachable: e.unreachable(),
-        error: ApiError::from(e),
-    })
 }

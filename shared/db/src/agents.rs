@@ -430,9 +430,9 @@ pub struct LiveSession {
 /// [`LiveSession`]'s fields).
 pub(crate) fn touch_ctes(wait_for_locks: bool) -> String {
     let lock = if wait_for_locks {
-        "FOR UPDATE OF s"
+        "FOR NO KEY UPDATE OF s"
     } else {
-        "FOR UPDATE OF s SKIP LOCKED"
+        "FOR NO KEY UPDATE OF s SKIP LOCKED"
     };
     format!(
         "asks AS ( \

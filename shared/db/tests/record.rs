@@ -913,8 +913,26 @@ async fn touches_gathered_are_each_answered_in_order_and_a_command_goes_to_one_p
             bcm_db::commands::sessions_touch_and_take(&db, &[ask], &runs, 16, 60_000, true).await
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(!waiting.is_finished(), "waits for b's lock");
+    // It waits for b's lock (a backend of this database waiting on a lock;
+    // a transaction each look, as the activity view is read once in one).
+    let mut lock_waits = 0i64;
+    for _ in 0..100 {
+        let mut tx = db.begin().await.expect("tx");
+        lock_waits = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .expect("pg_stat_activity");
+        tx.rollback().await.expect("rollback");
+        if lock_waits > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(lock_waits, 1, "waits for b's lock");
+    assert!(!waiting.is_finished());
     holder.commit().await.expect("release b");
     let found = waiting.await.expect("task").expect("touch");
     let [Touched::Heard(_, b_taken)] = found.as_slice() else {

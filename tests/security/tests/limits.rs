@@ -355,7 +355,7 @@ async fn a_poll_that_waited_in_line_answers_by_the_deadline_it_asked() {
 async fn agent_requests_that_ask_meanwhile_share_one_statement() {
     let (env, _, session) = ramdisk_on_one_agent_connection().await;
     let looks = env.state.inner.touches.clone();
-    let (asked, statements) = (looks.asked(), looks.statements());
+    let (asked, statements, alone) = (looks.asked(), looks.statements(), looks.alone());
     let held = env
         .state
         .inner
@@ -391,4 +391,5 @@ async fn agent_requests_that_ask_meanwhile_share_one_statement() {
         (1..=3).contains(&statements),
         "{statements} statements for 40 touches"
     );
+    assert_eq!(looks.alone() - alone, 0, "none asked again on its own");
 }
