@@ -151,13 +151,7 @@ async fn an_agent_request_turned_away_for_want_of_a_connection_is_recorded() {
     .await
     .expect("env");
     assert_eq!(last_turnaway(&env).await, None, "nothing turned away yet");
-    let held = env
-        .state
-        .inner
-        .agent_db
-        .hold_connection()
-        .await
-        .expect("the only one");
+    let held = hold_the_agent_connection(&env).await;
     let before = chrono::Utc::now();
     let (status, retry_after) = heartbeat(env.http.clone(), env.base.clone()).await;
     assert_eq!(status, 503, "turned away once the pool's wait ran out");
@@ -190,13 +184,7 @@ async fn an_agent_request_waits_in_line_for_a_connection_heard_meanwhile() {
     })
     .await
     .expect("env");
-    let held = env
-        .state
-        .inner
-        .agent_db
-        .hold_connection()
-        .await
-        .expect("the only one");
+    let held = hold_the_agent_connection(&env).await;
     let asked_at = chrono::Utc::now();
     let waiting = tokio::spawn(heartbeat(env.http.clone(), env.base.clone()));
     let heard = bcm_testkit::eventually(std::time::Duration::from_secs(10), || async {
@@ -245,6 +233,16 @@ async fn joined_ramdisk(env: &TestEnv, node: &str) -> String {
     body["sessionToken"].as_str().expect("session").to_owned()
 }
 
+/// Holds the API's only agent connection until the guard is dropped.
+async fn hold_the_agent_connection(env: &TestEnv) -> bcm_db::HeldConnection {
+    env.state
+        .inner
+        .agent_db
+        .hold_connection()
+        .await
+        .expect("the only one")
+}
+
 /// An API with one agent connection and no engine or reconciler, an
 /// enrolled node and its ramdisk agent, joined: the node and the session.
 async fn ramdisk_on_one_agent_connection() -> (TestEnv, String, String) {
@@ -291,13 +289,7 @@ async fn an_idle_poll_ends_at_its_deadline_without_another_look() {
     })
     .await
     .expect("the poll's first look touched its session");
-    let held = env
-        .state
-        .inner
-        .agent_db
-        .hold_connection()
-        .await
-        .expect("the only one");
+    let held = hold_the_agent_connection(&env).await;
     let answer = poll.await.expect("task").expect("answered");
     assert_eq!(answer.status().as_u16(), 200, "{answer:?}");
     let body: serde_json::Value = answer.json().await.expect("json");
@@ -312,13 +304,7 @@ async fn an_idle_poll_ends_at_its_deadline_without_another_look() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poll_that_waited_in_line_answers_by_the_deadline_it_asked() {
     let (env, _, session) = ramdisk_on_one_agent_connection().await;
-    let held = env
-        .state
-        .inner
-        .agent_db
-        .hold_connection()
-        .await
-        .expect("the only one");
+    let held = hold_the_agent_connection(&env).await;
     let poll = env
         .http
         .get(format!("{}/api/agent/commands?waitMs=3000", env.base))
@@ -356,13 +342,7 @@ async fn agent_requests_that_ask_meanwhile_share_one_statement() {
     let (env, _, session) = ramdisk_on_one_agent_connection().await;
     let looks = env.state.inner.touches.clone();
     let (asked, statements, alone) = (looks.asked(), looks.statements(), looks.alone());
-    let held = env
-        .state
-        .inner
-        .agent_db
-        .hold_connection()
-        .await
-        .expect("the only one");
+    let held = hold_the_agent_connection(&env).await;
     let requests: Vec<_> = (0..40)
         .map(|i| {
             let request = if i % 2 == 0 {
