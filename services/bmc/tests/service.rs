@@ -374,11 +374,21 @@ async fn the_power_sync_finds_drift_and_publishes_it() {
     env.wait_state(&id, ProvisionState::Failed, T)
         .await
         .expect("failed");
+    // Off, and nothing of the control plane's own still on its way to the
+    // BMC (the inspection's power-on, the cleanup's power-off): a late one
+    // would undo the power-on below (seen once in CI: "On: PowerState did
+    // not read on within 120 s"). Power reads come every second; they
+    // change nothing.
     eventually(T, || async {
-        Ok((env.node(&id).await?.power == PowerState::Off).then_some(()))
+        let off = env.node(&id).await?.power == PowerState::Off;
+        let in_flight = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+            .await?
+            .into_iter()
+            .any(|c| c.kind != "bmc.powerStatus" && !c.status.is_done());
+        Ok((off && !in_flight).then_some(()))
     })
     .await
-    .expect("off after the abort's cleanup");
+    .expect("off after the abort's cleanup, its commands done");
 
     // Someone powers the machine on behind the control plane's back.
     let d = sushy.driver(1);
