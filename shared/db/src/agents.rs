@@ -514,23 +514,18 @@ pub async fn session_touch_live(
     alive_for_ms: u64,
     slack_ms: u64,
 ) -> Result<Option<LiveSession>, DbError> {
-    let (hashes, marks, slacks) = TouchAsk::binds(&[TouchAsk {
+    // One touch alone, waiting for its row: the gathered statement's path.
+    let ask = TouchAsk {
         hash,
         alive_for_ms,
         slack_ms,
         takes_commands: false,
-    }]);
-    Ok(sqlx::query_as(&format!(
-        "WITH {} \
-         SELECT node_id, cert_serial, purpose, workflow_running, alive_left_ms FROM heard \
-         WHERE NOT busy",
-        touch_ctes(true)
-    ))
-    .bind(hashes)
-    .bind(marks)
-    .bind(slacks)
-    .fetch_optional(&mut *db.acquire().await?)
-    .await?)
+    };
+    let mut found = crate::commands::sessions_touch_and_take(db, &[ask], &[], 0, 0, true).await?;
+    Ok(match found.pop() {
+        Some(crate::commands::Touched::Heard(session, _)) => Some(session),
+        _ => None,
+    })
 }
 
 /// Records that the API turned an agent's request away unheard now (its

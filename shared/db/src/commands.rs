@@ -409,7 +409,8 @@ pub enum Touched {
 }
 
 /// Agent requests' session touches, in one round trip for all of them:
-/// each session's touch (as [`crate::agents::session_touch_live`] does it)
+/// each session's touch (the semantics [`crate::agents::session_touch_live`]
+/// documents for one)
 /// and, for each ask that takes commands (a poll's first look) whose
 /// session is heard, the take of its node's offerable commands of the
 /// kinds its purpose runs, at most `limit` each (as
