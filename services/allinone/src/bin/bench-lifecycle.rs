@@ -147,6 +147,7 @@ fn load_line(metrics: &str) -> String {
             ("bcm_api_agent_request_seconds", "agent"),
             ("bcm_db_pool_wait_seconds", "pool-wait"),
             ("bcm_api_agent_touches_per_statement", "touches"),
+            ("bcm_outbox_relay_round_seconds", "relay"),
         ] {
             let (is_count, labels) = if let Some(l) = name.strip_prefix(&format!("{metric}_count"))
             {
@@ -754,6 +755,8 @@ async fn main() -> anyhow::Result<()> {
 
     // Commit-to-delivery of every event, from a durable consumer.
     let delivery: Arc<Mutex<Vec<f64>>> = Arc::default();
+    // And by event type, to tell which step of the lifecycle waits.
+    let delivery_by_type: Arc<Mutex<std::collections::BTreeMap<String, Vec<f64>>>> = Arc::default();
     let transitions = Arc::new(std::sync::atomic::AtomicU64::new(0));
     {
         let stream = bus
@@ -771,7 +774,11 @@ async fn main() -> anyhow::Result<()> {
                 },
             )
             .await?;
-        let (delivery, transitions) = (delivery.clone(), transitions.clone());
+        let (delivery, by_type, transitions) = (
+            delivery.clone(),
+            delivery_by_type.clone(),
+            transitions.clone(),
+        );
         tokio::spawn(async move {
             let Ok(mut messages) = consumer.messages().await else {
                 return;
@@ -785,6 +792,12 @@ async fn main() -> anyhow::Result<()> {
                         .unwrap_or(0) as f64
                         / 1000.0;
                     delivery.lock().unwrap_or_else(|p| p.into_inner()).push(ms);
+                    by_type
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(ev.ty.clone())
+                        .or_default()
+                        .push(ms);
                     if ev.ty.starts_with("node.provision.") && ev.ty != "node.provision.workflow" {
                         transitions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
@@ -799,12 +812,14 @@ async fn main() -> anyhow::Result<()> {
         // And each process's peak RSS so far, so that a run that fails
         // still shows how memory grew.
         let (stop, metrics) = (shutdown.clone(), metrics.clone());
+        let (db, delivery) = (db.clone(), delivery.clone());
         let pids: Vec<(String, String)> = match &plane {
             Plane::ThisProcess(_) => vec![(BENCH.into(), "self".into())],
             Plane::Processes(p) => p.pids(),
         };
         tokio::spawn(async move {
             let started = Instant::now();
+            let mut seen = 0;
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
@@ -814,10 +829,24 @@ async fn main() -> anyhow::Result<()> {
                     .iter()
                     .map(|(name, pid)| format!("{name}={}MiB", rss_kib(pid).unwrap_or(0) / 1024))
                     .collect();
+                // The events delivered since the last line, and those
+                // still waiting in the outbox.
+                let mut recent = {
+                    let all = delivery.lock().unwrap_or_else(|p| p.into_inner());
+                    let recent = all.get(seen..).unwrap_or_default().to_vec();
+                    seen = all.len();
+                    recent
+                };
+                recent.sort_by(f64::total_cmp);
+                let backlog = bcm_db::outbox::outbox_backlog(&db).await.unwrap_or(-1);
                 eprintln!(
-                    "[{:>5}s] {} peak-rss {}",
+                    "[{:>5}s] {} events={}/p50={:.0}ms/p99={:.0}ms/max={:.0}ms outbox-backlog={backlog} peak-rss {}",
                     started.elapsed().as_secs(),
                     load_line(&metrics.text().await),
+                    recent.len(),
+                    percentile(&recent, 0.5),
+                    percentile(&recent, 0.99),
+                    recent.last().copied().unwrap_or(0.0),
                     rss.join(" ")
                 );
             }
@@ -1007,6 +1036,15 @@ async fn main() -> anyhow::Result<()> {
         "transitionsPerSecond": transitions.load(std::sync::atomic::Ordering::Relaxed) as f64 / secs(total),
         "verbLatencyMs": { "p50": percentile(&lat, 0.5), "p99": percentile(&lat, 0.99), "count": lat.len() },
         "eventCommitToDeliveryMs": { "p50": percentile(&del, 0.5), "p99": percentile(&del, 0.99), "count": del.len() },
+        "eventCommitToDeliveryMsByType": delivery_by_type
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter_mut()
+            .map(|(ty, v)| {
+                v.sort_by(f64::total_cmp);
+                (ty.clone(), json!({ "p50": percentile(v, 0.5), "p99": percentile(v, 0.99), "count": v.len() }))
+            })
+            .collect::<serde_json::Map<_, _>>(),
         "postgresCommitsPerNodeLifecycle": commits as f64 / n as f64,
         "postgresWritingTransactionsPerNodeLifecycle": writes as f64 / n as f64,
         "controlPlaneCpuMsPerNode": cpu * 1000.0 / n as f64,
