@@ -126,12 +126,8 @@ pub async fn run(
     let state = bcm_api::prepare(&cfg.api).await?;
     let bus = state.inner.bus.clone();
     let on = |s: Service| services.contains(&s);
-    let background = [
-        Service::Relay,
-        Service::Workflow,
-        Service::Attestation,
-        Service::Reconciler,
-    ];
+    // The relay has a pool of its own, on its own thread.
+    let background = [Service::Workflow, Service::Attestation, Service::Reconciler];
     let db = if on(Service::Api) && background.into_iter().any(on) && cfg.work_connections > 0 {
         bcm_db::Db::connect(&cfg.api.database_url, cfg.work_connections)
             .await
@@ -144,13 +140,13 @@ pub async fn run(
     if cfg.api.relay.enabled && on(Service::Relay) {
         tasks.push(
             "relay",
-            tokio::spawn(bcm_api::relay::run(
-                db.clone(),
-                bus.clone(),
+            bcm_api::relay::run_on_own_thread(
+                cfg.api.database_url.clone(),
+                cfg.api.bus.clone(),
                 cfg.api.relay.clone(),
-                bcm_api::relay::RelayFaults::default(),
                 shutdown.clone(),
-            )),
+            )
+            .map_err(|e| RunError::Task(format!("the outbox relay's thread: {e}")))?,
         );
     }
     if on(Service::Workflow) {

@@ -317,6 +317,16 @@ const EXPECTED: &[Expected] = &[
     ),
     ("relay", "bcm_outbox_published_total", &[]),
     ("relay", "bcm_outbox_lag_seconds", &[]),
+    (
+        "relay",
+        "bcm_outbox_relay_round_seconds",
+        &[("phase", "read")],
+    ),
+    (
+        "relay",
+        "bcm_outbox_relay_round_seconds",
+        &[("phase", "publish")],
+    ),
     ("workflow", "bcm_workflow_commands_issued_total", &[]),
     (
         "workflow",

@@ -36,7 +36,7 @@ fn yes() -> bool {
     true
 }
 fn default_batch() -> i64 {
-    256
+    1024
 }
 fn default_poll_ms() -> u64 {
     1000
@@ -123,6 +123,62 @@ pub async fn run(
     }
 }
 
+/// Runs the relay ([`run`]) on a thread of its own, with a runtime, a NATS
+/// connection and a Postgres pool of its own, so that its rounds never
+/// queue behind the work of the process it shares. On the API's runtime,
+/// at the height of a release, a round of 600 messages waited 840 ms for
+/// its acknowledgements behind ten thousand agents' requests, and events
+/// waited seconds in the outbox (`bench-lifecycle --nodes 10000
+/// --processes`, docs/performance.md). The task returned ends when the
+/// relay has stopped.
+pub fn run_on_own_thread(
+    database_url: String,
+    bus: bcm_bus::BusConfig,
+    cfg: RelayConfig,
+    shutdown: CancellationToken,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let (stopped, on_stop) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("bcm-relay".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(error = %e, "the outbox relay cannot start its runtime");
+                    shutdown.cancel();
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let db = match Db::connect(&database_url, 3).await {
+                    Ok(db) => db.named("relay"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "the outbox relay cannot reach Postgres");
+                        shutdown.cancel();
+                        return;
+                    }
+                };
+                let bus = match Bus::attach(&bus).await {
+                    Ok(bus) => bus,
+                    Err(e) => {
+                        tracing::error!(error = %e, "the outbox relay cannot reach NATS");
+                        shutdown.cancel();
+                        return;
+                    }
+                };
+                run(db.clone(), bus, cfg, RelayFaults::default(), shutdown).await;
+                db.close().await;
+            });
+            drop(stopped);
+        })?;
+    Ok(tokio::spawn(async move {
+        let _ = on_stop.await;
+    }))
+}
+
 async fn wait(shutdown: &CancellationToken, d: Duration) {
     tokio::select! {
         _ = shutdown.cancelled() => {}
@@ -147,6 +203,77 @@ fn relay_hop(subject: &str, headers: &mut [(String, String)]) {
     }
 }
 
+/// A batch published whose acknowledgements are still awaited.
+struct InFlight {
+    seqs: Vec<i64>,
+    created_at: Vec<chrono::DateTime<chrono::Utc>>,
+    acks: Vec<Ack>,
+    started: std::time::Instant,
+}
+
+type Ack =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), bcm_bus::BusError>> + Send>>;
+
+impl InFlight {
+    /// Waits for every acknowledgement; the batch's sequence numbers, to
+    /// be marked published.
+    async fn acknowledged(self) -> Result<Vec<i64>, RoundError> {
+        for ack in self.acks {
+            ack.await?;
+        }
+        metrics::histogram!("bcm_outbox_relay_round_seconds", "phase" => "publish")
+            .record(self.started.elapsed().as_secs_f64());
+        // From each row's commit (about: its insert) to the server's ack.
+        let now = chrono::Utc::now();
+        for created_at in &self.created_at {
+            let lag = (now - *created_at).num_microseconds().unwrap_or(0).max(0);
+            metrics::histogram!("bcm_outbox_lag_seconds").record(lag as f64 / 1e6);
+        }
+        metrics::counter!("bcm_outbox_published_total").increment(self.seqs.len() as u64);
+        Ok(self.seqs)
+    }
+}
+
+/// Publishes `rows` in order without waiting for their acknowledgements.
+async fn publish(
+    bus: &Bus,
+    rows: Vec<bcm_db::outbox::OutboxMessage>,
+) -> Result<InFlight, RoundError> {
+    let started = std::time::Instant::now();
+    let mut batch = InFlight {
+        seqs: Vec::with_capacity(rows.len()),
+        created_at: Vec::with_capacity(rows.len()),
+        acks: Vec::with_capacity(rows.len()),
+        started,
+    };
+    for row in rows {
+        let mut headers: Vec<(String, String)> = row
+            .headers
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        relay_hop(&row.subject, &mut headers);
+        let payload = serde_json::to_vec(&row.payload).unwrap_or_default();
+        let ack = bus
+            .publish_pipelined(&row.subject, &row.id, &headers, payload.into())
+            .await?;
+        batch.acks.push(Box::pin(ack));
+        batch.seqs.push(row.seq);
+        batch.created_at.push(row.created_at);
+    }
+    Ok(batch)
+}
+
+/// Publishes while it holds the lease. Rounds overlap: while a batch's
+/// acknowledgements are awaited, one statement marks the batch before it
+/// (acknowledged) and reads the next (leaving out both). A batch is
+/// published only once the one before it is acknowledged, so messages go
+/// out in sequence order and a failed publish stops the relay before
+/// anything after it; a batch is marked only once acknowledged.
 async fn lead(
     db: &Db,
     bus: &Bus,
@@ -160,78 +287,109 @@ async fn lead(
     let poll = Duration::from_millis(cfg.poll_ms.max(10));
     let linger = Duration::from_millis(cfg.linger_ms.min(100));
     let mut next_prune = tokio::time::Instant::now();
-    // The batch published and not yet marked: marked by the next read.
-    let mut unmarked: Vec<i64> = vec![];
+    let mut pruning: Option<tokio::task::JoinHandle<()>> = None;
+    // Published and acknowledged, not yet marked: marked by the next read.
+    let mut acked: Vec<i64> = vec![];
+    // Published, acknowledgements awaited during the next read.
+    let mut in_flight: Option<InFlight> = None;
+    // The last read found less than a batch: the next waits for commits.
+    let mut caught_up = false;
     loop {
-        if tokio::time::Instant::now() >= next_prune {
-            // Published rows are kept a week for audits, then pruned.
-            match bcm_db::outbox::outbox_prune(db, PUBLISHED_RETENTION).await {
-                Ok(n) if n > 0 => tracing::info!(rows = n, "pruned published outbox rows"),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "outbox prune failed"),
-            }
+        if tokio::time::Instant::now() >= next_prune
+            && pruning.as_ref().is_none_or(|p| p.is_finished())
+        {
+            // Published rows are kept a week for audits, then pruned, off
+            // the relay's way (a prune reads the whole table).
+            let db = db.clone();
+            pruning = Some(tokio::spawn(async move {
+                match bcm_db::outbox::outbox_prune(&db, PUBLISHED_RETENTION).await {
+                    Ok(n) if n > 0 => tracing::info!(rows = n, "pruned published outbox rows"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "outbox prune failed"),
+                }
+            }));
             next_prune += Duration::from_secs(600);
         }
+        if caught_up {
+            // Nothing else was waiting: the next read waits, as the batch
+            // just published is acknowledged, for a notification and the
+            // linger (so the commits of that moment go out together, and a
+            // relay that keeps up does not read a few rows at a time), or
+            // for the poll interval.
+            let acknowledged = async {
+                match in_flight.take() {
+                    Some(batch) => batch.acknowledged().await.map(Some),
+                    None => Ok(None),
+                }
+            };
+            let woken = async {
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = listener.notified() => {
+                        if linger > Duration::ZERO {
+                            tokio::time::sleep(linger).await;
+                        }
+                        // What arrived meanwhile is in the read that follows.
+                        listener.drain();
+                    }
+                    _ = tokio::time::sleep(poll) => {}
+                }
+            };
+            let (acknowledged, ()) = tokio::join!(acknowledged, woken);
+            if let Some(seqs) = acknowledged? {
+                acked.extend(seqs);
+            }
+        }
         if shutdown.is_cancelled() {
-            if !unmarked.is_empty() {
-                lease.mark_published(&unmarked).await?;
+            if let Some(batch) = in_flight.take() {
+                acked.extend(batch.acknowledged().await?);
+            }
+            if !acked.is_empty() {
+                lease.mark_published(&acked).await?;
             }
             return Ok(());
         }
-        let rows = lease.mark_and_fetch(&unmarked, cfg.batch.max(1)).await?;
-        unmarked.clear();
-        if rows.is_empty() {
-            tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
-                _ = listener.notified() => {
-                    if linger > Duration::ZERO {
-                        tokio::time::sleep(linger).await;
-                    }
-                    // What arrived meanwhile is in the read that follows.
-                    listener.drain();
+        let read_started = std::time::Instant::now();
+        let leave_out: Vec<i64> = in_flight
+            .as_ref()
+            .map(|b| b.seqs.clone())
+            .unwrap_or_default();
+        let batch_size = cfg.batch.max(1);
+        let (rows, acknowledged) = tokio::join!(
+            lease.mark_and_fetch(&acked, &leave_out, batch_size),
+            async {
+                match in_flight.take() {
+                    Some(batch) => batch.acknowledged().await.map(Some),
+                    None => Ok(None),
                 }
-                _ = tokio::time::sleep(poll) => { lease.check().await?; }
             }
+        );
+        let rows = rows?;
+        acked.clear();
+        if let Some(seqs) = acknowledged? {
+            acked = seqs;
+        }
+        caught_up = (rows.len() as i64) < batch_size;
+        if rows.is_empty() {
             continue;
         }
-        let mut acks = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let mut headers: Vec<(String, String)> = row
-                .headers
-                .as_object()
-                .map(|m| {
-                    m.iter()
-                        .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
-                        .collect()
-                })
-                .unwrap_or_default();
-            relay_hop(&row.subject, &mut headers);
-            let payload = serde_json::to_vec(&row.payload).unwrap_or_default();
-            acks.push(
-                bus.publish_pipelined(&row.subject, &row.id, &headers, payload.into())
-                    .await?,
-            );
-        }
-        for ack in acks {
-            ack.await?;
-        }
+        metrics::histogram!("bcm_outbox_relay_round_seconds", "phase" => "read")
+            .record(read_started.elapsed().as_secs_f64());
+        let batch = publish(bus, rows).await?;
         *published_batches += 1;
         if faults
             .halt_after_publishing_batches
             .is_some_and(|n| *published_batches >= n)
         {
+            // As if killed once this batch is out: the batch before it
+            // is marked (its statement would have run meanwhile), this
+            // one is not.
+            batch.acknowledged().await?;
+            if !acked.is_empty() {
+                lease.mark_published(&acked).await?;
+            }
             return Err(RoundError::Halted);
         }
-        unmarked = rows.iter().map(|r| r.seq).collect();
-        // From each row's commit (about: its insert) to the server's ack.
-        let now = chrono::Utc::now();
-        for row in &rows {
-            let lag = (now - row.created_at)
-                .num_microseconds()
-                .unwrap_or(0)
-                .max(0);
-            metrics::histogram!("bcm_outbox_lag_seconds").record(lag as f64 / 1e6);
-        }
-        metrics::counter!("bcm_outbox_published_total").increment(rows.len() as u64);
+        in_flight = Some(batch);
     }
 }

@@ -154,26 +154,29 @@ impl RelayLease {
     }
 
     /// Marks `published` published and reads the oldest unpublished
-    /// messages other than those, in one statement on the lease's own
-    /// connection: the relay's mark of one batch and its read of the next
-    /// cost one round trip and one commit. (The statement's read sees the
-    /// table as it was before the mark, hence the exclusion.) A relay that
-    /// dies between publishing a batch and this call publishes it again;
-    /// JetStream drops the repeat by its message id.
+    /// messages other than those and `leave_out` (published, not yet
+    /// acknowledged), in one statement on the lease's own connection: the
+    /// relay's mark of one batch and its read of the next cost one round
+    /// trip and one commit. (The statement's read sees the table as it was
+    /// before the mark, hence the exclusion.) A relay that dies between
+    /// publishing a batch and marking it publishes it again; JetStream
+    /// drops the repeat by its message id.
     pub async fn mark_and_fetch(
         &mut self,
         published: &[i64],
+        leave_out: &[i64],
         limit: i64,
     ) -> Result<Vec<OutboxMessage>, DbError> {
-        if published.is_empty() {
+        if published.is_empty() && leave_out.is_empty() {
             return self.fetch_unpublished(limit).await;
         }
         Ok(sqlx::query_as(
             "WITH marked AS (UPDATE outbox SET published_at = now() WHERE seq = ANY($1)) \
              SELECT seq, id, subject, payload, headers, created_at FROM outbox \
-             WHERE published_at IS NULL AND seq <> ALL($1) ORDER BY seq LIMIT $2",
+             WHERE published_at IS NULL AND seq <> ALL($1) AND seq <> ALL($2) ORDER BY seq LIMIT $3",
         )
         .bind(published)
+        .bind(leave_out)
         .bind(limit)
         .fetch_all(&mut self.conn)
         .await?)

@@ -1170,3 +1170,73 @@ async fn a_heartbeat_records_its_fact_and_nudges_the_steps_waiting_for_the_agent
         Some(serde_json::json!({"role": "node", "seen": 2, "event": "heartbeat"}))
     );
 }
+
+#[tokio::test]
+async fn the_relays_read_leaves_out_what_is_in_flight_and_marks_only_what_was_acknowledged() {
+    let db = support::fresh_db("relay_read").await;
+    let mut tx = db.begin().await.expect("tx");
+    let msgs: Vec<bcm_db::outbox::NewOutboxMessage> = (0..5)
+        .map(|i| bcm_db::outbox::NewOutboxMessage {
+            id: format!("ev-{i}"),
+            subject: "t.events".into(),
+            payload: serde_json::json!({ "i": i }),
+            headers: Default::default(),
+            node_id: None,
+        })
+        .collect();
+    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &msgs)
+        .await
+        .expect("insert");
+    tx.commit().await.expect("commit");
+    let mut lease = bcm_db::outbox::RelayLease::try_acquire(&db)
+        .await
+        .expect("lease")
+        .expect("no other relay");
+    let ids = |rows: &[bcm_db::outbox::OutboxMessage]| -> Vec<String> {
+        rows.iter().map(|r| r.id.clone()).collect()
+    };
+    let seqs = |rows: &[bcm_db::outbox::OutboxMessage]| -> Vec<i64> {
+        rows.iter().map(|r| r.seq).collect()
+    };
+
+    let first = lease.mark_and_fetch(&[], &[], 2).await.expect("read");
+    assert_eq!(ids(&first), ["ev-0", "ev-1"]);
+    // The first batch in flight: the next read passes over it, marks nothing.
+    let second = lease
+        .mark_and_fetch(&[], &seqs(&first), 2)
+        .await
+        .expect("read");
+    assert_eq!(ids(&second), ["ev-2", "ev-3"]);
+    assert_eq!(
+        bcm_db::outbox::outbox_backlog(&db).await.expect("backlog"),
+        5
+    );
+    // The first acknowledged, the second in flight.
+    let third = lease
+        .mark_and_fetch(&seqs(&first), &seqs(&second), 10)
+        .await
+        .expect("read");
+    assert_eq!(
+        ids(&third),
+        ["ev-4"],
+        "neither the marked batch nor the one in flight"
+    );
+    assert_eq!(
+        bcm_db::outbox::outbox_backlog(&db).await.expect("backlog"),
+        3,
+        "only the acknowledged batch is marked"
+    );
+    let none = lease
+        .mark_and_fetch(&seqs(&second), &seqs(&third), 10)
+        .await
+        .expect("read");
+    assert!(none.is_empty(), "{:?}", ids(&none));
+    assert_eq!(
+        bcm_db::outbox::outbox_backlog(&db).await.expect("backlog"),
+        1
+    );
+    // A relay that stopped here (the last batch published, not marked)
+    // reads it again from the start.
+    let again = lease.mark_and_fetch(&[], &[], 10).await.expect("read");
+    assert_eq!(ids(&again), ["ev-4"]);
+}
