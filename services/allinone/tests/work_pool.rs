@@ -1,9 +1,10 @@
-//! A `bcm` process that runs the API beside background services (the
-//! relay, the reconciler) gives those services a pool of their own
+//! A `bcm` process that runs the API beside background services (here the
+//! reconciler) gives those services a pool of their own
 //! (`work_connections`, 16 by default), so their batches never hold the connections the
 //! verbs and reads wait for: after one enroll, the process's metrics show
-//! the verb's transaction on the API's `main` pool and the relay's and
-//! reconciler's on `work`.
+//! the verb's transaction on the API's `main` pool and the reconciler's on
+//! `work`. (The relay, also run here, has a pool of its own on a thread of
+//! its own.)
 
 use bcm_testkit::{Options, TestEnv};
 use std::time::Duration;
@@ -64,7 +65,7 @@ async fn background_services_beside_the_api_wait_on_a_pool_of_their_own() {
         r.text().await
     };
     // A verb: its transaction is the API's; the relay publishes its event
-    // and the reconciler answers it, in theirs.
+    // and the reconciler answers it, in its own.
     let enroll = || async {
         http.post(format!("http://{listen}/api/compute/metal/enroll"))
             .bearer_auth(token)

@@ -904,15 +904,16 @@ pub async fn run(
         .serving()
         .map_err(|e| StartError::Config(format!("api.tls: {e}")))?;
     let state = prepare(&cfg).await?;
-    let relay = cfg.relay.enabled.then(|| {
-        tokio::spawn(relay::run(
-            state.inner.db.clone(),
-            state.inner.bus.clone(),
+    let relay = if cfg.relay.enabled {
+        Some(relay::run_on_own_thread(
+            cfg.database_url.clone(),
+            cfg.bus.clone(),
             cfg.relay.clone(),
-            relay::RelayFaults::default(),
             shutdown.clone(),
-        ))
-    });
+        )?)
+    } else {
+        None
+    };
     tracing::info!(addr = %listener.local_addr()?, tls = matches!(serving, bcm_pki::tls::Serving::Tls(_)), "metal API listening");
     let app = router(state.clone());
     // The drain's deadline runs from the stop (or from the server's end

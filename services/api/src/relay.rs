@@ -84,6 +84,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let mut published_batches = 0u32;
+    let mut pruning = Pruning::default();
     while !shutdown.is_cancelled() {
         let lease = match bcm_db::outbox::RelayLease::try_acquire(&db).await {
             Ok(Some(l)) => l,
@@ -105,6 +106,7 @@ pub async fn run(
             &cfg,
             faults,
             &mut published_batches,
+            &mut pruning,
             lease,
             &shutdown,
         )
@@ -112,7 +114,7 @@ pub async fn run(
         {
             Err(RoundError::Halted) => {
                 tracing::warn!("outbox relay halted by fault injection");
-                return;
+                break;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "outbox relay lost its footing; retrying");
@@ -121,6 +123,7 @@ pub async fn run(
             Ok(()) => {}
         }
     }
+    pruning.stop();
 }
 
 /// Runs the relay ([`run`]) on a thread of its own, with a runtime, a NATS
@@ -129,8 +132,11 @@ pub async fn run(
 /// at the height of a release, a round of 600 messages waited 840 ms for
 /// its acknowledgements behind ten thousand agents' requests, and events
 /// waited seconds in the outbox (`bench-lifecycle --nodes 10000
-/// --processes`, docs/performance.md). The task returned ends when the
-/// relay has stopped.
+/// --processes`, docs/performance.md). Postgres or NATS away at the start
+/// is waited for, as the lease is. The task returned ends when the relay
+/// has stopped (its pool is closed after, a second at most); a panic on
+/// the thread stops the process, which would otherwise serve on with no
+/// relay.
 pub fn run_on_own_thread(
     database_url: String,
     bus: bcm_bus::BusConfig,
@@ -141,6 +147,7 @@ pub fn run_on_own_thread(
     std::thread::Builder::new()
         .name("bcm-relay".into())
         .spawn(move || {
+            let _stop_on_panic = StopOnPanic(shutdown.clone());
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -153,30 +160,94 @@ pub fn run_on_own_thread(
                 }
             };
             runtime.block_on(async move {
-                let db = match Db::connect(&database_url, 3).await {
-                    Ok(db) => db.named("relay"),
-                    Err(e) => {
-                        tracing::error!(error = %e, "the outbox relay cannot reach Postgres");
-                        shutdown.cancel();
-                        return;
-                    }
+                let Some(db) = until_stopped(&shutdown, "Postgres", || async {
+                    Db::connect_waiting(&database_url, 3, Duration::from_secs(5)).await
+                })
+                .await
+                else {
+                    return;
                 };
-                let bus = match Bus::attach(&bus).await {
-                    Ok(bus) => bus,
-                    Err(e) => {
-                        tracing::error!(error = %e, "the outbox relay cannot reach NATS");
-                        shutdown.cancel();
-                        return;
-                    }
-                };
-                run(db.clone(), bus, cfg, RelayFaults::default(), shutdown).await;
-                db.close().await;
+                let db = db.named("relay");
+                if let Some(bus) = until_stopped(&shutdown, "NATS", || Bus::attach(&bus)).await {
+                    run(db.clone(), bus, cfg, RelayFaults::default(), shutdown).await;
+                }
+                let _ = stopped.send(());
+                let _ = tokio::time::timeout(Duration::from_secs(1), db.close()).await;
             });
-            drop(stopped);
         })?;
     Ok(tokio::spawn(async move {
         let _ = on_stop.await;
     }))
+}
+
+/// Cancels the process's stop token if the thread it lives on panics.
+struct StopOnPanic(CancellationToken);
+
+impl Drop for StopOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!("the outbox relay's thread panicked; stopping");
+            self.0.cancel();
+        }
+    }
+}
+
+/// `connect` again, each second, until it succeeds or `shutdown`.
+async fn until_stopped<T, E, F, Fut>(
+    shutdown: &CancellationToken,
+    what: &str,
+    connect: F,
+) -> Option<T>
+where
+    E: std::fmt::Display,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    while !shutdown.is_cancelled() {
+        match connect().await {
+            Ok(v) => return Some(v),
+            Err(e) => {
+                tracing::warn!(error = %e, "the outbox relay cannot reach {what} yet; trying again");
+                wait(shutdown, Duration::from_secs(1)).await;
+            }
+        }
+    }
+    None
+}
+
+/// The week's prune of published rows: at most one at a time, across the
+/// relay's leases, beside the relay rather than in its way (a prune reads
+/// the whole table).
+#[derive(Default)]
+struct Pruning {
+    next: Option<tokio::time::Instant>,
+    running: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Pruning {
+    fn when_due(&mut self, db: &Db) {
+        let now = tokio::time::Instant::now();
+        if self.next.is_some_and(|next| now < next)
+            || self.running.as_ref().is_some_and(|p| !p.is_finished())
+        {
+            return;
+        }
+        self.next = Some(now + Duration::from_secs(600));
+        let db = db.clone();
+        self.running = Some(tokio::spawn(async move {
+            match bcm_db::outbox::outbox_prune(&db, PUBLISHED_RETENTION).await {
+                Ok(n) if n > 0 => tracing::info!(rows = n, "pruned published outbox rows"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "outbox prune failed"),
+            }
+        }));
+    }
+
+    fn stop(&mut self) {
+        if let Some(p) = self.running.take() {
+            p.abort();
+        }
+    }
 }
 
 async fn wait(shutdown: &CancellationToken, d: Duration) {
@@ -273,123 +344,156 @@ async fn publish(
 /// (acknowledged) and reads the next (leaving out both). A batch is
 /// published only once the one before it is acknowledged, so messages go
 /// out in sequence order and a failed publish stops the relay before
-/// anything after it; a batch is marked only once acknowledged.
+/// anything after it; a batch is marked only once acknowledged, and what
+/// was acknowledged is marked before the relay gives up on NATS (a batch
+/// published again after an outage longer than JetStream's duplicate
+/// window would reach consumers twice).
+#[allow(clippy::too_many_arguments)]
 async fn lead(
     db: &Db,
     bus: &Bus,
     cfg: &RelayConfig,
     faults: RelayFaults,
     published_batches: &mut u32,
-    mut lease: bcm_db::outbox::RelayLease,
+    pruning: &mut Pruning,
+    lease: bcm_db::outbox::RelayLease,
     shutdown: &CancellationToken,
 ) -> Result<(), RoundError> {
-    let mut listener = bcm_db::outbox::outbox_listener(db).await;
-    let poll = Duration::from_millis(cfg.poll_ms.max(10));
-    let linger = Duration::from_millis(cfg.linger_ms.min(100));
-    let mut next_prune = tokio::time::Instant::now();
-    let mut pruning: Option<tokio::task::JoinHandle<()>> = None;
-    // Published and acknowledged, not yet marked: marked by the next read.
-    let mut acked: Vec<i64> = vec![];
-    // Published, acknowledgements awaited during the next read.
-    let mut in_flight: Option<InFlight> = None;
-    // The last read found less than a batch: the next waits for commits.
-    let mut caught_up = false;
-    loop {
-        if tokio::time::Instant::now() >= next_prune
-            && pruning.as_ref().is_none_or(|p| p.is_finished())
-        {
-            // Published rows are kept a week for audits, then pruned, off
-            // the relay's way (a prune reads the whole table).
-            let db = db.clone();
-            pruning = Some(tokio::spawn(async move {
-                match bcm_db::outbox::outbox_prune(&db, PUBLISHED_RETENTION).await {
-                    Ok(n) if n > 0 => tracing::info!(rows = n, "pruned published outbox rows"),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "outbox prune failed"),
-                }
-            }));
-            next_prune += Duration::from_secs(600);
-        }
-        if caught_up {
-            // Nothing else was waiting: the next read waits, as the batch
-            // just published is acknowledged, for a notification and the
-            // linger (so the commits of that moment go out together, and a
-            // relay that keeps up does not read a few rows at a time), or
-            // for the poll interval.
-            let acknowledged = async {
-                match in_flight.take() {
-                    Some(batch) => batch.acknowledged().await.map(Some),
-                    None => Ok(None),
-                }
-            };
-            let woken = async {
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    _ = listener.notified() => {
-                        if linger > Duration::ZERO {
-                            tokio::time::sleep(linger).await;
-                        }
-                        // What arrived meanwhile is in the read that follows.
-                        listener.drain();
-                    }
-                    _ = tokio::time::sleep(poll) => {}
-                }
-            };
-            let (acknowledged, ()) = tokio::join!(acknowledged, woken);
-            if let Some(seqs) = acknowledged? {
-                acked.extend(seqs);
+    let mut rounds = Rounds {
+        lease,
+        listener: bcm_db::outbox::outbox_listener(db).await,
+        acked: vec![],
+        in_flight: None,
+    };
+    let outcome = rounds
+        .run(db, bus, cfg, faults, published_batches, pruning, shutdown)
+        .await;
+    if let Err(RoundError::Bus(_)) = &outcome {
+        if !rounds.acked.is_empty() {
+            if let Err(e) = rounds.lease.mark_published(&rounds.acked).await {
+                tracing::warn!(error = %e, "cannot mark the acknowledged batch published; it will be published again");
             }
         }
-        if shutdown.is_cancelled() {
-            if let Some(batch) = in_flight.take() {
-                acked.extend(batch.acknowledged().await?);
-            }
-            if !acked.is_empty() {
-                lease.mark_published(&acked).await?;
-            }
-            return Ok(());
-        }
-        let read_started = std::time::Instant::now();
-        let leave_out: Vec<i64> = in_flight
-            .as_ref()
-            .map(|b| b.seqs.clone())
-            .unwrap_or_default();
+    }
+    outcome
+}
+
+/// The relay's state while it holds the lease.
+struct Rounds {
+    lease: bcm_db::outbox::RelayLease,
+    listener: bcm_db::outbox::OutboxListener,
+    /// Published and acknowledged, not yet marked: marked by the next read.
+    acked: Vec<i64>,
+    /// Published, acknowledgements awaited during the next read.
+    in_flight: Option<InFlight>,
+}
+
+impl Rounds {
+    #[allow(clippy::too_many_arguments)]
+    async fn run(
+        &mut self,
+        db: &Db,
+        bus: &Bus,
+        cfg: &RelayConfig,
+        faults: RelayFaults,
+        published_batches: &mut u32,
+        pruning: &mut Pruning,
+        shutdown: &CancellationToken,
+    ) -> Result<(), RoundError> {
+        let poll = Duration::from_millis(cfg.poll_ms.max(10));
+        let linger = Duration::from_millis(cfg.linger_ms.min(100));
         let batch_size = cfg.batch.max(1);
-        let (rows, acknowledged) = tokio::join!(
-            lease.mark_and_fetch(&acked, &leave_out, batch_size),
-            async {
-                match in_flight.take() {
-                    Some(batch) => batch.acknowledged().await.map(Some),
-                    None => Ok(None),
+        // The last read found less than a batch: the next waits for commits.
+        let mut caught_up = false;
+        loop {
+            pruning.when_due(db);
+            if caught_up {
+                // Nothing else was waiting: the next read waits, as the
+                // batch just published is acknowledged, for a notification
+                // and the linger (so the commits of that moment go out
+                // together, not a few rows a round), or the poll interval.
+                let in_flight = self.in_flight.take();
+                let listener = &mut self.listener;
+                let acknowledged = async {
+                    match in_flight {
+                        Some(batch) => batch.acknowledged().await.map(Some),
+                        None => Ok(None),
+                    }
+                };
+                let woken = async {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => {}
+                        _ = listener.notified() => {
+                            if linger > Duration::ZERO {
+                                tokio::time::sleep(linger).await;
+                            }
+                            // What arrived meanwhile is in the read that follows.
+                            listener.drain();
+                        }
+                        _ = tokio::time::sleep(poll) => {}
+                    }
+                };
+                let (acknowledged, ()) = tokio::join!(acknowledged, woken);
+                if let Some(seqs) = acknowledged? {
+                    self.acked.extend(seqs);
                 }
             }
-        );
-        let rows = rows?;
-        acked.clear();
-        if let Some(seqs) = acknowledged? {
-            acked = seqs;
-        }
-        caught_up = (rows.len() as i64) < batch_size;
-        if rows.is_empty() {
-            continue;
-        }
-        metrics::histogram!("bcm_outbox_relay_round_seconds", "phase" => "read")
-            .record(read_started.elapsed().as_secs_f64());
-        let batch = publish(bus, rows).await?;
-        *published_batches += 1;
-        if faults
-            .halt_after_publishing_batches
-            .is_some_and(|n| *published_batches >= n)
-        {
-            // As if killed once this batch is out: the batch before it
-            // is marked (its statement would have run meanwhile), this
-            // one is not.
-            batch.acknowledged().await?;
-            if !acked.is_empty() {
-                lease.mark_published(&acked).await?;
+            if shutdown.is_cancelled() {
+                // What is acknowledged first, then what is still on its way.
+                if !self.acked.is_empty() {
+                    self.lease.mark_published(&self.acked).await?;
+                    self.acked.clear();
+                }
+                if let Some(batch) = self.in_flight.take() {
+                    self.acked = batch.acknowledged().await?;
+                    self.lease.mark_published(&self.acked).await?;
+                }
+                return Ok(());
             }
-            return Err(RoundError::Halted);
+            let leave_out: Vec<i64> = self
+                .in_flight
+                .as_ref()
+                .map(|b| b.seqs.clone())
+                .unwrap_or_default();
+            let in_flight = self.in_flight.take();
+            let (lease, acked) = (&mut self.lease, &self.acked);
+            let (read, acknowledged) = tokio::join!(
+                async {
+                    let started = std::time::Instant::now();
+                    let rows = lease.mark_and_fetch(acked, &leave_out, batch_size).await;
+                    metrics::histogram!("bcm_outbox_relay_round_seconds", "phase" => "read")
+                        .record(started.elapsed().as_secs_f64());
+                    rows
+                },
+                async {
+                    match in_flight {
+                        Some(batch) => batch.acknowledged().await.map(Some),
+                        None => Ok(None),
+                    }
+                }
+            );
+            let rows = read?;
+            // Marked by that statement.
+            self.acked.clear();
+            if let Some(seqs) = acknowledged? {
+                self.acked = seqs;
+            }
+            caught_up = (rows.len() as i64) < batch_size;
+            if rows.is_empty() {
+                continue;
+            }
+            let batch = publish(bus, rows).await?;
+            *published_batches += 1;
+            if faults
+                .halt_after_publishing_batches
+                .is_some_and(|n| *published_batches >= n)
+            {
+                // As if killed once this batch is out: neither it nor the
+                // acknowledged batch before it is marked.
+                batch.acknowledged().await?;
+                return Err(RoundError::Halted);
+            }
+            self.in_flight = Some(batch);
         }
-        in_flight = Some(batch);
     }
 }

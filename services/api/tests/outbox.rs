@@ -52,7 +52,9 @@ async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_or
         "events plus one reconcile request per verb, nothing published yet"
     );
 
-    // The first relay publishes two batches and dies before marking the second.
+    // The first relay publishes three batches and dies: the first was
+    // marked (while the second was acknowledged), the second was
+    // acknowledged and the third published, neither marked.
     let small = RelayConfig {
         enabled: true,
         batch: 7,
@@ -62,7 +64,7 @@ async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_or
     let crashed = env.spawn_relay_with(
         small.clone(),
         RelayFaults {
-            halt_after_publishing_batches: Some(2),
+            halt_after_publishing_batches: Some(3),
         },
     );
     crashed.await.expect("relay task");
@@ -72,7 +74,7 @@ async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_or
     assert_eq!(
         left,
         backlog - 7,
-        "only the first batch was marked; the second was published but not marked"
+        "only the first batch was marked; the second and third were published but not marked"
     );
 
     // A new relay republishes from the first unmarked row.
