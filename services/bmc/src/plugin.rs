@@ -107,7 +107,7 @@ impl PluginDriver {
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
         let exchange = async {
-            let mut child = cmd.spawn()?;
+            let mut child = spawn_once_not_busy(&mut cmd).await?;
             if let Some(mut stdin) = child.stdin.take() {
                 stdin.write_all(input.expose_secret().as_bytes()).await?;
                 stdin.shutdown().await?;
@@ -284,4 +284,25 @@ pub fn plugin_error(e: &BmcError) -> PluginError {
         message,
         status,
     }
+}
+
+/// Starts the plugin. Linux refuses to run an executable that is open for
+/// writing anywhere (ETXTBSY): a plugin being installed at that moment,
+/// or one written by this process while another thread forked (the child
+/// holds the writer's descriptor until its own exec). That lasts moments,
+/// so it is tried again, pausing 10 ms doubling, for about 0.6 s in all.
+async fn spawn_once_not_busy(
+    cmd: &mut tokio::process::Command,
+) -> std::io::Result<tokio::process::Child> {
+    let mut pause = std::time::Duration::from_millis(10);
+    for _ in 0..6 {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            started => return started,
+        }
+    }
+    cmd.spawn()
 }

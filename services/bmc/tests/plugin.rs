@@ -1,8 +1,9 @@
 //! The driver plugin protocol at its edges: a driver the site hosts no
 //! plugin for answers `unsupported-driver`; a plugin that exits non-zero,
 //! answers garbage or outlives its time-out is a failed operation that
-//! names the plugin (never a hang, never a crash); `bcx-ipmi` answers a
-//! request it cannot read with `invalid` and exits 0.
+//! names the plugin (never a hang, never a crash); a plugin still open for
+//! writing for a moment (being installed) runs once it is closed;
+//! `bcx-ipmi` answers a request it cannot read with `invalid` and exits 0.
 
 use bcm_bmc::driver::{Driver, DriverSettings};
 use bcm_bmc::error::BmcError;
@@ -209,5 +210,40 @@ esac
             && e.to_string().contains("plugins.other-vendor"),
         "{e}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A plugin executable still open for writing cannot be run (ETXTBSY):
+/// one being installed, or, in a test process, one whose writer's
+/// descriptor a thread's fork holds for a moment (the flake this came
+/// from). The operation waits for the writer to close, briefly, instead
+/// of failing.
+#[tokio::test]
+async fn a_plugin_still_being_written_runs_once_its_writer_closes() {
+    let dir = std::env::temp_dir().join(format!("bcm-plugin-busy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let exe = dir.join("bcx-busy");
+    let mut writer = std::fs::File::create(&exe).expect("create");
+    writer
+        .write_all(b"#!/bin/sh\ncat >/dev/null\necho '{\"ok\":{\"op\":\"powerState\",\"output\":\"on\"}}'\n")
+        .expect("write");
+    writer.flush().expect("flush");
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    // Open for writing: running it now is refused by the kernel.
+    let refused = std::process::Command::new(&exe)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect_err("busy while open for writing");
+    assert_eq!(refused.kind(), std::io::ErrorKind::ExecutableFileBusy);
+    let d = open(&with_plugin(exe.clone(), Duration::from_secs(10))).expect("driver");
+    let closing = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(writer);
+    });
+    assert_eq!(
+        d.power_state().await.expect("runs once closed"),
+        bcm_core::PowerState::On
+    );
+    closing.await.expect("closed");
     let _ = std::fs::remove_dir_all(&dir);
 }
