@@ -305,6 +305,14 @@ impl InFlight {
     }
 }
 
+/// The batch's sequence numbers once acknowledged, if one is in flight.
+async fn acknowledged_if(in_flight: Option<InFlight>) -> Result<Option<Vec<i64>>, RoundError> {
+    match in_flight {
+        Some(batch) => batch.acknowledged().await.map(Some),
+        None => Ok(None),
+    }
+}
+
 /// Publishes `rows` in order without waiting for their acknowledgements.
 async fn publish(
     bus: &Bus,
@@ -414,12 +422,7 @@ impl Rounds {
                 // together, not a few rows a round), or the poll interval.
                 let in_flight = self.in_flight.take();
                 let listener = &mut self.listener;
-                let acknowledged = async {
-                    match in_flight {
-                        Some(batch) => batch.acknowledged().await.map(Some),
-                        None => Ok(None),
-                    }
-                };
+                let acknowledged = acknowledged_if(in_flight);
                 let woken = async {
                     tokio::select! {
                         _ = shutdown.cancelled() => {}
@@ -465,12 +468,7 @@ impl Rounds {
                         .record(started.elapsed().as_secs_f64());
                     rows
                 },
-                async {
-                    match in_flight {
-                        Some(batch) => batch.acknowledged().await.map(Some),
-                        None => Ok(None),
-                    }
-                }
+                acknowledged_if(in_flight)
             );
             let rows = read?;
             // Marked by that statement.
