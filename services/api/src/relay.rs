@@ -56,11 +56,16 @@ impl Default for RelayConfig {
     }
 }
 
-/// Fault injection for crash tests: the relay stops (as if killed) after
-/// publishing this many batches, before it marks the last one published.
+/// Fault injection for crash tests.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RelayFaults {
+    /// The relay stops (as if killed) after publishing this many batches,
+    /// before it marks the last one published.
     pub halt_after_publishing_batches: Option<u32>,
+    /// NATS refuses the publish of this batch (counted from 1), after the
+    /// batch before it was acknowledged and before it was marked; the relay
+    /// gives up on NATS as it would then, and stops.
+    pub refuse_publishing_batch: Option<u32>,
 }
 
 /// Why a relay round failed.
@@ -114,6 +119,10 @@ pub async fn run(
         {
             Err(RoundError::Halted) => {
                 tracing::warn!("outbox relay halted by fault injection");
+                break;
+            }
+            Err(RoundError::Bus(e)) if faults.refuse_publishing_batch.is_some() => {
+                tracing::warn!(error = %e, "outbox relay halted by fault injection");
                 break;
             }
             Err(e) => {
@@ -479,6 +488,16 @@ impl Rounds {
             caught_up = (rows.len() as i64) < batch_size;
             if rows.is_empty() {
                 continue;
+            }
+            if faults
+                .refuse_publishing_batch
+                .is_some_and(|n| *published_batches + 1 >= n)
+            {
+                return Err(bcm_bus::BusError::Publish {
+                    subject: rows[0].subject.clone(),
+                    why: "refused by fault injection".into(),
+                }
+                .into());
             }
             let batch = publish(bus, rows).await?;
             *published_batches += 1;

@@ -65,6 +65,7 @@ async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_or
         small.clone(),
         RelayFaults {
             halt_after_publishing_batches: Some(3),
+            ..Default::default()
         },
     );
     crashed.await.expect("relay task");
@@ -104,6 +105,74 @@ async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_or
         let prev = last.insert(node.clone(), v).unwrap_or(0);
         assert!(v >= prev, "node {node}: version {v} after {prev}");
     }
+}
+
+#[tokio::test]
+async fn a_relay_that_gives_up_on_nats_marks_what_nats_acknowledged() {
+    let env = TestEnv::start_with(Options {
+        relay: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let reader = env
+        .events_consumer("refused", &env.subjects().events_of_tenant(&tenant_a()))
+        .await
+        .expect("consumer");
+    let mut events = 0;
+    for _ in 0..10 {
+        env.enroll("a", "a-pool").await.expect("enroll");
+        events += 2; // node.enrolled, node.provision.enrolling
+    }
+    let backlog = bcm_db::outbox::outbox_backlog(&env.db)
+        .await
+        .expect("backlog");
+    assert_eq!(backlog, 30, "two events and a reconcile request per node");
+
+    // Batches 1 and 2 go out; while 2 is acknowledged, the read marks 1 and
+    // reads 3; NATS refuses 3. Batch 2 was acknowledged and not yet marked:
+    // the relay marks it before it gives up, so that it is not published
+    // again after an outage longer than JetStream's duplicate window.
+    let small = RelayConfig {
+        enabled: true,
+        batch: 7,
+        poll_ms: 50,
+        linger_ms: 5,
+    };
+    let refused = env.spawn_relay_with(
+        small.clone(),
+        RelayFaults {
+            refuse_publishing_batch: Some(3),
+            ..Default::default()
+        },
+    );
+    refused.await.expect("relay task");
+    let left = bcm_db::outbox::outbox_backlog(&env.db)
+        .await
+        .expect("backlog");
+    assert_eq!(
+        left,
+        backlog - 14,
+        "both acknowledged batches are marked, the refused one is not"
+    );
+
+    let _relay = env.spawn_relay_with(small, RelayFaults::default());
+    eventually(Duration::from_secs(30), || async {
+        Ok((bcm_db::outbox::outbox_backlog(&env.db).await? == 0).then_some(()))
+    })
+    .await
+    .expect("backlog drains");
+    let got = reader
+        .read(events, Duration::from_secs(30))
+        .await
+        .expect("events");
+    let extra = reader
+        .read(1, Duration::from_millis(500))
+        .await
+        .expect("events");
+    assert!(extra.is_empty(), "a duplicate arrived: {extra:?}");
+    let ids: HashSet<&str> = got.iter().map(|e| e.event.id.as_str()).collect();
+    assert_eq!(ids.len(), events, "every CloudEvents id exactly once");
 }
 
 #[tokio::test]
