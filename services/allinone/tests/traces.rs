@@ -328,6 +328,12 @@ const EXPECTED: &[Expected] = &[
         &[("phase", "publish")],
     ),
     ("workflow", "bcm_workflow_commands_issued_total", &[]),
+    ("workflow", "bcm_workflow_txn_seconds", &[("what", "steps")]),
+    (
+        "workflow",
+        "bcm_workflow_txn_seconds",
+        &[("what", "results")],
+    ),
     (
         "workflow",
         "bcm_workflow_step_seconds",

@@ -202,8 +202,16 @@ impl Writes {
 
     /// Writes everything; call once, just before the commit. Returns the
     /// metrics to record once it committed.
+    ///
+    /// The messages' CloudEvent `time` is set here, to one instant for all:
+    /// a batch of 64 workflows builds its first events long before it
+    /// commits, and an event says when its change was written.
     pub async fn flush(mut self, tx: &mut Tx<'_>) -> Result<Observed, DbError> {
         self.flush_rows(tx).await?;
+        let now = Utc::now();
+        for m in &mut self.events {
+            bcm_bus::outgoing::stamp(&mut m.payload, now);
+        }
         bcm_db::commands::commands_insert_many_in_txn(tx, &self.commands).await?;
         bcm_db::outbox::outbox_insert_in_txn(tx, &self.events).await?;
         Ok(self.observed)
@@ -220,6 +228,7 @@ impl Writes {
 /// it. A batch that fails is retried one workflow per transaction, so one
 /// workflow's fault never holds up the others.
 pub async fn tick(ctx: &Ctx) -> Result<Tick, DbError> {
+    let started = std::time::Instant::now();
     let mut tx = ctx.db.begin().await?;
     let batch = ctx.cfg.batch.max(1) as i64;
     let claimed = bcm_db::workflows::steps_claim_due_many_in_txn(&mut tx, batch).await?;
@@ -234,6 +243,8 @@ pub async fn tick(ctx: &Ctx) -> Result<Tick, DbError> {
         }
         Ok((_, observed)) => {
             tx.commit().await?;
+            metrics::histogram!("bcm_workflow_txn_seconds", "what" => "steps")
+                .record(started.elapsed().as_secs_f64());
             observed.emit();
             Ok(Tick::Advanced)
         }

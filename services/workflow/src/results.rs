@@ -58,6 +58,7 @@ pub async fn record_many(
     ctx: &Ctx,
     answered: &[SiteResult],
 ) -> Result<Vec<Recorded>, bcm_db::DbError> {
+    let started = std::time::Instant::now();
     let results: Vec<&CommandResult> = answered.iter().map(|a| &a.result).collect();
     let mut tx = ctx.db.begin().await?;
     let rows: Vec<bcm_db::commands::NewResult<'_>> = answered
@@ -120,6 +121,8 @@ pub async fn record_many(
         .collect();
     let known = bcm_db::commands::command_kinds_in_txn(&mut tx, &missed).await?;
     tx.commit().await?;
+    metrics::histogram!("bcm_workflow_txn_seconds", "what" => "results")
+        .record(started.elapsed().as_secs_f64());
     observed.emit();
     drop(spans);
     Ok(answered

@@ -133,7 +133,55 @@ pub fn batch_event<T: Serialize>(
     }
 }
 
+/// Sets the CloudEvent `time` of a message built earlier in its
+/// transaction to `time`. A transaction that advances many workflows builds
+/// its first events long before it commits; stamped again just before the
+/// commit, each says when its change was written, not when the work behind
+/// it began. A payload that is not a CloudEvent is left as it is.
+pub fn stamp(payload: &mut serde_json::Value, time: chrono::DateTime<chrono::Utc>) {
+    if let Some(t) = payload.get_mut("time") {
+        if let Ok(v) = serde_json::to_value(time) {
+            *t = v;
+        }
+    }
+}
+
 /// The `node.provision.<state>` type for a state.
 pub fn provision_type(state: ProvisionState) -> String {
     types::node_provision(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_moves_the_time_and_nothing_else() {
+        let subjects = Subjects::new(None, 1);
+        let node = NodeId::generate();
+        let tenant: TenantId = "acme".parse().expect("a tenant id");
+        let about = About {
+            node: &node,
+            tenant: &tenant,
+            version: 3,
+            batch: None,
+        };
+        let mut o = event(&subjects, about, "node.test", serde_json::json!({"a": 1}));
+        let before = o.payload.clone();
+        let later = chrono::Utc::now() + chrono::Duration::seconds(5);
+        stamp(&mut o.payload, later);
+
+        let ev: CloudEvent<serde_json::Value> =
+            serde_json::from_value(o.payload.clone()).expect("still a CloudEvent");
+        assert_eq!(ev.time, later);
+        let (mut a, mut b) = (before, o.payload);
+        for v in [&mut a, &mut b] {
+            v.as_object_mut().expect("an object").remove("time");
+        }
+        assert_eq!(a, b, "only the time changed");
+
+        let mut not_an_event = serde_json::json!([1, 2]);
+        stamp(&mut not_an_event, later);
+        assert_eq!(not_an_event, serde_json::json!([1, 2]));
+    }
 }

@@ -148,6 +148,7 @@ fn load_line(metrics: &str) -> String {
             ("bcm_db_pool_wait_seconds", "pool-wait"),
             ("bcm_api_agent_touches_per_statement", "touches"),
             ("bcm_outbox_relay_round_seconds", "relay"),
+            ("bcm_workflow_txn_seconds", "engine-txn"),
         ] {
             let (is_count, labels) = if let Some(l) = name.strip_prefix(&format!("{metric}_count"))
             {
