@@ -137,6 +137,8 @@ pub struct TestEnv {
     pub executions: bcm_sim::site::Executions,
     #[allow(clippy::type_complexity)]
     site: std::sync::Mutex<Option<(CancellationToken, tokio::task::JoinHandle<()>)>>,
+    /// Files this test wrote under the temporary directory, removed with it.
+    temp_files: std::sync::Mutex<Vec<std::path::PathBuf>>,
     shutdown: CancellationToken,
 }
 
@@ -299,6 +301,7 @@ impl TestEnv {
             quorum,
             executions: Default::default(),
             site: std::sync::Mutex::new(None),
+            temp_files: std::sync::Mutex::new(vec![]),
             shutdown,
         };
         if opts.relay {
@@ -632,6 +635,10 @@ impl TestEnv {
         if let Err(e) = std::fs::write(&path, text) {
             panic!("writing {}: {e}", path.display());
         }
+        self.temp_files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(path.clone());
         path
     }
 
@@ -907,6 +914,14 @@ impl TestEnv {
 impl Drop for TestEnv {
     fn drop(&mut self) {
         self.shutdown.cancel();
+        for f in self
+            .temp_files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = std::fs::remove_file(f);
+        }
     }
 }
 
