@@ -5,7 +5,7 @@
 use bcm_api::relay::{RelayConfig, RelayFaults};
 use bcm_core::{NodeId, ProvisionState};
 use bcm_testkit::tenant_a;
-use bcm_testkit::{eventually, Options, TestEnv};
+use bcm_testkit::{eventually, EventReader, Options, TestEnv};
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -55,12 +55,7 @@ async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_or
     // The first relay publishes three batches and dies: the first was
     // marked (while the second was acknowledged), the second was
     // acknowledged and the third published, neither marked.
-    let small = RelayConfig {
-        enabled: true,
-        batch: 7,
-        poll_ms: 50,
-        linger_ms: 5,
-    };
+    let small = small_batches();
     let crashed = env.spawn_relay_with(
         small.clone(),
         RelayFaults {
@@ -79,7 +74,28 @@ async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_or
     );
 
     // A new relay republishes from the first unmarked row.
-    let _relay = env.spawn_relay_with(small, RelayFaults::default());
+    a_new_relay_delivers_each_once_in_order(&env, &reader, small, events).await;
+}
+
+/// A relay publishing 7 rows a batch.
+fn small_batches() -> RelayConfig {
+    RelayConfig {
+        enabled: true,
+        batch: 7,
+        poll_ms: 50,
+        linger_ms: 5,
+    }
+}
+
+/// A healthy relay drains the outbox, and every one of `events` events
+/// arrives exactly once, each node's in version order.
+async fn a_new_relay_delivers_each_once_in_order(
+    env: &TestEnv,
+    reader: &EventReader,
+    cfg: RelayConfig,
+    events: usize,
+) {
+    let _relay = env.spawn_relay_with(cfg, RelayFaults::default());
     eventually(Duration::from_secs(30), || async {
         Ok((bcm_db::outbox::outbox_backlog(&env.db).await? == 0).then_some(()))
     })
@@ -133,12 +149,7 @@ async fn a_relay_that_gives_up_on_nats_marks_what_nats_acknowledged() {
     // reads 3; NATS refuses 3. Batch 2 was acknowledged and not yet marked:
     // the relay marks it before it gives up, so that it is not published
     // again after an outage longer than JetStream's duplicate window.
-    let small = RelayConfig {
-        enabled: true,
-        batch: 7,
-        poll_ms: 50,
-        linger_ms: 5,
-    };
+    let small = small_batches();
     let refused = env.spawn_relay_with(
         small.clone(),
         RelayFaults {
@@ -156,23 +167,7 @@ async fn a_relay_that_gives_up_on_nats_marks_what_nats_acknowledged() {
         "both acknowledged batches are marked, the refused one is not"
     );
 
-    let _relay = env.spawn_relay_with(small, RelayFaults::default());
-    eventually(Duration::from_secs(30), || async {
-        Ok((bcm_db::outbox::outbox_backlog(&env.db).await? == 0).then_some(()))
-    })
-    .await
-    .expect("backlog drains");
-    let got = reader
-        .read(events, Duration::from_secs(30))
-        .await
-        .expect("events");
-    let extra = reader
-        .read(1, Duration::from_millis(500))
-        .await
-        .expect("events");
-    assert!(extra.is_empty(), "a duplicate arrived: {extra:?}");
-    let ids: HashSet<&str> = got.iter().map(|e| e.event.id.as_str()).collect();
-    assert_eq!(ids.len(), events, "every CloudEvents id exactly once");
+    a_new_relay_delivers_each_once_in_order(&env, &reader, small, events).await;
 }
 
 #[tokio::test]
