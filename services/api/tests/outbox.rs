@@ -12,16 +12,7 @@ use std::time::Duration;
 
 #[tokio::test]
 async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_order() {
-    let env = TestEnv::start_with(Options {
-        relay: false,
-        ..Default::default()
-    })
-    .await
-    .expect("env");
-    let reader = env
-        .events_consumer("crash", &env.subjects().events_of_tenant(&tenant_a()))
-        .await
-        .expect("consumer");
+    let (env, reader) = without_relay("crash").await;
     let mut events = 0;
     for _ in 0..10 {
         let node = env.enroll("a", "a-pool").await.expect("enroll");
@@ -55,18 +46,14 @@ async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_or
     // The first relay publishes three batches and dies: the first was
     // marked (while the second was acknowledged), the second was
     // acknowledged and the third published, neither marked.
-    let small = small_batches();
-    let crashed = env.spawn_relay_with(
-        small.clone(),
+    let left = backlog_after_a_relay_with(
+        &env,
         RelayFaults {
             halt_after_publishing_batches: Some(3),
             ..Default::default()
         },
-    );
-    crashed.await.expect("relay task");
-    let left = bcm_db::outbox::outbox_backlog(&env.db)
-        .await
-        .expect("backlog");
+    )
+    .await;
     assert_eq!(
         left,
         backlog - 7,
@@ -74,7 +61,7 @@ async fn a_relay_killed_between_publish_and_mark_delivers_every_event_once_in_or
     );
 
     // A new relay republishes from the first unmarked row.
-    a_new_relay_delivers_each_once_in_order(&env, &reader, small, events).await;
+    a_new_relay_delivers_each_once_in_order(&env, &reader, events).await;
 }
 
 /// A relay publishing 7 rows a batch.
@@ -87,15 +74,40 @@ fn small_batches() -> RelayConfig {
     }
 }
 
+/// A test environment without a relay, and a reader of tenant `a`'s events.
+async fn without_relay(reader: &str) -> (TestEnv, EventReader) {
+    let env = TestEnv::start_with(Options {
+        relay: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let reader = env
+        .events_consumer(reader, &env.subjects().events_of_tenant(&tenant_a()))
+        .await
+        .expect("consumer");
+    (env, reader)
+}
+
+/// Runs a relay of small batches with `faults` until the fault stops it;
+/// the outbox's backlog after.
+async fn backlog_after_a_relay_with(env: &TestEnv, faults: RelayFaults) -> i64 {
+    env.spawn_relay_with(small_batches(), faults)
+        .await
+        .expect("relay task");
+    bcm_db::outbox::outbox_backlog(&env.db)
+        .await
+        .expect("backlog")
+}
+
 /// A healthy relay drains the outbox, and every one of `events` events
 /// arrives exactly once, each node's in version order.
 async fn a_new_relay_delivers_each_once_in_order(
     env: &TestEnv,
     reader: &EventReader,
-    cfg: RelayConfig,
     events: usize,
 ) {
-    let _relay = env.spawn_relay_with(cfg, RelayFaults::default());
+    let _relay = env.spawn_relay_with(small_batches(), RelayFaults::default());
     eventually(Duration::from_secs(30), || async {
         Ok((bcm_db::outbox::outbox_backlog(&env.db).await? == 0).then_some(()))
     })
@@ -125,16 +137,7 @@ async fn a_new_relay_delivers_each_once_in_order(
 
 #[tokio::test]
 async fn a_relay_that_gives_up_on_nats_marks_what_nats_acknowledged() {
-    let env = TestEnv::start_with(Options {
-        relay: false,
-        ..Default::default()
-    })
-    .await
-    .expect("env");
-    let reader = env
-        .events_consumer("refused", &env.subjects().events_of_tenant(&tenant_a()))
-        .await
-        .expect("consumer");
+    let (env, reader) = without_relay("refused").await;
     let mut events = 0;
     for _ in 0..10 {
         env.enroll("a", "a-pool").await.expect("enroll");
@@ -149,25 +152,21 @@ async fn a_relay_that_gives_up_on_nats_marks_what_nats_acknowledged() {
     // reads 3; NATS refuses 3. Batch 2 was acknowledged and not yet marked:
     // the relay marks it before it gives up, so that it is not published
     // again after an outage longer than JetStream's duplicate window.
-    let small = small_batches();
-    let refused = env.spawn_relay_with(
-        small.clone(),
+    let left = backlog_after_a_relay_with(
+        &env,
         RelayFaults {
             refuse_publishing_batch: Some(3),
             ..Default::default()
         },
-    );
-    refused.await.expect("relay task");
-    let left = bcm_db::outbox::outbox_backlog(&env.db)
-        .await
-        .expect("backlog");
+    )
+    .await;
     assert_eq!(
         left,
         backlog - 14,
         "both acknowledged batches are marked, the refused one is not"
     );
 
-    a_new_relay_delivers_each_once_in_order(&env, &reader, small, events).await;
+    a_new_relay_delivers_each_once_in_order(&env, &reader, events).await;
 }
 
 #[tokio::test]
