@@ -23,12 +23,15 @@ prep_dir=""
 static_pid=""
 static_dir=""
 finish() {
+  # The static build is stopped, its whole process group (cargo and its
+  # rustc jobs); the installers are waited for rather than killed midway
+  # (an interrupted dpkg would stop the next run's apt-get).
   if [ -n "$static_pid" ]; then
-    pkill -INT -P "$static_pid" 2>/dev/null || true   # cargo stops its rustc jobs on SIGINT
-    kill "$static_pid" 2>/dev/null || true
+    kill -TERM -- "-$static_pid" 2>/dev/null || true
+    wait "$static_pid" 2>/dev/null || true
   fi
   if [ -n "$static_dir" ]; then rm -rf "$static_dir"; fi
-  if [ -n "$prep_pid" ]; then pkill -P "$prep_pid" 2>/dev/null || true; kill "$prep_pid" 2>/dev/null || true; fi
+  if [ -n "$prep_pid" ]; then wait "$prep_pid" 2>/dev/null || true; fi
   if [ -n "$prep_dir" ]; then rm -rf "$prep_dir"; fi
   if [ -n "$own_stack" ]; then "$here/stack.sh" down; rm -rf "$BCM_STACK_DIR"; fi
 }
@@ -121,8 +124,11 @@ fi
 
 step "the ramdisk's static bcd (a release build for the end-to-end run), in the background beside the conformance and chaos runs, which mostly wait"
 static_dir="$(mktemp -d /tmp/bcm-static-bcd.XXXXXX)"
-"$repo/deploy/bcd/build-static.sh" "$static_dir" > "$static_dir/build.log" 2>&1 &
+# (In a process group of its own, which the end of this script can stop.)
+set -m
+"$repo/deploy/bcd/build-static.sh" "$static_dir" > "$static_dir/build.log" 2>&1 < /dev/null &
 static_pid=$!
+set +m
 
 step "API conformance: schemathesis against a running bcm from its OpenAPI document, then a generated Python client"
 conformance_dir="$(mktemp -d /tmp/bcm-conformance.XXXXXX)"

@@ -121,7 +121,11 @@ pub async fn run(
                 tracing::warn!("outbox relay halted by fault injection");
                 break;
             }
-            Err(RoundError::Bus(e)) if faults.refuse_publishing_batch.is_some() => {
+            Err(RoundError::Bus(e))
+                if faults
+                    .refuse_publishing_batch
+                    .is_some_and(|n| published_batches + 1 >= n) =>
+            {
                 tracing::warn!(error = %e, "outbox relay halted by fault injection");
                 break;
             }
