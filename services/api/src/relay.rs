@@ -68,6 +68,14 @@ pub struct RelayFaults {
     pub refuse_publishing_batch: Option<u32>,
 }
 
+impl RelayFaults {
+    /// Whether NATS refuses the next batch, with `published` batches out.
+    fn refuses_next(&self, published: u32) -> bool {
+        self.refuse_publishing_batch
+            .is_some_and(|n| published + 1 >= n)
+    }
+}
+
 /// Why a relay round failed.
 #[derive(Debug, thiserror::Error)]
 enum RoundError {
@@ -121,11 +129,7 @@ pub async fn run(
                 tracing::warn!("outbox relay halted by fault injection");
                 break;
             }
-            Err(RoundError::Bus(e))
-                if faults
-                    .refuse_publishing_batch
-                    .is_some_and(|n| published_batches + 1 >= n) =>
-            {
+            Err(RoundError::Bus(e)) if faults.refuses_next(published_batches) => {
                 tracing::warn!(error = %e, "outbox relay halted by fault injection");
                 break;
             }
@@ -493,10 +497,7 @@ impl Rounds {
             if rows.is_empty() {
                 continue;
             }
-            if faults
-                .refuse_publishing_batch
-                .is_some_and(|n| *published_batches + 1 >= n)
-            {
+            if faults.refuses_next(*published_batches) {
                 return Err(bcm_bus::BusError::Publish {
                     subject: rows[0].subject.clone(),
                     why: "refused by fault injection".into(),
