@@ -28,18 +28,17 @@ pub async fn get_node(
     let id: NodeId = id
         .parse()
         .map_err(|e: bcm_core::IdError| ApiError::invalid(e.to_string()))?;
-    let (tenant, pool) = match nodes::placement_fetch(&app.inner.db, &id).await {
-        Ok(p) => p,
+    let read = match nodes::node_read(&app.inner.db, &id, "inventory").await {
+        Ok(r) => r,
         Err(bcm_db::DbError::NotFound) => return Err(ApiError::node_not_found(id)),
         Err(e) => return Err(e.into()),
     };
+    let (tenant, pool) = read.placement;
     who.require(Action::NodesRead, &Placement { tenant, pool }, || {
         format!("node {id}")
     })?;
-    let node = nodes::node_fetch(&app.inner.db, &id).await?;
-    let mut view = NodeView::from(&node);
-    view.inventory =
-        bcm_db::agents::node_fact_fetch(&app.inner.db, &id.to_string(), "inventory").await?;
+    let mut view = NodeView::from(&read.node);
+    view.inventory = read.fact;
     Ok(Json(view))
 }
 

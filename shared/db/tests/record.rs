@@ -84,6 +84,45 @@ async fn the_guarded_update_takes_only_the_version_it_read() {
 }
 
 #[tokio::test]
+async fn a_read_brings_the_placement_the_node_and_the_fact_asked_for() {
+    let db = support::fresh_db("read").await;
+    let n = support::node(&db).await;
+    let bare = bcm_db::nodes::node_read(&db, &n.id, "inventory")
+        .await
+        .expect("read");
+    assert_eq!(bare.placement, (n.tenant_id.clone(), n.pool_id.clone()));
+    assert_eq!((bare.node.id, bare.node.version), (n.id, 1));
+    assert_eq!(bare.fact, None, "no inventory was reported yet");
+
+    let mut tx = db.begin().await.expect("tx");
+    let inventory = serde_json::json!({"cpus": 2});
+    bcm_db::agents::node_fact_upsert_in_txn(&mut tx, &n.id.to_string(), "inventory", &inventory)
+        .await
+        .expect("fact");
+    bcm_db::agents::node_fact_upsert_in_txn(
+        &mut tx,
+        &n.id.to_string(),
+        "firmware",
+        &serde_json::json!({"bmc": "1.0"}),
+    )
+    .await
+    .expect("fact");
+    tx.commit().await.expect("commit");
+    let read = bcm_db::nodes::node_read(&db, &n.id, "inventory")
+        .await
+        .expect("read");
+    assert_eq!(
+        read.fact,
+        Some(inventory),
+        "the fact of the kind asked for, not another"
+    );
+    assert!(matches!(
+        bcm_db::nodes::node_read(&db, &bcm_core::NodeId::generate(), "inventory").await,
+        Err(DbError::NotFound)
+    ));
+}
+
+#[tokio::test]
 async fn a_held_node_lock_makes_a_second_writer_give_up_stale_after_its_timeout() {
     let db = support::fresh_db("lock").await;
     let n = support::node(&db).await;
