@@ -328,7 +328,7 @@ pub async fn create(
             expires_at: expires,
         },
     );
-    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &[bcm_metal::outbox::row(created)]).await?;
+    bcm_metal::outbox::write_in_txn(&mut tx, vec![bcm_metal::outbox::row(created)]).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     metrics::counter!("bcm_bulk_requests_total", "verb" => op.as_str()).increment(1);
     tracing::info!(batch = %h.batch_id, verb = %op, admitted = admitted.len(), refused = refused.len(), by = %who.name, "bulk admitted");
@@ -672,7 +672,7 @@ pub async fn approve(
         rows.extend(bcm_metal::batches::release_held_in_txn(&mut tx, &b.header.batch_id).await?);
         tracing::info!(batch = %b.header.batch_id, approvers = %approvers.join(","), "batch approved");
     }
-    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &rows).await?;
+    bcm_metal::outbox::write_in_txn(&mut tx, rows).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     metrics::counter!("bcm_batch_approvals_total").increment(1);
     tracing::info!(batch = %b.header.batch_id, approver = %approver.id, by = %who.name, "approval recorded");
@@ -755,7 +755,7 @@ async fn end(app: &AppState, b: &Batch, to: BatchState, reason: String) -> Resul
     // it, and its result ends it the usual way (a rotation rolls back).
     let refused =
         bcm_metal::batches::release_held_refused_in_txn(&mut tx, &b.header.batch_id).await?;
-    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &refused.into_iter().collect::<Vec<_>>()).await?;
+    bcm_metal::outbox::write_in_txn(&mut tx, refused.into_iter().collect()).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     if b.scope == "bulk" {
         let (counts, _) = bcm_db::batches::batch_counts(&a.db, &b.header.batch_id).await?;
@@ -773,7 +773,7 @@ async fn end(app: &AppState, b: &Batch, to: BatchState, reason: String) -> Resul
                 reason: Some(reason),
             },
         );
-        bcm_db::outbox::outbox_insert_in_txn(&mut tx, &[bcm_metal::outbox::row(ev)]).await?;
+        bcm_metal::outbox::write_in_txn(&mut tx, vec![bcm_metal::outbox::row(ev)]).await?;
         tx.commit().await.map_err(bcm_db::DbError::from)?;
     }
     Ok(())

@@ -352,7 +352,7 @@ pub async fn prewarm(
     )
     .await?;
     let row_out = bcm_metal::outbox::site_command(app.inner.bus.subjects(), &cmd);
-    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &[row_out]).await?;
+    bcm_metal::outbox::write_in_txn(&mut tx, vec![row_out]).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     tracing::info!(image = %path, site = %req.site_id, by = %who.name, command = %cmd.command_id, "image pre-warm asked");
     Ok((

@@ -431,7 +431,7 @@ pub async fn enroll(
         bcm_bus::current_traceparent().as_deref(),
     )
     .await?;
-    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &rows).await?;
+    bcm_metal::outbox::write_in_txn(&mut tx, rows).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     metrics::counter!("bcm_api_verbs_total", "verb" => "enroll", "outcome" => "ok").increment(1);
     tracing::info!(node = %node.id, pool = %node.pool_id, "enrolled");
@@ -739,7 +739,7 @@ async fn run_verb(
         )
         .await?
     };
-    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &rows).await?;
+    bcm_metal::outbox::write_in_txn(&mut tx, rows).await?;
     tx.commit().await.map_err(bcm_db::DbError::from)?;
     tracing::info!(node = %result.id, verb = verb.as_str(), from = %t.from, to = %t.to, "verb applied");
     Ok(NodeView::from(&result))

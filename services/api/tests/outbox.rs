@@ -236,3 +236,63 @@ async fn two_relays_publish_each_event_once() {
         .expect("events")
         .is_empty());
 }
+
+/// Every service writes its events through `bcm_metal::outbox::write_in_txn`:
+/// an event's CloudEvents `time` is the instant it was written, however
+/// long before its transaction built it; a payload that is not a
+/// CloudEvent is stored as it was given.
+#[tokio::test]
+async fn an_event_is_stamped_as_its_transaction_writes_it() {
+    let env = TestEnv::start_with(Options {
+        relay: false,
+        ..Default::default()
+    })
+    .await
+    .expect("env");
+    let built_long_ago = "2001-02-03T04:05:06Z";
+    let message = |id: &str, payload: serde_json::Value| bcm_db::outbox::NewOutboxMessage {
+        id: id.to_owned(),
+        subject: "stamp.test".into(),
+        payload,
+        headers: Default::default(),
+        node_id: None,
+    };
+    let before = chrono::Utc::now();
+    let mut tx = env.db.begin().await.expect("tx");
+    bcm_metal::outbox::write_in_txn(
+        &mut tx,
+        vec![
+            message(
+                "ev-stamped",
+                json!({"specversion": "1.0", "id": "ev-stamped", "time": built_long_ago}),
+            ),
+            message("ev-bare", json!({"not": "a cloudevent"})),
+        ],
+    )
+    .await
+    .expect("write");
+    let after = chrono::Utc::now();
+    tx.commit().await.expect("commit");
+
+    let mut lease = bcm_db::outbox::RelayLease::try_acquire(&env.db)
+        .await
+        .expect("lease")
+        .expect("no relay runs here");
+    let rows = lease.mark_and_fetch(&[], &[], 100).await.expect("read");
+    let payload = |id: &str| {
+        rows.iter()
+            .find(|r| r.id == id)
+            .map(|r| r.payload.clone())
+            .unwrap_or_else(|| panic!("{id} was not written"))
+    };
+    let time: chrono::DateTime<chrono::Utc> = payload("ev-stamped")["time"]
+        .as_str()
+        .expect("a time")
+        .parse()
+        .expect("an RFC 3339 time");
+    assert!(
+        before <= time && time <= after,
+        "stamped {time}, written between {before} and {after}"
+    );
+    assert_eq!(payload("ev-bare"), json!({"not": "a cloudevent"}));
+}

@@ -38,7 +38,7 @@ pub async fn create_node_in_txn(
     );
     let rows = bcm_metal::outbox::created(subjects, &node, "adopt", None);
     bcm_db::nodes::node_insert_in_txn(tx, &node).await?;
-    bcm_db::outbox::outbox_insert_in_txn(tx, &rows).await?;
+    bcm_metal::outbox::write_in_txn(tx, rows).await?;
     tracing::info!(node = %node.id, pool = %node.pool_id, "adopting a machine that joined with a pool token");
     Ok(node.id.to_string())
 }

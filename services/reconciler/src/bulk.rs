@@ -116,7 +116,7 @@ pub async fn round(db: &Db, bus: &Bus, cfg: &ReconcilerConfig) -> Result<usize, 
             ));
         }
         let rows: Vec<_> = rows.into_iter().map(bcm_metal::outbox::row).collect();
-        bcm_db::outbox::outbox_insert_in_txn(&mut tx, &rows).await?;
+        bcm_metal::outbox::write_in_txn(&mut tx, rows).await?;
         tx.commit().await.map_err(DbError::from)?;
     }
     // Started nodes of batches cancelled or rejected while they ran finish
@@ -173,7 +173,7 @@ async fn expire(db: &Db, bus: &Bus) -> Result<(), DbError> {
             );
             rows.push(bcm_metal::outbox::row(ev));
         }
-        bcm_db::outbox::outbox_insert_in_txn(&mut tx, &rows).await?;
+        bcm_metal::outbox::write_in_txn(&mut tx, rows).await?;
         tx.commit().await.map_err(DbError::from)?;
         if finished {
             tracing::info!(batch = %b.header.batch_id, "bulk expired");

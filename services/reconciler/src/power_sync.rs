@@ -106,7 +106,7 @@ pub async fn round(
             |bmc| Command::BmcPowerStatus(BmcParams { bmc }),
         )
         .await?;
-        bcm_db::outbox::outbox_insert_in_txn(&mut tx, &[row]).await?;
+        bcm_metal::outbox::write_in_txn(&mut tx, vec![row]).await?;
         bcm_db::nodes::power_read_requested_in_txn(&mut tx, &id).await?;
         tx.commit().await?;
         sent += 1;

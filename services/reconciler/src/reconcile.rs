@@ -199,9 +199,9 @@ async fn act(
             match apply_move(tx, bus, &node, mv, last_error).await? {
                 Some((next, to)) => {
                     tracing::warn!(node = %node.id, %reason, outcome = %to, "agentless release without an attested erase");
-                    bcm_db::outbox::outbox_insert_in_txn(
+                    bcm_metal::outbox::write_in_txn(
                         tx,
-                        &[bcm_metal::outbox::event(
+                        vec![bcm_metal::outbox::event(
                             bus.subjects(),
                             &next,
                             bcm_contracts::events::NodeReleaseUnverified {
@@ -360,9 +360,9 @@ async fn ask_again_if_capped(tx: &mut Tx<'_>, bus: &Bus, pass: &Pass) -> Result<
     let Some(node) = &pass.written else {
         return Ok(());
     };
-    bcm_db::outbox::outbox_insert_in_txn(
+    bcm_metal::outbox::write_in_txn(
         tx,
-        &[bcm_metal::outbox::reconcile(
+        vec![bcm_metal::outbox::reconcile(
             bus.subjects(),
             node,
             "more moves after a full pass",

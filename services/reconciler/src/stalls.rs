@@ -91,7 +91,7 @@ async fn report(db: &Db, bus: &Bus, w: &OverdueWorkflow) -> Result<bool, bcm_db:
             overdue_secs: w.overdue_secs,
         },
     );
-    bcm_db::outbox::outbox_insert_in_txn(&mut tx, &[row]).await?;
+    bcm_metal::outbox::write_in_txn(&mut tx, vec![row]).await?;
     tx.commit().await?;
     metrics::counter!("bcm_reconciler_stalls_reported_total").increment(1);
     tracing::warn!(workflow = %w.workflow_id, node = %w.node_id, step = %w.step, overdue_secs = w.overdue_secs, "a workflow has stalled: its step is overdue and the engine has not looked at it");

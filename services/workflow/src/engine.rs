@@ -203,17 +203,14 @@ impl Writes {
     /// Writes everything; call once, just before the commit. Returns the
     /// metrics to record once it committed.
     ///
-    /// The messages' CloudEvent `time` is set here, to one instant for all:
-    /// a batch of 64 workflows builds its first events long before it
-    /// commits, and an event says when its change was written.
+    /// The messages' CloudEvent `time` is set as they are written
+    /// (`bcm_metal::outbox::write_in_txn`), to one instant for all: a batch
+    /// of 64 workflows builds its first events long before it commits, and
+    /// an event says when its change was written.
     pub async fn flush(mut self, tx: &mut Tx<'_>) -> Result<Observed, DbError> {
         self.flush_rows(tx).await?;
-        let now = Utc::now();
-        for m in &mut self.events {
-            bcm_bus::outgoing::stamp(&mut m.payload, now);
-        }
         bcm_db::commands::commands_insert_many_in_txn(tx, &self.commands).await?;
-        bcm_db::outbox::outbox_insert_in_txn(tx, &self.events).await?;
+        bcm_metal::outbox::write_in_txn(tx, std::mem::take(&mut self.events)).await?;
         Ok(self.observed)
     }
 }

@@ -101,7 +101,7 @@ pub async fn commit_in_txn(
         rows.push(outbox::reconcile(subjects, &next, move_name));
     }
     if !rows.is_empty() {
-        bcm_db::outbox::outbox_insert_in_txn(tx, &rows).await?;
+        crate::outbox::write_in_txn(tx, rows).await?;
     }
     Ok(next)
 }

@@ -1,11 +1,30 @@
-//! Outbox rows of the API's changes, built by `bcm_bus::outgoing` and
-//! stored by `bcm_db::outbox` in the verb's transaction.
+//! Outbox rows of the control plane's changes, built by `bcm_bus::outgoing`
+//! and written, stamped, by [`write_in_txn`] in the change's transaction:
+//! the one way a service puts an event in the outbox.
 
 use bcm_bus::outgoing::{self, About, Outgoing};
 use bcm_bus::Subjects;
 use bcm_contracts::events::EventData;
 use bcm_db::nodes::Node;
 use bcm_db::outbox::NewOutboxMessage;
+
+/// Writes events in the outbox inside `tx`, each stamped with the instant
+/// it is written: its CloudEvents `time` is when its change was written,
+/// not when the work of a long transaction began (the write is its
+/// transaction's last statement but the commit). Every service writes its
+/// events through here, never `bcm_db::outbox` itself (clippy's
+/// `disallowed-methods` holds it to that).
+#[allow(clippy::disallowed_methods)]
+pub async fn write_in_txn(
+    tx: &mut bcm_db::Tx<'_>,
+    mut rows: Vec<NewOutboxMessage>,
+) -> Result<(), bcm_db::DbError> {
+    let now = chrono::Utc::now();
+    for m in &mut rows {
+        outgoing::stamp(&mut m.payload, now);
+    }
+    bcm_db::outbox::outbox_insert_in_txn(tx, &rows).await
+}
 
 /// Converts a bus message into an outbox row.
 pub fn row(o: Outgoing) -> NewOutboxMessage {

@@ -136,9 +136,9 @@ pub async fn refuse_in_txn(
     actor: Option<&str>,
 ) -> Result<(), DbError> {
     let lease_id = insert(tx, node, profile, LeaseState::Refused, Some(reason), actor).await?;
-    bcm_db::outbox::outbox_insert_in_txn(
+    crate::outbox::write_in_txn(
         tx,
-        &[event(
+        vec![event(
             subjects,
             node,
             &lease_id,

@@ -74,6 +74,6 @@ pub async fn start_in_txn(
             version,
         },
     );
-    bcm_db::outbox::outbox_insert_in_txn(tx, &[started]).await?;
+    crate::outbox::write_in_txn(tx, vec![started]).await?;
     Ok(next)
 }
