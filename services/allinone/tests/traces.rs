@@ -303,6 +303,15 @@ const EXPECTED: &[Expected] = &[
         &[("verb", "deploy"), ("outcome", "ok")],
     ),
     ("api", "bcm_api_verb_seconds", &[("verb", "deploy")]),
+    (
+        "api",
+        "bcm_api_request_seconds",
+        &[
+            ("route", "/api/compute/metal/deploy"),
+            ("method", "POST"),
+            ("status", "200"),
+        ],
+    ),
     ("api", "bcm_db_pool_wait_seconds", &[("pool", "main")]),
     ("api", "bcm_db_pool_wait_seconds", &[("pool", "agent")]),
     (

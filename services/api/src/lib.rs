@@ -23,6 +23,7 @@ pub mod openapi;
 pub mod profiles;
 pub mod reads;
 pub mod relay;
+pub mod requests;
 pub mod touches;
 pub mod verbs;
 pub mod views;
@@ -613,7 +614,8 @@ pub fn router(state: AppState) -> Router {
         .route("/batches/{id}/reject", post(bulk::reject))
         .route("/batches/{id}/cancel", post(bulk::cancel))
         .route("/nodes", get(reads::list_nodes))
-        .route("/nodes/{node_id}", get(reads::get_node));
+        .route("/nodes/{node_id}", get(reads::get_node))
+        .route_layer(axum::middleware::from_fn(requests::measured));
     let admin = axum::Router::<AppState>::new()
         .route("/tenants/{id}", put(admin::put_tenant))
         .route("/sites/{id}", put(admin::put_site).get(admin::get_site))
@@ -626,7 +628,8 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/approvers/{id}",
             put(bulk::put_approver).delete(bulk::revoke_approver),
-        );
+        )
+        .route_layer(axum::middleware::from_fn(requests::measured));
     let agent = axum::Router::<AppState>::new()
         .route("/join", post(agent::join))
         .route("/rejoin", post(agent::rejoin))

@@ -149,6 +149,7 @@ fn load_line(metrics: &str) -> String {
             ("bcm_api_agent_touches_per_statement", "touches"),
             ("bcm_outbox_relay_round_seconds", "relay"),
             ("bcm_workflow_txn_seconds", "engine-txn"),
+            ("bcm_api_request_seconds", "request"),
         ] {
             let (is_count, labels) = if let Some(l) = name.strip_prefix(&format!("{metric}_count"))
             {
