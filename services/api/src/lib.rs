@@ -59,6 +59,12 @@ pub struct ApiConfig {
     /// pool the verbs and reads use.
     #[serde(default = "default_agent_db_connections")]
     pub database_agent_connections: u32,
+    /// A third pool, read-only, for the node reads (`GET` of a node and of
+    /// a page of nodes): a read waits for other reads only, never behind
+    /// verbs that hold the main pool's connections while they wait for
+    /// row locks.
+    #[serde(default = "default_read_db_connections")]
+    pub database_read_connections: u32,
     /// NATS JetStream.
     pub bus: BusConfig,
     /// Sealing keys for BMC credentials; the first seals, all open.
@@ -443,6 +449,9 @@ fn default_db_connections() -> u32 {
 fn default_agent_db_connections() -> u32 {
     6
 }
+fn default_read_db_connections() -> u32 {
+    16
+}
 fn default_lock_timeout_ms() -> u32 {
     2000
 }
@@ -557,6 +566,8 @@ pub struct Inner {
     pub db: Db,
     /// The agent endpoints' own pool.
     pub agent_db: Db,
+    /// The node reads' own pool, read-only.
+    pub read_db: Db,
     pub bus: Bus,
     pub sealer: Sealer,
     pub admin_token_hash: Vec<u8>,
@@ -725,7 +736,12 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
     if policy_signer.is_none() {
         tracing::warn!("no quorum policy key is configured (api.quorum.policy_key_file): every batch, even a single verb's, waits for the pool's approvers");
     }
-    let (db, agent_db, downloads) = database_waiting(cfg).await?;
+    let Pools {
+        db,
+        agent_db,
+        read_db,
+        downloads,
+    } = database_waiting(cfg).await?;
     let bus = Bus::connect(&cfg.bus).await?;
     let agent_wakeups = Arc::new(wakeups::AgentWakeups::default());
     tokio::spawn(forward_agent_wakeups(db.clone(), agent_wakeups.clone()));
@@ -749,6 +765,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
         inner: Arc::new(Inner {
             db,
             agent_db,
+            read_db,
             bus,
             sealer,
             admin_token_hash: auth::token_hash(cfg.admin_token.expose_secret()),
@@ -776,7 +793,7 @@ pub async fn prepare(cfg: &ApiConfig) -> Result<AppState, StartError> {
 /// and the whole of it done again — each step is idempotent — for up to
 /// [`bcm_db::CONNECT_WAIT`], so a service started in an outage comes up
 /// with the database instead of exiting.
-async fn database_waiting(cfg: &ApiConfig) -> Result<(Db, Db, downloads::Downloads), StartError> {
+async fn database_waiting(cfg: &ApiConfig) -> Result<Pools, StartError> {
     use backon::Retryable as _;
     (|| database_once(cfg))
         .retry(bcm_db::outage_backoff())
@@ -790,7 +807,7 @@ async fn database_waiting(cfg: &ApiConfig) -> Result<(Db, Db, downloads::Downloa
 
 /// One try of [`database_waiting`]: its connections do not wait on their
 /// own, so the whole start-up has the one deadline.
-async fn database_once(cfg: &ApiConfig) -> Result<(Db, Db, downloads::Downloads), StartError> {
+async fn database_once(cfg: &ApiConfig) -> Result<Pools, StartError> {
     let now = std::time::Duration::ZERO;
     let db = Db::connect_waiting(&cfg.database_url, cfg.database_max_connections, now).await?;
     db.migrate().await?;
@@ -806,9 +823,24 @@ async fn database_once(cfg: &ApiConfig) -> Result<(Db, Db, downloads::Downloads)
     )
     .await?
     .named("agent");
+    let read_db =
+        Db::connect_read_only(&cfg.database_url, cfg.database_read_connections.max(1), now).await?;
     seed(&db, &cfg.seed).await?;
     let downloads = downloads::publish(&db, &cfg.downloads).await?;
-    Ok((db, agent_db, downloads))
+    Ok(Pools {
+        db,
+        agent_db,
+        read_db,
+        downloads,
+    })
+}
+
+/// The API's pools, connected and migrated, and the downloads it serves.
+struct Pools {
+    db: Db,
+    agent_db: Db,
+    read_db: Db,
+    downloads: downloads::Downloads,
 }
 
 /// Forwards `bcm_agent` notifications to waiting long-polls; listening

@@ -28,7 +28,7 @@ pub async fn get_node(
     let id: NodeId = id
         .parse()
         .map_err(|e: bcm_core::IdError| ApiError::invalid(e.to_string()))?;
-    let read = match nodes::node_read(&app.inner.db, &id, "inventory").await {
+    let read = match nodes::node_read(&app.inner.read_db, &id, "inventory").await {
         Ok(r) => r,
         Err(bcm_db::DbError::NotFound) => return Err(ApiError::node_not_found(id)),
         Err(e) => return Err(e.into()),
@@ -86,7 +86,7 @@ pub async fn list_nodes(
         visible: who.readable(),
         limit: i64::from(limit) + 1,
     };
-    let mut found = nodes::node_list(&app.inner.db, &filter).await?;
+    let mut found = nodes::node_list(&app.inner.read_db, &filter).await?;
     let more = found.len() > limit as usize;
     found.truncate(limit as usize);
     let next_page_token = if more {

@@ -167,6 +167,26 @@ impl Db {
         .await
     }
 
+    /// A pool for reads alone: its transactions are read-only
+    /// (`default_transaction_read_only`), so a write sent to it by mistake
+    /// fails instead of taking locks. Readers then wait for one another
+    /// only, never behind writers holding every connection of the main pool
+    /// while they wait for row locks. Waits for the server like
+    /// [`Db::connect_waiting`].
+    pub async fn connect_read_only(
+        url: &str,
+        max_connections: u32,
+        wait: Duration,
+    ) -> Result<Self, DbError> {
+        let opts =
+            PgConnectOptions::from_str(url)?.options([("default_transaction_read_only", "on")]);
+        Ok(
+            Self::connect_opts(opts, max_connections, ACQUIRE_WAIT, wait, true)
+                .await?
+                .named("read"),
+        )
+    }
+
     /// A pool whose commits do not wait for the WAL to reach the disk
     /// (`synchronous_commit = off`): for writes a crash may lose without
     /// harm because they are hints or are redone — an agent session's

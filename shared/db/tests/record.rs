@@ -123,6 +123,40 @@ async fn a_read_brings_the_placement_the_node_and_the_fact_asked_for() {
 }
 
 #[tokio::test]
+async fn the_read_pool_reads_and_refuses_every_write() {
+    let (_, _, url) = support::fresh_database("readpool").await;
+    let db = bcm_db::Db::connect(&url, 2).await.expect("connect");
+    db.migrate().await.expect("migrate");
+    let n = support::node(&db).await;
+    let reads = bcm_db::Db::connect_read_only(&url, 2, std::time::Duration::ZERO)
+        .await
+        .expect("connect");
+    let read = bcm_db::nodes::node_read(&reads, &n.id, "inventory")
+        .await
+        .expect("a read");
+    assert_eq!(read.node.id, n.id);
+    // A write sent to it by mistake fails, and changes nothing.
+    let (t, s, p) = (n.tenant_id.clone(), n.site_id.clone(), n.pool_id.clone());
+    let mut tx = reads.begin().await.expect("tx");
+    let refused = bcm_db::nodes::node_insert_in_txn(&mut tx, &support::new_node(&t, &s, &p)).await;
+    assert!(
+        refused.is_err(),
+        "a read-only pool took a write: {refused:?}"
+    );
+    drop(tx);
+    let listed = bcm_db::nodes::node_list(
+        &db,
+        &bcm_db::nodes::NodeFilter {
+            limit: 10,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("list");
+    assert_eq!(listed.len(), 1);
+}
+
+#[tokio::test]
 async fn a_held_node_lock_makes_a_second_writer_give_up_stale_after_its_timeout() {
     let db = support::fresh_db("lock").await;
     let n = support::node(&db).await;

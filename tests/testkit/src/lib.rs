@@ -241,6 +241,7 @@ impl TestEnv {
             database_url: database_url.clone(),
             database_max_connections: 10,
             database_agent_connections: opts.agent_db_connections,
+            database_read_connections: 2,
             bus: bus_config.clone(),
             sealing_keys: sealing_keys.clone(),
             admin_token: admin_token.clone().into(),
