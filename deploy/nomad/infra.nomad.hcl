@@ -127,7 +127,7 @@ job "bcm-infra" {
 
       config {
         image = "postgres:16"
-        args  = ["postgres", "-c", "ssl=on", "-c", "ssl_cert_file=/pg-tls/server.crt", "-c", "ssl_key_file=/pg-tls/server.key"]
+        args  = ["postgres", "-c", "max_connections=200", "-c", "ssl=on", "-c", "ssl_cert_file=/pg-tls/server.crt", "-c", "ssl_key_file=/pg-tls/server.key"]
         ports = ["pg"]
         mount {
           type     = "bind"
