@@ -156,7 +156,9 @@ impl Principal {
                 admin: true,
             });
         }
-        match bcm_db::tokens::api_token_fetch_live_by_hash(&state.inner.db, &hash).await {
+        // A plain read: on the reads' pool, so that no request (a read
+        // least of all) waits behind verbs holding the main pool.
+        match bcm_db::tokens::api_token_fetch_live_by_hash(&state.inner.read_db, &hash).await {
             Ok(row) => {
                 let grants: Vec<Grant> = serde_json::from_value(row.grants).map_err(|e| {
                     ApiError::internal(format!("token {} has bad grants: {e}", row.id))

@@ -60,7 +60,8 @@ pub struct ApiConfig {
     #[serde(default = "default_agent_db_connections")]
     pub database_agent_connections: u32,
     /// A third pool, read-only, for the node reads (`GET` of a node and of
-    /// a page of nodes): a read waits for other reads only, never behind
+    /// a page of nodes) and the API tokens' lookup: a read waits for other
+    /// reads only, never behind
     /// verbs that hold the main pool's connections while they wait for
     /// row locks.
     #[serde(default = "default_read_db_connections")]
@@ -626,6 +627,7 @@ pub fn router(state: AppState) -> Router {
         .route("/batches/{id}/cancel", post(bulk::cancel))
         .route("/nodes", get(reads::list_nodes))
         .route("/nodes/{node_id}", get(reads::get_node))
+        .route("/leases", get(leases::list))
         .route_layer(axum::middleware::from_fn(requests::measured));
     let admin = axum::Router::<AppState>::new()
         .route("/tenants/{id}", put(admin::put_tenant))
@@ -648,10 +650,9 @@ pub fn router(state: AppState) -> Router {
         .route("/commands", get(agent::commands))
         .route("/results", post(agent::results))
         .layer(axum::middleware::from_fn(agent::measured));
-    axum::Router::new()
-        .nest("/api/compute/metal", metal)
-        .nest("/api/agent", agent)
-        .nest("/api/compute/admin", admin)
+    // The catalogs beside the metal API (profiles, images, hardware
+    // profiles, downloads), by their full paths.
+    let compute = axum::Router::<AppState>::new()
         .route(
             "/api/compute/deployProfiles",
             post(profiles::publish).get(profiles::list),
@@ -660,19 +661,30 @@ pub fn router(state: AppState) -> Router {
             "/api/compute/deployProfiles/{tenant_id}/{id}/{version}",
             get(profiles::get),
         )
-        .route("/api/compute/images", post(images::register).get(images::list))
-        .route("/api/compute/metal/leases", get(leases::list))
+        .route(
+            "/api/compute/images",
+            post(images::register).get(images::list),
+        )
         .route("/api/compute/images/{tenant_id}/{name}", get(images::get))
         .route(
             "/api/compute/images/{tenant_id}/{name}/prewarm",
             post(images::prewarm),
         )
-        .route("/api/compute/hardwareProfiles", get(admin::list_hardware_profiles))
+        .route(
+            "/api/compute/hardwareProfiles",
+            get(admin::list_hardware_profiles),
+        )
         .route("/api/compute/downloads", get(downloads::list))
         .route(
             "/api/compute/downloads/{name}/{version}/{platform}",
             get(downloads::get),
         )
+        .route_layer(axum::middleware::from_fn(requests::measured));
+    axum::Router::new()
+        .nest("/api/compute/metal", metal)
+        .nest("/api/agent", agent)
+        .nest("/api/compute/admin", admin)
+        .merge(compute)
         .route("/api/openapi.json", get(|| async { axum::Json(openapi::document()) }))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))

@@ -75,13 +75,18 @@ fn small_batches() -> RelayConfig {
 }
 
 /// A test environment without a relay, and a reader of tenant `a`'s events.
-async fn without_relay(reader: &str) -> (TestEnv, EventReader) {
-    let env = TestEnv::start_with(Options {
+/// An environment whose outbox no relay reads.
+async fn an_env_without_relay() -> TestEnv {
+    TestEnv::start_with(Options {
         relay: false,
         ..Default::default()
     })
     .await
-    .expect("env");
+    .expect("env")
+}
+
+async fn without_relay(reader: &str) -> (TestEnv, EventReader) {
+    let env = an_env_without_relay().await;
     let reader = env
         .events_consumer(reader, &env.subjects().events_of_tenant(&tenant_a()))
         .await
@@ -171,12 +176,7 @@ async fn a_relay_that_gives_up_on_nats_marks_what_nats_acknowledged() {
 
 #[tokio::test]
 async fn a_rolled_back_enroll_leaves_no_event_and_no_secret() {
-    let env = TestEnv::start_with(Options {
-        relay: false,
-        ..Default::default()
-    })
-    .await
-    .expect("env");
+    let env = an_env_without_relay().await;
     let body = json!({"tenantId": "a", "poolId": "a-pool",
         "hardwareProfile": "ipmi", "bmc": {"driver": "ipmi", "address": "10.1.1.1:623", "username": "u", "password": "p"}});
     let (s, b) = env
@@ -243,12 +243,7 @@ async fn two_relays_publish_each_event_once() {
 /// CloudEvent is stored as it was given.
 #[tokio::test]
 async fn an_event_is_stamped_as_its_transaction_writes_it() {
-    let env = TestEnv::start_with(Options {
-        relay: false,
-        ..Default::default()
-    })
-    .await
-    .expect("env");
+    let env = an_env_without_relay().await;
     let built_long_ago = "2001-02-03T04:05:06Z";
     let message = |id: &str, payload: serde_json::Value| bcm_db::outbox::NewOutboxMessage {
         id: id.to_owned(),

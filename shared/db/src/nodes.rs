@@ -299,7 +299,7 @@ pub async fn node_read(db: &crate::Db, id: &NodeId, kind: &str) -> Result<NodeRe
     ))
     .bind(id.to_string())
     .bind(kind)
-    .fetch_one(db.pool())
+    .fetch_one(&mut *db.acquire().await?)
     .await?;
     let (t, p) = (row.placed_tenant_id, row.placed_pool_id);
     Ok(NodeRead {
@@ -432,7 +432,7 @@ pub async fn node_list(db: &crate::Db, f: &NodeFilter) -> Result<Vec<Node>, DbEr
     .bind(&tenants)
     .bind(&pools)
     .bind(f.limit)
-    .fetch_all(db.pool())
+    .fetch_all(&mut *db.acquire().await?)
     .await?;
     rows.into_iter().map(Node::try_from).collect()
 }

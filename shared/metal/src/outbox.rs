@@ -10,8 +10,10 @@ use bcm_db::outbox::NewOutboxMessage;
 
 /// Writes events in the outbox inside `tx`, each stamped with the instant
 /// it is written: its CloudEvents `time` is when its change was written,
-/// not when the work of a long transaction began (the write is its
-/// transaction's last statement but the commit). Every service writes its
+/// not when the work of a long transaction began (most callers write their
+/// events last, just before the commit; a transaction that writes twice,
+/// such as a verb whose move writes its own, stamps each write). Every
+/// service writes its
 /// events through here, never `bcm_db::outbox` itself (clippy's
 /// `disallowed-methods` holds it to that).
 #[allow(clippy::disallowed_methods)]
