@@ -61,9 +61,8 @@ pub struct ApiConfig {
     pub database_agent_connections: u32,
     /// A third pool, read-only, for the node reads (`GET` of a node and of
     /// a page of nodes) and the API tokens' lookup: a read waits for other
-    /// reads only, never behind
-    /// verbs that hold the main pool's connections while they wait for
-    /// row locks.
+    /// reads only, never behind verbs that hold the main pool's connections
+    /// while they wait for row locks.
     #[serde(default = "default_read_db_connections")]
     pub database_read_connections: u32,
     /// NATS JetStream.
@@ -567,7 +566,7 @@ pub struct Inner {
     pub db: Db,
     /// The agent endpoints' own pool.
     pub agent_db: Db,
-    /// The node reads' own pool, read-only.
+    /// The node reads' and the token lookup's own pool, read-only.
     pub read_db: Db,
     pub bus: Bus,
     pub sealer: Sealer,
@@ -984,14 +983,13 @@ pub async fn run(
         tasks.push("relay", r);
     }
     tasks.until(deadline).await;
-    // Closing the pool is a courtesy to the server: a second at most.
+    // Closing the pools is a courtesy to the server: a second at most.
     let closing = deadline.min(tokio::time::Instant::now() + std::time::Duration::from_secs(1));
-    if tokio::time::timeout_at(closing, state.inner.db.close())
-        .await
-        .is_err()
-    {
+    // (The agent pool stays open: its batched touches may still flush.)
+    let pools = async { tokio::join!(state.inner.db.close(), state.inner.read_db.close()) };
+    if tokio::time::timeout_at(closing, pools).await.is_err() {
         tracing::warn!(
-            "the database pool did not close in time; its connections end with the process"
+            "the database pools did not close in time; their connections end with the process"
         );
     }
     Ok(served?)

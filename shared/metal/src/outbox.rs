@@ -13,9 +13,8 @@ use bcm_db::outbox::NewOutboxMessage;
 /// not when the work of a long transaction began (most callers write their
 /// events last, just before the commit; a transaction that writes twice,
 /// such as a verb whose move writes its own, stamps each write). Every
-/// service writes its
-/// events through here, never `bcm_db::outbox` itself (clippy's
-/// `disallowed-methods` holds it to that).
+/// service writes its events through here, never `bcm_db::outbox` itself
+/// (clippy's `disallowed-methods` holds it to that).
 #[allow(clippy::disallowed_methods)]
 pub async fn write_in_txn(
     tx: &mut bcm_db::Tx<'_>,
