@@ -116,3 +116,89 @@ async fn results_that_break_the_contract_are_dead_lettered_and_change_nothing() 
     );
     env.stop();
 }
+
+/// Waits until the results consumer has handled everything in its stream:
+/// delivered up to the stream's last message, nothing pending, nothing
+/// awaiting an ack.
+async fn results_drained(env: &TestEnv) {
+    let bus = env.state.inner.bus.clone();
+    bcm_testkit::eventually(T, || {
+        let bus = bus.clone();
+        async move {
+            let name = bus
+                .subjects()
+                .stream(bcm_bus::subjects::StreamKind::Results);
+            let mut stream = bus
+                .jetstream()
+                .get_stream(&name)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let last = stream
+                .info()
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .state
+                .last_sequence;
+            let mut consumer: async_nats::jetstream::consumer::PullConsumer = stream
+                .get_consumer("engine-results")
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let info = consumer.info().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            Ok((info.delivered.stream_sequence >= last
+                && info.num_pending == 0
+                && info.num_ack_pending == 0)
+                .then_some(()))
+        }
+    })
+    .await
+    .expect("the results consumer handled its stream");
+}
+
+/// The power a result reports is recorded (in a transaction of its own,
+/// before the result's) only while its command waits for it: a late copy of
+/// an answered power command's result, saying otherwise, is acknowledged
+/// as a repeat and leaves the node's power, version and events alone.
+#[tokio::test]
+async fn a_late_power_report_of_an_answered_command_changes_nothing() {
+    let env = TestEnv::start_with(Options::with_site())
+        .await
+        .expect("env");
+    let id = env.enroll_sim("late-power").await;
+    env.wait_state(&id, bcm_core::ProvisionState::Ready, T)
+        .await
+        .expect("ready");
+    let before = env.node(&id).await.expect("node");
+    assert_eq!(before.power, bcm_core::PowerState::Off, "ready is off");
+    let commands = bcm_db::commands::commands_of_node(&env.db, &id.to_string())
+        .await
+        .expect("commands");
+    let answered = commands
+        .iter()
+        .rfind(|c| c.kind == CommandKind::BmcPower.as_str() && c.result.is_some())
+        .expect("the commissioning's answered bmc.power");
+    let site: bcm_core::SiteId = "s1".parse().expect("site");
+    env.publish_raw(
+        &env.subjects().result(&site, &answered.id),
+        &result_event(
+            &answered.id,
+            "bmc.power",
+            json!({"action": "on", "power": "on"}),
+        ),
+    )
+    .await
+    .expect("publish");
+    results_drained(&env).await;
+
+    let after = env.node(&id).await.expect("node");
+    assert_eq!(after.power, bcm_core::PowerState::Off, "the power stands");
+    assert_eq!(after.version, before.version, "the node did not change");
+    let dead = bcm_bus::consumer::dead_letters(&env.state.inner.bus, "engine-results")
+        .await
+        .expect("dead letters");
+    assert!(dead.is_empty(), "a repeat is no breach: {dead:?}");
+    let now = bcm_db::commands::command_fetch(&env.db, &answered.id)
+        .await
+        .expect("row");
+    assert_eq!(now.result, answered.result, "the command kept its result");
+    env.stop();
+}

@@ -339,6 +339,33 @@ pub async fn commands_complete_many_in_txn(
         .collect())
 }
 
+/// The node of each command that `results` answer and that still waits
+/// for its result, matched as [`commands_complete_many_in_txn`] matches
+/// them (id, kind, site), in one round trip and without recording
+/// anything: `(command id, node id)`. Commands of no node are left out.
+pub async fn commands_awaiting_nodes_in_txn(
+    tx: &mut Tx<'_>,
+    results: &[NewResult<'_>],
+) -> Result<Vec<(String, String)>, DbError> {
+    if results.is_empty() {
+        return Ok(vec![]);
+    }
+    let ids: Vec<&str> = results.iter().map(|r| r.command_id).collect();
+    let kinds: Vec<&str> = results.iter().map(|r| r.kind).collect();
+    let sites: Vec<&str> = results.iter().map(|r| r.site_id).collect();
+    Ok(sqlx::query_as(
+        "SELECT DISTINCT c.id, c.node_id FROM commands c \
+         JOIN unnest($1::text[], $2::text[], $3::text[]) AS t(id, kind, site) \
+           ON c.id = t.id AND c.kind = t.kind AND c.site_id = t.site \
+         WHERE c.status IN ('pending', 'sent') AND c.node_id IS NOT NULL",
+    )
+    .bind(&ids)
+    .bind(&kinds)
+    .bind(&sites)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
 /// The kind and site of each command of `ids` that exists: `(id, kind,
 /// site)`.
 pub async fn command_kinds_in_txn(
