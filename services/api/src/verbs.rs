@@ -474,7 +474,9 @@ async fn run_verb(
     extra: Extra,
 ) -> Result<NodeView, ApiError> {
     let a = &app.inner;
-    let placement = match nodes::placement_fetch(&a.db, node_id).await {
+    // The authorization's read, on the reads' pool: a verb waits for a
+    // connection of the main pool once, for its transaction.
+    let placement = match nodes::placement_fetch(&a.read_db, node_id).await {
         Ok((t, p)) if t == *tenant => Placement { tenant: t, pool: p },
         Ok(_) | Err(bcm_db::DbError::NotFound) => return Err(ApiError::node_not_found(node_id)),
         Err(e) => return Err(e.into()),
@@ -483,16 +485,17 @@ async fn run_verb(
         format!("node {node_id}")
     })?;
 
-    let mut tx = a.db.begin().await?;
-    bcm_db::lock_timeout_in_txn(&mut tx, a.lock_timeout_ms).await?;
+    let mut tx = a.db.begin_with_lock_timeout(a.lock_timeout_ms).await?;
+    // The pool's agent policy is read before the node is locked (the lock
+    // does not cover the pool's row): one statement fewer under the lock.
+    let agent = bcm_db::tenancy::pool_agent_policy_in_txn(&mut tx, placement.pool.as_str())
+        .await?
+        .agent;
     let node = nodes::node_fetch_for_update_in_txn(&mut tx, node_id).await?;
     let facts = bcm_metal::moves::facts_in_txn(&mut tx, &node).await?;
     let t = apply(facts, Move::Verb(verb))?;
     // A chain whose workflows need a concern the node's hardware profile
     // leaves unbound cannot be served (nodes enrolled with a profile).
-    let agent = bcm_db::tenancy::pool_agent_policy_in_txn(&mut tx, node.pool_id.as_str())
-        .await?
-        .agent;
     if let Some(why) =
         Operation::for_verb(verb).and_then(|op| bcm_core::agentless::refuses(agent, op))
     {
@@ -931,10 +934,16 @@ async fn leaf_batch(
         tracing::info!(node = %node.id, batch = %batch.id, %op, "the command waits for its batch's approvers");
         return Ok(vec![]);
     }
-    Ok(bcm_metal::batches::release_held_in_txn(tx, &batch.id)
-        .await?
-        .into_iter()
-        .collect())
+    Ok(match &batch.authority {
+        // Approved as it was made: the command goes out now, not held.
+        Some(authority) => {
+            vec![bcm_metal::batches::release_approved_in_txn(tx, &batch.id, authority, row).await?]
+        }
+        None => bcm_metal::batches::release_held_in_txn(tx, &batch.id)
+            .await?
+            .into_iter()
+            .collect(),
+    })
 }
 
 /// A verb's request body: the node it names, and what else it carries once

@@ -233,8 +233,7 @@ async fn start_wave(
     };
     let mut moved = 0;
     loop {
-        let mut tx = db.begin().await?;
-        bcm_db::lock_timeout_in_txn(&mut tx, cfg.lock_timeout_ms).await?;
+        let mut tx = db.begin_with_lock_timeout(cfg.lock_timeout_ms).await?;
         // The batch as it is now, locked: a cancel, rejection or expiry
         // that committed since this round began stops the waves.
         let now =

@@ -66,8 +66,7 @@ async fn pass_over(
     lock_timeout_ms: u32,
 ) -> Result<PassReport, DbError> {
     let mut pass = Pass::default();
-    let mut tx = db.begin().await?;
-    bcm_db::lock_timeout_in_txn(&mut tx, lock_timeout_ms).await?;
+    let mut tx = db.begin_with_lock_timeout(lock_timeout_ms).await?;
     for _ in 0..MAX_TRANSITIONS {
         let node = match pass.written.take() {
             Some(n) => n,

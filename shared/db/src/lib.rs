@@ -288,6 +288,20 @@ impl Db {
         Ok(tx)
     }
 
+    /// Starts a transaction that waits at most `millis` for a row lock
+    /// (`SET LOCAL lock_timeout`): a verb that would wait longer answers
+    /// `CONFLICT` ([`DbError::Stale`]) instead of piling up. The bound is
+    /// sent with the `BEGIN`, in the same round trip.
+    pub async fn begin_with_lock_timeout(&self, millis: u32) -> Result<Tx<'static>, DbError> {
+        let asked = std::time::Instant::now();
+        let tx = self
+            .pool
+            .begin_with(format!("BEGIN; SET LOCAL lock_timeout = '{millis}ms'"))
+            .await?;
+        self.waited(asked);
+        Ok(tx)
+    }
+
     /// A connection of the pool for one statement outside a transaction,
     /// its wait measured as [`Db::begin`]'s is: the agent endpoints' hot
     /// statements, whose wait for the agent pool is the figure a fleet's
@@ -338,15 +352,6 @@ impl Db {
     pub async fn close(&self) {
         self.pool.close().await;
     }
-}
-
-/// Bounds how long a transaction waits for a row lock; a verb that waits
-/// longer answers `CONFLICT` instead of piling up.
-pub async fn lock_timeout_in_txn(tx: &mut Tx<'_>, millis: u32) -> Result<(), DbError> {
-    sqlx::query(&format!("SET LOCAL lock_timeout = '{millis}ms'"))
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
 }
 
 /// A savepoint inside `tx`: rolled back on its own (or dropped) without

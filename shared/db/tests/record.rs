@@ -162,10 +162,7 @@ async fn a_held_node_lock_makes_a_second_writer_give_up_stale_after_its_timeout(
     bcm_db::nodes::node_fetch_for_update_in_txn(&mut first, &n.id)
         .await
         .expect("lock");
-    let mut second = db.begin().await.expect("tx");
-    bcm_db::lock_timeout_in_txn(&mut second, 100)
-        .await
-        .expect("timeout");
+    let mut second = db.begin_with_lock_timeout(100).await.expect("tx");
     let started = std::time::Instant::now();
     let waited = bcm_db::nodes::node_fetch_for_update_in_txn(&mut second, &n.id).await;
     assert!(matches!(waited, Err(DbError::Stale)), "{waited:?}");

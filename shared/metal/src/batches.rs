@@ -5,7 +5,7 @@
 //! and the approval that completes a quorum. What a signature is worth is
 //! `bcm-quorum`'s; the records are `bcm-db`'s.
 
-use bcm_contracts::batch::{ApprovalSignature, BatchHeader};
+use bcm_contracts::batch::{ApprovalSignature, BatchAuthority, BatchHeader};
 use bcm_core::batch::{BatchState, BulkNodeState, Operation};
 use bcm_core::WipeMode;
 use bcm_db::batches::{Batch, NewBatchNode, QuorumPolicy};
@@ -43,6 +43,10 @@ pub fn new_batch_id() -> String {
 pub struct NodeBatch {
     pub id: String,
     pub state: BatchState,
+    /// What a command of the batch carries, when the pool's policy approved
+    /// it at once (then a held command is not stored: it is released in
+    /// the same transaction, [`release_approved_in_txn`]).
+    pub authority: Option<Box<BatchAuthority>>,
 }
 
 /// Makes the one-node batch `node`'s verb runs under, in the caller's
@@ -113,8 +117,9 @@ pub async fn node_batch_in_txn(
         code: None,
         message: None,
     };
-    let held = held.map(held_json);
+    let held = held.filter(|_| auto.is_none()).map(held_json);
     bcm_db::batches::batch_insert_in_txn(tx, &batch, &[leaf], held.as_ref()).await?;
+    let mut authority = None;
     if let Some(s) = auto {
         let approval = ApprovalSignature {
             approver_id: s.id.clone(),
@@ -122,8 +127,20 @@ pub async fn node_batch_in_txn(
         };
         bcm_db::batches::approval_insert_in_txn(tx, &id, &approval, bcm_quorum::POLICY_PRINCIPAL)
             .await?;
+        // As `bcm_db::batches::authority_in_txn` would read it back: the
+        // header, the only leaf (no proof), the one approval.
+        authority = Some(Box::new(BatchAuthority {
+            header: batch.header,
+            leaf_index: 0,
+            proof: vec![],
+            approvals: vec![approval],
+        }));
     }
-    Ok(NodeBatch { id, state })
+    Ok(NodeBatch {
+        id,
+        state,
+        authority,
+    })
 }
 
 fn held_json(m: &NewOutboxMessage) -> serde_json::Value {
@@ -160,9 +177,7 @@ pub async fn release_held_in_txn(
         bcm_db::batches::AuthorityState::Ready(a) => a,
         other => return Err(bad(&format!("not ready to release: {other:?}"))),
     };
-    payload["data"]["authority"] =
-        serde_json::to_value(&*authority).map_err(|e| bad(&e.to_string()))?;
-    payload["data"]["deadline"] = serde_json::json!(Utc::now() + crate::bmc::LEAF_COMMAND_TTL);
+    authorize(&mut payload, &authority).map_err(|e| bad(&e))?;
     bcm_db::commands::command_set_batch_in_txn(tx, &command_id, batch).await?;
     Ok(Some(NewOutboxMessage {
         id: held["id"].as_str().ok_or_else(|| bad("id"))?.to_owned(),
@@ -174,6 +189,36 @@ pub async fn release_held_in_txn(
         headers: held["headers"].as_object().cloned().unwrap_or_default(),
         node_id: Some(node),
     }))
+}
+
+/// A one-leaf command's outbox row under a batch the pool's policy approved
+/// as it was made ([`NodeBatch::authority`]), released in the same
+/// transaction: it carries the batch's authority and a fresh deadline, and
+/// its command row names the batch. What [`release_held_in_txn`] does for a
+/// command held until its approvers signed, without storing the command in
+/// the batch only to take it back and read the authority again.
+pub async fn release_approved_in_txn(
+    tx: &mut Tx<'_>,
+    batch: &str,
+    authority: &BatchAuthority,
+    mut row: NewOutboxMessage,
+) -> Result<NewOutboxMessage, DbError> {
+    let bad = |w: &str| DbError::Corrupt(format!("command released under {batch}: {w}"));
+    let command_id = row.payload["data"]["commandId"]
+        .as_str()
+        .ok_or_else(|| bad("command id"))?
+        .to_owned();
+    authorize(&mut row.payload, authority).map_err(|e| bad(&e))?;
+    bcm_db::commands::command_set_batch_in_txn(tx, &command_id, batch).await?;
+    Ok(row)
+}
+
+/// Sets a command envelope's (CloudEvent payload's) authority and a fresh
+/// deadline.
+fn authorize(payload: &mut serde_json::Value, authority: &BatchAuthority) -> Result<(), String> {
+    payload["data"]["authority"] = serde_json::to_value(authority).map_err(|e| e.to_string())?;
+    payload["data"]["deadline"] = serde_json::json!(Utc::now() + crate::bmc::LEAF_COMMAND_TTL);
+    Ok(())
 }
 
 /// The held one-leaf command of a batch that ended unapproved (rejected,
