@@ -566,8 +566,7 @@ pub struct Inner {
     pub db: Db,
     /// The agent endpoints' own pool.
     pub agent_db: Db,
-    /// The node reads', the verbs' placement reads (their authorization)
-    /// and the token lookup's own pool, read-only.
+    /// The node reads' and the token lookup's own pool, read-only.
     pub read_db: Db,
     pub bus: Bus,
     pub sealer: Sealer,

@@ -474,9 +474,7 @@ async fn run_verb(
     extra: Extra,
 ) -> Result<NodeView, ApiError> {
     let a = &app.inner;
-    // The authorization's read, on the reads' pool: a verb waits for a
-    // connection of the main pool once, for its transaction.
-    let placement = match nodes::placement_fetch(&a.read_db, node_id).await {
+    let placement = match nodes::placement_fetch(&a.db, node_id).await {
         Ok((t, p)) if t == *tenant => Placement { tenant: t, pool: p },
         Ok(_) | Err(bcm_db::DbError::NotFound) => return Err(ApiError::node_not_found(node_id)),
         Err(e) => return Err(e.into()),
