@@ -675,7 +675,14 @@ async fn main() -> anyhow::Result<()> {
     if let Some(n) = args.max_idle_heartbeats_per_sec {
         config["api"]["agents"]["max_idle_heartbeats_per_sec"] = json!(n);
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    // As separate processes, the API's child binds the address itself
+    // after this listener is dropped: a port no other child's port-0
+    // listener can take meanwhile.
+    let listener = if args.processes {
+        tokio::net::TcpListener::bind(("127.0.0.1", processes::free_port()?)).await?
+    } else {
+        tokio::net::TcpListener::bind("127.0.0.1:0").await?
+    };
     let scheme = if args.plain_http { "http" } else { "https" };
     let api_listen = listener.local_addr()?.to_string();
     let base = format!("{scheme}://{api_listen}");

@@ -47,7 +47,31 @@ impl Scrape {
 }
 
 /// A port nothing listens on now (bound and let go).
-fn free_port() -> anyhow::Result<u16> {
+/// A port free now, picked below the range the kernel hands out for port 0
+/// (`ip_local_port_range`): the children bind their other listeners on
+/// port 0, and one of those could take a port picked from that range before
+/// the child it was picked for binds it (a run failed so: "Address already
+/// in use"). Successive calls pick successive ports.
+pub fn free_port() -> anyhow::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let start = 10_000u32.min(ephemeral_low.saturating_sub(1_000));
+    let span = ephemeral_low.saturating_sub(start).max(1);
+    // Runs side by side start at different points.
+    let seed = std::process::id().wrapping_mul(7_919);
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let Ok(port) = u16::try_from(start + seed.wrapping_add(n) % span) else {
+            continue;
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
