@@ -904,9 +904,10 @@ async fn begin_rotation(
 }
 
 /// The one-leaf batch of a BMC command outside workflows (`metal.power`, a
-/// rotation): the command's message is held by the batch and released —
-/// now, when the pool's policy approves it, or by the approval that
-/// completes its quorum — carrying the batch's authority.
+/// rotation): the command's message goes out now, carrying the batch's
+/// authority, when the pool's policy approves the batch as it is made;
+/// otherwise the batch holds it until the approval that completes its
+/// quorum releases it.
 async fn leaf_batch(
     a: &crate::Inner,
     tx: &mut bcm_db::Tx<'_>,

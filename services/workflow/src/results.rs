@@ -53,8 +53,11 @@ pub async fn record(ctx: &Ctx, r: &SiteResult) -> Result<Recorded, bcm_db::DbErr
 /// Records site results, each once, and advances the steps waiting on them,
 /// all in one transaction; one [`Recorded`] per result, in order. The power
 /// the results report is recorded first, in a transaction of its own
-/// ([`record_powers`]). Locks are taken as verbs take them, node before
-/// workflow.
+/// ([`record_powers`]). The workflows are locked in id order; a node a
+/// step writes (a completed workflow's move, a forgotten credential) is
+/// locked as it is written, after its workflow, the other way round from a
+/// verb: the deadlock that can make is Postgres's to break, and the batch
+/// is then recorded a result at a time.
 pub async fn record_many(
     ctx: &Ctx,
     answered: &[SiteResult],
@@ -77,8 +80,8 @@ pub async fn record_many(
     completed.sort_by(|a, b| a.1.node_id.cmp(&b.1.node_id).then(a.0.cmp(&b.0)));
     let mut writes = crate::engine::Writes::default();
     // One span per recorded result, a child of the site's span that
-    // answered: the events its power or rotation handling writes go on in
-    // the verb's trace (the steps it drives continue their workflows').
+    // answered: the events its rotation handling writes go on in the
+    // verb's trace (the steps it drives continue their workflows').
     let mut spans = Vec::with_capacity(completed.len());
     for (command_id, done) in &completed {
         let Some(a) = answered.iter().find(|a| a.result.command_id == *command_id) else {
@@ -154,12 +157,16 @@ pub async fn record_many(
 /// verbs, the agents and the other results waiting for that node.
 ///
 /// Only a result whose command still waits for it counts (matched by id,
-/// kind and site, as its recording matches it): a redelivery, a late answer
-/// or one from the wrong site reports nothing. A crash between the two
-/// transactions leaves the result unacknowledged; redelivered, it finds the
-/// power already recorded and changes nothing, and its command is then
+/// kind and site, as its recording matches it): a redelivery after its
+/// command was completed, or a copy from the wrong site, reports nothing.
+/// A crash (or a failure) between the two transactions leaves the result
+/// unacknowledged; redelivered, its power is recorded again, which changes
+/// nothing while the node's power is still the one it reported (should a
+/// newer command have changed it meanwhile, the older report is written
+/// again, as a late answer always could be), and its command is then
 /// completed. Nodes are locked in id order, a node's reports applied in
-/// command order (the later command's power stands).
+/// command order (the later command's power stands); a command answered
+/// twice in one batch counts its first answer.
 async fn record_powers(ctx: &Ctx, answered: &[SiteResult]) -> Result<(), bcm_db::DbError> {
     let reports: Vec<(&SiteResult, PowerState)> = answered
         .iter()
@@ -193,13 +200,13 @@ async fn record_powers(ctx: &Ctx, answered: &[SiteResult]) -> Result<(), bcm_db:
         tx.rollback().await?;
         return Ok(());
     }
+    // The first answer of each command; then by node, then command.
     awaiting.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+    awaiting.dedup_by(|later, first| later.1 == first.1);
+    awaiting.sort_by(|a, b| a.2.cmp(&b.2).then(a.1.cmp(&b.1)));
     let mut events = vec![];
-    for (command_id, node) in &awaiting {
-        let Some((a, power)) = reports
-            .iter()
-            .find(|(a, _)| a.result.command_id == *command_id)
-        else {
+    for (at, command_id, node) in &awaiting {
+        let Some((a, power)) = reports.get(*at) else {
             continue;
         };
         let span = tracing::info_span!("engine.result.power", command_id = %command_id,

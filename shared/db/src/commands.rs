@@ -339,31 +339,45 @@ pub async fn commands_complete_many_in_txn(
         .collect())
 }
 
-/// The node of each command that `results` answer and that still waits
-/// for its result, matched as [`commands_complete_many_in_txn`] matches
-/// them (id, kind, site), in one round trip and without recording
-/// anything: `(command id, node id)`. Commands of no node are left out.
+/// Which of `results` answer a command that still waits for its result,
+/// matched as [`commands_complete_many_in_txn`] matches them (id, kind,
+/// site), in one round trip and without recording anything: `(position in
+/// results, command id, node id)`, one per matching result (a command
+/// answered twice in `results` appears twice). Commands of no node are
+/// left out.
 pub async fn commands_awaiting_nodes_in_txn(
     tx: &mut Tx<'_>,
     results: &[NewResult<'_>],
-) -> Result<Vec<(String, String)>, DbError> {
+) -> Result<Vec<(usize, String, String)>, DbError> {
     if results.is_empty() {
         return Ok(vec![]);
     }
     let ids: Vec<&str> = results.iter().map(|r| r.command_id).collect();
     let kinds: Vec<&str> = results.iter().map(|r| r.kind).collect();
     let sites: Vec<&str> = results.iter().map(|r| r.site_id).collect();
-    Ok(sqlx::query_as(
-        "SELECT DISTINCT c.id, c.node_id FROM commands c \
-         JOIN unnest($1::text[], $2::text[], $3::text[]) AS t(id, kind, site) \
+    let rows: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT t.n, c.id, c.node_id FROM commands c \
+         JOIN unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(id, kind, site, n) \
            ON c.id = t.id AND c.kind = t.kind AND c.site_id = t.site \
-         WHERE c.status IN ('pending', 'sent') AND c.node_id IS NOT NULL",
+         WHERE c.status IN ('pending', 'sent') AND c.node_id IS NOT NULL \
+         ORDER BY t.n",
     )
     .bind(&ids)
     .bind(&kinds)
     .bind(&sites)
     .fetch_all(&mut **tx)
-    .await?)
+    .await?;
+    rows.into_iter()
+        .map(|(n, id, node)| {
+            usize::try_from(n - 1)
+                .ok()
+                .filter(|i| *i < results.len())
+                .map(|i| (i, id, node))
+                .ok_or_else(|| {
+                    DbError::Corrupt(format!("position {n} of {} results", results.len()))
+                })
+        })
+        .collect()
 }
 
 /// The kind and site of each command of `ids` that exists: `(id, kind,

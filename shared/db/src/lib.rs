@@ -293,6 +293,9 @@ impl Db {
     /// `CONFLICT` ([`DbError::Stale`]) instead of piling up. The bound is
     /// sent with the `BEGIN`, in the same round trip.
     pub async fn begin_with_lock_timeout(&self, millis: u32) -> Result<Tx<'static>, DbError> {
+        // Postgres takes at most i32::MAX ms; a `SET` it refused would leave
+        // the connection in an aborted transaction sqlx does not roll back.
+        let millis = millis.min(i32::MAX as u32);
         let asked = std::time::Instant::now();
         let tx = self
             .pool

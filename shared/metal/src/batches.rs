@@ -54,7 +54,10 @@ pub struct NodeBatch {
 /// approves one-node batches by policy and this control plane holds the
 /// policy key; otherwise awaiting the pool's approvers, at least
 /// `min_required` of them (the edges' anchor's quorum). `held` is a
-/// one-leaf command's outbox row to publish once approved.
+/// one-leaf command's outbox row: stored with a batch left for approvers,
+/// to be published by the approval that completes its quorum; *not*
+/// stored with a batch approved at once, whose caller must send it now,
+/// with [`NodeBatch::authority`] ([`release_approved_in_txn`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn node_batch_in_txn(
     tx: &mut Tx<'_>,

@@ -46,7 +46,6 @@ impl Scrape {
     }
 }
 
-/// A port nothing listens on now (bound and let go).
 /// A port free now, picked below the range the kernel hands out for port 0
 /// (`ip_local_port_range`): the children bind their other listeners on
 /// port 0, and one of those could take a port picked from that range before
@@ -59,7 +58,9 @@ pub fn free_port() -> anyhow::Result<u16> {
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
         .unwrap_or(32_768);
-    let start = 10_000u32.min(ephemeral_low.saturating_sub(1_000));
+    let start = 10_000u32
+        .min(ephemeral_low.saturating_sub(1_000))
+        .max(1_024);
     let span = ephemeral_low.saturating_sub(start).max(1);
     // Runs side by side start at different points.
     let seed = std::process::id().wrapping_mul(7_919);
