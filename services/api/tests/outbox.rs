@@ -74,7 +74,6 @@ fn small_batches() -> RelayConfig {
     }
 }
 
-/// A test environment without a relay, and a reader of tenant `a`'s events.
 /// An environment whose outbox no relay reads.
 async fn an_env_without_relay() -> TestEnv {
     TestEnv::start_with(Options {
@@ -85,6 +84,7 @@ async fn an_env_without_relay() -> TestEnv {
     .expect("env")
 }
 
+/// A test environment without a relay, and a reader of tenant `a`'s events.
 async fn without_relay(reader: &str) -> (TestEnv, EventReader) {
     let env = an_env_without_relay().await;
     let reader = env
