@@ -526,11 +526,12 @@ pub async fn serve(
     });
     // A request whose body stalls or drips is in flight, so its connection
     // is not idle: the body's own deadline ends it (INVALID_ARGUMENT) and
-    // frees the slot.
+    // frees the slot. A body its handler left unread is read before the
+    // answer goes, or the answer says the connection closes.
     let within = http.idle_timeout();
-    let app = app.layer(axum::middleware::map_request(
-        move |req: axum::extract::Request| async move {
-            connections::BodyDeadline::on(req, within)
+    let app = app.layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            connections::settle_bodies(within, req, next)
         },
     ));
     let capped = connections::Capped::new(app, cap);
