@@ -926,23 +926,14 @@ async fn leaf_batch(
         bcm_metal::bmc::LEAF_COMMAND_TTL,
         a.policy_signer.as_ref(),
         a.edge_quorum,
-        Some(&row),
+        Some(row),
     )
     .await?;
-    if !batch.state.authorizes() {
+    // Approved as it was made: the command goes out now, not held.
+    if batch.send_now.is_none() {
         tracing::info!(node = %node.id, batch = %batch.id, %op, "the command waits for its batch's approvers");
-        return Ok(vec![]);
     }
-    Ok(match &batch.authority {
-        // Approved as it was made: the command goes out now, not held.
-        Some(authority) => {
-            vec![bcm_metal::batches::release_approved_in_txn(tx, &batch.id, authority, row).await?]
-        }
-        None => bcm_metal::batches::release_held_in_txn(tx, &batch.id)
-            .await?
-            .into_iter()
-            .collect(),
-    })
+    Ok(batch.send_now.into_iter().collect())
 }
 
 /// A verb's request body: the node it names, and what else it carries once

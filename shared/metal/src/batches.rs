@@ -39,14 +39,15 @@ pub fn new_batch_id() -> String {
 }
 
 /// What a verb's one-node batch came out as.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NodeBatch {
     pub id: String,
     pub state: BatchState,
-    /// What a command of the batch carries, when the pool's policy approved
-    /// it at once (then a held command is not stored: it is released in
-    /// the same transaction, [`release_approved_in_txn`]).
-    pub authority: Option<Box<BatchAuthority>>,
+    /// The held command's outbox row to send now, carrying the batch's
+    /// authority: set when the pool's policy approved the batch as it was
+    /// made (the row was not stored). `None` when the batch awaits its
+    /// approvers (the row waits with it) or no row was held.
+    pub send_now: Option<NewOutboxMessage>,
 }
 
 /// Makes the one-node batch `node`'s verb runs under, in the caller's
@@ -55,9 +56,8 @@ pub struct NodeBatch {
 /// policy key; otherwise awaiting the pool's approvers, at least
 /// `min_required` of them (the edges' anchor's quorum). `held` is a
 /// one-leaf command's outbox row: stored with a batch left for approvers,
-/// to be published by the approval that completes its quorum; *not*
-/// stored with a batch approved at once, whose caller must send it now,
-/// with [`NodeBatch::authority`] ([`release_approved_in_txn`]).
+/// to be published by the approval that completes its quorum; returned,
+/// authorized, in [`NodeBatch::send_now`] from a batch approved at once.
 #[allow(clippy::too_many_arguments)]
 pub async fn node_batch_in_txn(
     tx: &mut Tx<'_>,
@@ -69,7 +69,7 @@ pub async fn node_batch_in_txn(
     ttl: chrono::Duration,
     signer: Option<&PolicySigner>,
     min_required: u32,
-    held: Option<&NewOutboxMessage>,
+    held: Option<NewOutboxMessage>,
 ) -> Result<NodeBatch, DbError> {
     let policy = bcm_db::batches::pool_policy_in_txn(tx, node.pool_id.as_str())
         .await?
@@ -120,9 +120,9 @@ pub async fn node_batch_in_txn(
         code: None,
         message: None,
     };
-    let held = held.filter(|_| auto.is_none()).map(held_json);
-    bcm_db::batches::batch_insert_in_txn(tx, &batch, &[leaf], held.as_ref()).await?;
-    let mut authority = None;
+    let stored = held.as_ref().filter(|_| auto.is_none()).map(held_json);
+    bcm_db::batches::batch_insert_in_txn(tx, &batch, &[leaf], stored.as_ref()).await?;
+    let mut send_now = None;
     if let Some(s) = auto {
         let approval = ApprovalSignature {
             approver_id: s.id.clone(),
@@ -132,17 +132,20 @@ pub async fn node_batch_in_txn(
             .await?;
         // As `bcm_db::batches::authority_in_txn` would read it back: the
         // header, the only leaf (no proof), the one approval.
-        authority = Some(Box::new(BatchAuthority {
+        let authority = BatchAuthority {
             header: batch.header,
             leaf_index: 0,
             proof: vec![],
             approvals: vec![approval],
-        }));
+        };
+        if let Some(row) = held {
+            send_now = Some(release_approved_in_txn(tx, &id, &authority, row).await?);
+        }
     }
     Ok(NodeBatch {
         id,
         state,
-        authority,
+        send_now,
     })
 }
 
@@ -195,12 +198,13 @@ pub async fn release_held_in_txn(
 }
 
 /// A one-leaf command's outbox row under a batch the pool's policy approved
-/// as it was made ([`NodeBatch::authority`]), released in the same
-/// transaction: it carries the batch's authority and a fresh deadline, and
-/// its command row names the batch. What [`release_held_in_txn`] does for a
-/// command held until its approvers signed, without storing the command in
-/// the batch only to take it back and read the authority again.
-pub async fn release_approved_in_txn(
+/// as it was made, released in the same transaction
+/// ([`NodeBatch::send_now`]): it carries the batch's authority and a fresh
+/// deadline, and its command row names the batch. What
+/// [`release_held_in_txn`] does for a command held until its approvers
+/// signed, without storing the command in the batch only to take it back
+/// and read the authority again.
+async fn release_approved_in_txn(
     tx: &mut Tx<'_>,
     batch: &str,
     authority: &BatchAuthority,
