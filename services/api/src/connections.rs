@@ -478,17 +478,20 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for IdleIo<I> {
     }
 }
 
-/// A request body that must arrive whole within `within` of the handler's
-/// first read of it, whatever pace its bytes come at: what a per-read
-/// timeout misses is a client that sends a byte just inside each wait and
-/// so holds its connection's slot for as long as it likes. Past the
-/// deadline the read fails, the handler answers `400`, and the answer says
-/// `Connection: close` ([`settle_bodies`]: its body was not read to the end).
-pub struct BodyDeadline {
+/// A request body that must arrive whole within `within` of its first read
+/// (the handler's, or [`settle_bodies`]'), whatever pace its bytes come at:
+/// what a per-read timeout misses is a client that sends a byte just inside
+/// each wait and so holds its connection's slot for as long as it likes.
+/// Past the deadline every read fails (counted once), the handler answers
+/// `400`, and the answer says `Connection: close` ([`settle_bodies`]: its
+/// body was not read to the end).
+pub(crate) struct BodyDeadline {
     body: axum::body::Body,
     within: Duration,
     /// Set at the first read.
     deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// The deadline passed (and was counted).
+    expired: bool,
 }
 
 /// The most of a request body [`settle_bodies`] reads once the answer is
@@ -518,11 +521,19 @@ pub async fn settle_bodies(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let shared = Arc::new(std::sync::Mutex::new(SharedBody::default()));
+    // A client that asked to be told to go on waits for a `100 Continue`
+    // before it sends its body; reading the body of a request already
+    // refused would ask it for one.
+    let expects_continue = req
+        .headers()
+        .get(axum::http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let req = req.map(|body| {
         let body = BodyDeadline {
             body,
             within,
             deadline: None,
+            expired: false,
         };
         let mut s = lock(&shared);
         s.ended = http_body::Body::is_end_stream(&body);
@@ -535,11 +546,13 @@ pub async fn settle_bodies(
         if s.ended {
             None
         } else {
+            s.taken = true;
             s.body.take()
         }
     };
     if let Some(body) = unread {
-        let read = read_to_end(body, UNREAD_BODY_MAX_BYTES, UNREAD_BODY_WAIT.min(within)).await;
+        let read = !expects_continue
+            && read_to_end(body, UNREAD_BODY_MAX_BYTES, UNREAD_BODY_WAIT.min(within)).await;
         let outcome = if read { "read" } else { "closed" };
         metrics::counter!("bcm_api_http_unread_bodies_total", "outcome" => outcome).increment(1);
         if !read {
@@ -559,6 +572,8 @@ struct SharedBody {
     body: Option<BodyDeadline>,
     /// Read to its end (or empty from the start).
     ended: bool,
+    /// Taken by [`settle_bodies`] once the answer was ready.
+    taken: bool,
 }
 
 fn lock(shared: &std::sync::Mutex<SharedBody>) -> std::sync::MutexGuard<'_, SharedBody> {
@@ -580,7 +595,12 @@ impl http_body::Body for HandlerBody {
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::BoxError>>> {
         let mut s = lock(&self.0);
         let Some(body) = s.body.as_mut() else {
-            return Poll::Ready(None);
+            // A read after the answer (nothing reads one today) sees an
+            // error, never a truncated body that looks whole.
+            return Poll::Ready(
+                s.taken
+                    .then(|| Err("the request body was read after its answer".into())),
+            );
         };
         let frame = http_body::Body::poll_frame(std::pin::Pin::new(&mut *body), cx);
         let ended = match &frame {
@@ -596,7 +616,7 @@ impl http_body::Body for HandlerBody {
 
     fn is_end_stream(&self) -> bool {
         let s = lock(&self.0);
-        s.ended || s.body.as_ref().is_none_or(http_body::Body::is_end_stream)
+        s.ended || s.body.as_ref().is_some_and(http_body::Body::is_end_stream)
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
@@ -650,10 +670,14 @@ impl http_body::Body for BodyDeadline {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::BoxError>>> {
         let within = self.within;
+        if self.expired {
+            return Poll::Ready(Some(Err(Box::new(BodyTooSlow(within)))));
+        }
         let deadline = self
             .deadline
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(within)));
         if deadline.as_mut().poll(cx).is_ready() {
+            self.expired = true;
             metrics::counter!("bcm_api_http_body_too_slow_total").increment(1);
             return Poll::Ready(Some(Err(Box::new(BodyTooSlow(within)))));
         }

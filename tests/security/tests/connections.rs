@@ -3,8 +3,10 @@
 //! one closes, and a connection that sends no complete request head for
 //! `idle_timeout_secs` — idle after its answer, or sending its head a byte
 //! at a time — is closed by the server, and a request body must arrive
-//! whole within that time, however it is paced. Raw TCP, so nothing in a
-//! client library reconnects or pools behind the test's back.
+//! whole within that time, however it is paced. An answer given before its
+//! request's body was read keeps its connection usable or says it closes.
+//! Raw TCP, so nothing in a client library reconnects or pools behind the
+//! test's back.
 
 use bcm_api::connections::HttpConfig;
 use bcm_testkit::TestEnv;
@@ -18,18 +20,30 @@ const ASK: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: api\r\n\r\n";
 /// 10 of it.
 const STALLED_JOIN: &[u8] = b"POST /api/agent/join HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"token\":";
 
-/// Reads one answer's head and its `ok` body (keeping the connection).
+/// Reads one whole answer, its head and its `Content-Length` body (keeping
+/// the connection), as text.
 async fn answered(c: &mut TcpStream) -> String {
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
-    while !got.ends_with(b"ok") {
+    let mut wanted = None;
+    while wanted.is_none_or(|len| got.len() < len) {
         let n = c.read(&mut buf).await.expect("read");
         assert!(
             n > 0,
-            "closed before an answer: {:?}",
+            "closed before a whole answer: {:?}",
             String::from_utf8_lossy(&got)
         );
         got.extend_from_slice(&buf[..n]);
+        if wanted.is_none() {
+            if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&got[..at]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().expect("content-length"));
+                wanted = Some(at + 4 + length);
+            }
+        }
     }
     String::from_utf8_lossy(&got).into_owned()
 }
@@ -257,35 +271,12 @@ async fn a_request_whose_body_drips_is_ended_at_its_deadline_and_frees_its_slot(
 const UNAUTHENTICATED_POWER_HEAD: &[u8] = b"POST /api/compute/metal/power HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n";
 const POWER_BODY: &[u8] = b"{\"nodeIds\": []}";
 
-/// Reads one whole answer (head and its `Content-Length` body) and returns
-/// its head, lower-cased.
+/// Reads one whole answer and returns its head, lower-cased.
 async fn answer_head(c: &mut TcpStream) -> String {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    let head_end = loop {
-        if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-            break at + 4;
-        }
-        let n = c.read(&mut buf).await.expect("read");
-        assert!(
-            n > 0,
-            "closed before an answer: {:?}",
-            String::from_utf8_lossy(&got)
-        );
-        got.extend_from_slice(&buf[..n]);
-    };
-    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .map(|v| v.trim().parse().expect("content-length"))
-        .unwrap_or(0);
-    while got.len() < head_end + length {
-        let n = c.read(&mut buf).await.expect("read body");
-        assert!(n > 0, "closed inside an answer's body");
-        got.extend_from_slice(&buf[..n]);
-    }
-    head
+    let answer = answered(c).await.to_ascii_lowercase();
+    answer
+        .split_once("\r\n\r\n")
+        .map_or(answer.clone(), |(head, _)| head.to_owned())
 }
 
 /// An answer given before its request's body was read (a refused
@@ -359,6 +350,38 @@ async fn an_answer_that_leaves_its_body_unread_keeps_its_connection_or_says_it_c
         .await
         .expect("head");
     let head = tokio::time::timeout(Duration::from_secs(10), answer_head(&mut large))
+        .await
+        .expect("answered without its body");
+    assert!(head.starts_with("http/1.1 401"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert!(closed_within(&mut large, Duration::from_secs(10)).await);
+
+    // A chunked body that comes late: read, the connection kept.
+    let mut chunked = TcpStream::connect(addr).await.expect("chunked");
+    chunked
+        .write_all(b"POST /api/compute/metal/power HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await
+        .expect("head");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    chunked
+        .write_all(&[b"f\r\n".as_slice(), POWER_BODY, b"\r\n0\r\n\r\n"].concat())
+        .await
+        .expect("chunks");
+    let head = answer_head(&mut chunked).await;
+    assert!(head.starts_with("http/1.1 401"), "{head}");
+    assert!(!head.contains("connection: close"), "{head}");
+    chunked.write_all(ASK).await.expect("ask again");
+    assert!(answered(&mut chunked).await.starts_with("HTTP/1.1 200"));
+
+    // A client that waits to be told to go on (`Expect: 100-continue`) is
+    // not asked for the body of a request already refused: the answer says
+    // the connection closes.
+    let mut expecting = TcpStream::connect(addr).await.expect("expecting");
+    expecting
+        .write_all(b"POST /api/compute/metal/power HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 15\r\n\r\n")
+        .await
+        .expect("head");
+    let head = tokio::time::timeout(Duration::from_secs(10), answer_head(&mut expecting))
         .await
         .expect("answered without its body");
     assert!(head.starts_with("http/1.1 401"), "{head}");
