@@ -255,11 +255,17 @@ mod tests {
     #[test]
     fn cpu_of_a_process_that_does_not_exist_is_zero_and_of_this_one_is_read() {
         assert_eq!(cpu_secs_of("no-such-pid"), 0.0);
-        // Burn a little CPU so this process has at least one tick.
+        // Burn CPU until this process has a tick (10 ms), for at most 10 s
+        // of wall time: a fixed 50 ms of wall time on a loaded machine (the
+        // test command's four test processes on two cores) could be less
+        // than one tick of CPU (a clean-clone run failed so). A reader that
+        // never sees the ticks fails after the 10 s.
         let mut x = 0u64;
         let t = Instant::now();
-        while t.elapsed() < Duration::from_millis(50) {
-            x = x.wrapping_mul(31).wrapping_add(7);
+        while cpu_secs_of("self") == 0.0 && t.elapsed() < Duration::from_secs(10) {
+            for _ in 0..100_000 {
+                x = x.wrapping_mul(31).wrapping_add(7);
+            }
         }
         assert!(x != 1);
         assert!(cpu_secs_of("self") > 0.0);
