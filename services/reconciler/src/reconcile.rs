@@ -10,7 +10,7 @@ use bcm_core::reconcile::{decide, ReconcileAction, WorkflowSummary};
 use bcm_core::table::{Move, NodeFacts};
 use bcm_core::workflow::{self, Profile};
 use bcm_core::{apply, NodeId, ProvisionState, WipeMode};
-use bcm_db::nodes::Node;
+use bcm_db::nodes::{Node, NodeGlance};
 use bcm_db::{Db, DbError, Tx};
 
 /// At most this many transitions per pass.
@@ -163,6 +163,25 @@ async fn decide_for(tx: &mut Tx<'_>, node: &Node) -> Result<ReconcileAction, DbE
         action,
         superseded.is_some(),
     ))
+}
+
+/// Whether what the periodic look read of a node settles its pass without
+/// the node's lock (the rule is `bcm_core`'s).
+pub fn settled_at_a_glance(glance: &NodeGlance) -> bool {
+    let facts = NodeFacts {
+        state: glance.provision_state,
+        failed_from: glance.failed_from,
+        unrescue_pending: glance.unrescue_pending,
+        rescue_booting: false,
+        rotation_pending: glance.rotation_pending,
+    };
+    let summary = glance.workflow.as_ref().map(|w| WorkflowSummary {
+        profile_id: w.profile_id.clone(),
+        phase: w.status,
+        wipe_verified: w.wipe_verified,
+        error: w.error.clone(),
+    });
+    bcm_core::reconcile::settled_at_a_glance(facts, summary.as_ref())
 }
 
 fn facts(node: &Node) -> NodeFacts {

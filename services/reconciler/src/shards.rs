@@ -7,7 +7,7 @@ use bcm_bus::subjects::{shard_of, StreamKind};
 use bcm_bus::Bus;
 use bcm_contracts::work::ReconcileRequest;
 use bcm_contracts::CloudEvent;
-use bcm_core::ProvisionState;
+use bcm_core::{NodeId, ProvisionState};
 use bcm_db::Db;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,7 +69,7 @@ pub async fn run(
             let shard_set: Vec<u32> = owned.keys().copied().collect();
             let (db2, bus2, lock) = (db.clone(), bus.clone(), cfg.lock_timeout_ms);
             polling = Some(tokio::spawn(async move {
-                poll_owned(&db2, &bus2, &shard_set, shards, lock).await
+                look_at_owned(&db2, &bus2, &shard_set, shards, lock).await;
             }));
         }
         tokio::select! {
@@ -150,35 +150,84 @@ async fn rebalance(
             ));
             // A new owner looks at the shard's nodes at once.
             let (db2, bus2, lock) = (db.clone(), bus.clone(), cfg.lock_timeout_ms);
-            tokio::spawn(async move { poll_owned(&db2, &bus2, &[shard], shards, lock).await });
+            tokio::spawn(async move {
+                look_at_owned(&db2, &bus2, &[shard], shards, lock).await;
+            });
         }
     }
     Ok(())
 }
 
-async fn poll_owned(db: &Db, bus: &Bus, owned: &[u32], shards: u32, lock_timeout_ms: u32) {
+/// Nodes a periodic look reads per statement.
+const LOOK_PAGE: u32 = 1_000;
+
+/// What a periodic look did: how many owned nodes it read, and how many
+/// of them it passed over (the rest were settled at a glance).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LookReport {
+    pub looked_at: usize,
+    pub passed: usize,
+}
+
+/// The periodic look at every owned node in a workflow-driven state, for
+/// what no wake-up asked for (a request lost, a pass that failed). Nodes
+/// are read a page at a time without a lock, with their workflows; a node
+/// whose decision is to idle or wait at a glance
+/// ([`bcm_core::reconcile::settled_at_a_glance`], most of them: their
+/// workflows run) is not locked at all, and the others get a locked pass,
+/// which decides again.
+pub async fn look_at_owned(
+    db: &Db,
+    bus: &Bus,
+    owned: &[u32],
+    shards: u32,
+    lock_timeout_ms: u32,
+) -> LookReport {
+    let mut report = LookReport::default();
     if owned.is_empty() {
-        return;
+        return report;
     }
     let states: Vec<ProvisionState> = ProvisionState::ALL
         .into_iter()
         .filter(|s| s.is_workflow_driven())
         .collect();
-    let ids = match bcm_db::nodes::node_ids_in_states(db, &states).await {
-        Ok(ids) => ids,
-        Err(e) => {
-            tracing::warn!(error = %e, "poll: cannot list nodes");
-            return;
+    let mut after: Option<NodeId> = None;
+    loop {
+        let page =
+            match bcm_db::nodes::node_glances_in_states(db, &states, after.as_ref(), LOOK_PAGE)
+                .await
+            {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::warn!(error = %e, "poll: cannot list nodes");
+                    break;
+                }
+            };
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        let full = page.len() as u32 == LOOK_PAGE;
+        for glance in page
+            .iter()
+            .filter(|g| owned.contains(&shard_of(&g.id, shards)))
+        {
+            report.looked_at += 1;
+            if reconcile::settled_at_a_glance(glance) {
+                continue;
+            }
+            report.passed += 1;
+            if let Err(e) = reconcile::node(db, bus, &glance.id, lock_timeout_ms).await {
+                tracing::debug!(node = %glance.id, error = %e, "poll: reconcile failed; next round retries");
+            }
         }
-    };
-    for id in ids
-        .iter()
-        .filter(|id| owned.contains(&shard_of(id, shards)))
-    {
-        if let Err(e) = reconcile::node(db, bus, id, lock_timeout_ms).await {
-            tracing::debug!(node = %id, error = %e, "poll: reconcile failed; next round retries");
+        if !full {
+            break;
         }
     }
+    metrics::counter!("bcm_reconciler_look_nodes_total", "outcome" => "settled")
+        .increment((report.looked_at - report.passed) as u64);
+    metrics::counter!("bcm_reconciler_look_nodes_total", "outcome" => "passed")
+        .increment(report.passed as u64);
+    report
 }
 
 /// The durable consumer of one shard's reconcile requests.

@@ -275,6 +275,24 @@ pub fn decide(
     }
 }
 
+/// Whether a look at a node without its row lock settles the pass: the
+/// decision on what the look read (the node's facts, its workflow's
+/// summary) is to idle or to wait, and none of what a locked pass reads
+/// besides (the pool's agentless policy, a superseded workflow, an
+/// adopting node's agent) can change that. The reconciler's periodic look
+/// at every node skips a settled one; any other is decided again under the
+/// lock, where it counts. A look that is stale by the time it settles
+/// misses nothing: whatever changed a node's decision since asked for a
+/// pass of its own.
+pub fn settled_at_a_glance(facts: NodeFacts, wf: Option<&WorkflowSummary>) -> bool {
+    // An adopting node's decision reads its agent, not its workflow.
+    facts.state != ProvisionState::Adopting
+        && matches!(
+            decide(facts, wf, None),
+            ReconcileAction::Idle | ReconcileAction::Wait
+        )
+}
+
 /// The wait for a workflow the node left: a verb that moved the node out
 /// of a workflow's state cancelled that workflow, whose cleanup steps may
 /// still be running. The new state's workflow starts only once it ended,
@@ -291,6 +309,100 @@ mod tests {
     use super::*;
     use crate::table::apply;
     use ProvisionState::*;
+
+    /// Every node and workflow a look can read, with each agentless
+    /// policy: what a look settles, the locked pass would have settled too
+    /// (idle or wait), whatever the policy and a superseded workflow.
+    #[test]
+    fn a_look_settles_only_what_the_locked_pass_would_not_act_on() {
+        let mut settled = 0;
+        let mut unsettled = 0;
+        for state in ProvisionState::ALL {
+            for failed_from in [None, Some(Deploying)] {
+                for unrescue_pending in [false, true] {
+                    for rotation_pending in [false, true] {
+                        let facts = NodeFacts {
+                            state,
+                            failed_from,
+                            unrescue_pending,
+                            rescue_booting: false,
+                            rotation_pending,
+                        };
+                        let mut workflows = vec![None];
+                        for phase in WorkflowPhase::ALL {
+                            for verified in [false, true] {
+                                for profile in ["metal-release", UNRESCUE_PROFILE] {
+                                    for error in [None, Some("UNVERIFIED_WIPE: no erase")] {
+                                        workflows.push(Some(WorkflowSummary {
+                                            profile_id: profile.into(),
+                                            phase,
+                                            wipe_verified: verified,
+                                            error: error.map(str::to_owned),
+                                        }));
+                                    }
+                                }
+                            }
+                        }
+                        for w in &workflows {
+                            if !settled_at_a_glance(facts, w.as_ref()) {
+                                unsettled += 1;
+                                continue;
+                            }
+                            settled += 1;
+                            for policy in [
+                                None,
+                                Some(UnattestedRelease::Failed),
+                                Some(UnattestedRelease::Ready),
+                            ] {
+                                for superseded in [false, true] {
+                                    let locked = after_superseded(
+                                        decide(facts, w.as_ref(), policy),
+                                        superseded,
+                                    );
+                                    assert!(
+                                        matches!(locked, ReconcileAction::Idle | ReconcileAction::Wait),
+                                        "{facts:?} {w:?} {policy:?}: settled at a glance, but the locked pass does {locked:?}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            settled > 0 && unsettled > 0,
+            "{settled} settled, {unsettled} not"
+        );
+    }
+
+    #[test]
+    fn a_look_leaves_to_the_lock_what_needs_a_move_or_reads_more() {
+        let facts = |state| NodeFacts {
+            state,
+            failed_from: None,
+            unrescue_pending: false,
+            rescue_booting: false,
+            rotation_pending: false,
+        };
+        // Running: wait. Ended, or none yet: a move or a start, under the lock.
+        assert!(settled_at_a_glance(
+            facts(Commissioning),
+            Some(&wf("metal-commission", WorkflowPhase::Running, false))
+        ));
+        assert!(!settled_at_a_glance(
+            facts(Commissioning),
+            Some(&wf("metal-commission", WorkflowPhase::Succeeded, true))
+        ));
+        assert!(!settled_at_a_glance(
+            facts(Releasing),
+            Some(&wf("metal-release", WorkflowPhase::Failed, false))
+        ));
+        assert!(!settled_at_a_glance(facts(Deploying), None));
+        // Not workflow-driven: idle. An adopting node reads its agent.
+        assert!(settled_at_a_glance(facts(Ready), None));
+        assert!(!settled_at_a_glance(facts(Adopting), None));
+    }
 
     fn wf(profile: &str, phase: WorkflowPhase, verified: bool) -> WorkflowSummary {
         WorkflowSummary {

@@ -546,19 +546,84 @@ pub async fn node_replace_bmc_secret_in_txn(
     Ok(version)
 }
 
-/// Ids of nodes in any of `states` (the reconciler's periodic look).
-pub async fn node_ids_in_states(
+/// What the reconciler's periodic look reads of a node, without locking
+/// it: the facts its decision takes and the summary of the workflow the
+/// node points at.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeGlance {
+    pub id: NodeId,
+    pub provision_state: ProvisionState,
+    pub failed_from: Option<ProvisionState>,
+    pub unrescue_pending: bool,
+    /// A BMC password rotation is pending (`bmc_pending_secret_id` is set).
+    pub rotation_pending: bool,
+    pub workflow: Option<WorkflowGlance>,
+}
+
+/// A node's workflow as [`NodeGlance`] reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkflowGlance {
+    pub profile_id: String,
+    pub status: bcm_core::workflow::WorkflowPhase,
+    pub wipe_verified: bool,
+    pub error: Option<String>,
+}
+
+/// The nodes in any of `states` whose id sorts after `after` (from the
+/// first when `None`), at most `limit` of them in id order, each with its
+/// workflow: one statement per page, no lock taken.
+pub async fn node_glances_in_states(
     db: &crate::Db,
     states: &[ProvisionState],
-) -> Result<Vec<NodeId>, DbError> {
+    after: Option<&NodeId>,
+    limit: u32,
+) -> Result<Vec<NodeGlance>, DbError> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        id: String,
+        provision_state: String,
+        failed_from: Option<String>,
+        unrescue_pending: bool,
+        rotation_pending: bool,
+        profile_id: Option<String>,
+        status: Option<String>,
+        wipe_verified: Option<bool>,
+        error: Option<String>,
+    }
     let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
-    let ids: Vec<String> =
-        sqlx::query_scalar("SELECT id FROM nodes WHERE provision_state = ANY($1) ORDER BY id")
-            .bind(&names)
-            .fetch_all(db.pool())
-            .await?;
-    ids.iter()
-        .map(|i| i.parse().map_err(|_| corrupt("node id", i)))
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT n.id, n.provision_state, n.failed_from, n.unrescue_pending, \
+         n.bmc_pending_secret_id IS NOT NULL AS rotation_pending, \
+         w.profile_id, w.status, w.wipe_verified, w.error \
+         FROM nodes n LEFT JOIN workflows w ON w.id = n.workflow_id \
+         WHERE n.provision_state = ANY($1) AND n.id > $2 ORDER BY n.id LIMIT $3",
+    )
+    .bind(&names)
+    .bind(after.map(|a| a.to_string()).unwrap_or_default())
+    .bind(i64::from(limit))
+    .fetch_all(db.pool())
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            let workflow = match (r.profile_id, r.status) {
+                (Some(profile_id), Some(status)) => Some(WorkflowGlance {
+                    status: bcm_core::workflow::WorkflowPhase::parse(&status)
+                        .ok_or_else(|| corrupt("workflow status", &status))?,
+                    profile_id,
+                    wipe_verified: r.wipe_verified.unwrap_or(false),
+                    error: r.error,
+                }),
+                _ => None,
+            };
+            Ok(NodeGlance {
+                id: r.id.parse().map_err(|_| corrupt("node id", &r.id))?,
+                provision_state: state(&r.provision_state)?,
+                failed_from: r.failed_from.as_deref().map(state).transpose()?,
+                unrescue_pending: r.unrescue_pending,
+                rotation_pending: r.rotation_pending,
+                workflow,
+            })
+        })
         .collect()
 }
 
