@@ -6,11 +6,11 @@ use bcm_bus::Bus;
 use bcm_contracts::agent::{AgentPresence, AgentRole};
 use bcm_core::agentless::AgentMode;
 use bcm_core::deploy::DeployRole;
-use bcm_core::reconcile::{decide, ReconcileAction, WorkflowSummary};
+use bcm_core::reconcile::{decide, ReconcileAction};
 use bcm_core::table::{Move, NodeFacts};
 use bcm_core::workflow::{self, Profile};
 use bcm_core::{apply, NodeId, ProvisionState, WipeMode};
-use bcm_db::nodes::{Node, NodeGlance};
+use bcm_db::nodes::Node;
 use bcm_db::{Db, DbError, Tx};
 
 /// At most this many transitions per pass.
@@ -137,15 +137,11 @@ async fn decide_for(tx: &mut Tx<'_>, node: &Node) -> Result<ReconcileAction, DbE
         None
     };
     let summary = match node.workflow_id {
-        Some(w) => {
-            let wf = bcm_db::workflows::workflow_fetch_in_txn(tx, &w.to_string()).await?;
-            Some(WorkflowSummary {
-                profile_id: wf.profile_id,
-                phase: wf.status,
-                wipe_verified: wf.wipe_verified,
-                error: wf.error,
-            })
-        }
+        Some(w) => Some(
+            bcm_db::workflows::workflow_fetch_in_txn(tx, &w.to_string())
+                .await?
+                .summary(),
+        ),
         None => None,
     };
     let action = decide(facts(node), summary.as_ref(), agentless);
@@ -163,25 +159,6 @@ async fn decide_for(tx: &mut Tx<'_>, node: &Node) -> Result<ReconcileAction, DbE
         action,
         superseded.is_some(),
     ))
-}
-
-/// Whether what the periodic look read of a node settles its pass without
-/// the node's lock (the rule is `bcm_core`'s).
-pub fn settled_at_a_glance(glance: &NodeGlance) -> bool {
-    let facts = NodeFacts {
-        state: glance.provision_state,
-        failed_from: glance.failed_from,
-        unrescue_pending: glance.unrescue_pending,
-        rescue_booting: false,
-        rotation_pending: glance.rotation_pending,
-    };
-    let summary = glance.workflow.as_ref().map(|w| WorkflowSummary {
-        profile_id: w.profile_id.clone(),
-        phase: w.status,
-        wipe_verified: w.wipe_verified,
-        error: w.error.clone(),
-    });
-    bcm_core::reconcile::settled_at_a_glance(facts, summary.as_ref())
 }
 
 fn facts(node: &Node) -> NodeFacts {

@@ -130,6 +130,8 @@ async fn rebalance(
         }
     }
     // Take free or expired shards up to the fair share.
+    let mut taken = vec![];
+    let mut failed = None;
     for i in 0..shards {
         if owned.len() as u32 >= fair {
             break;
@@ -138,28 +140,42 @@ async fn rebalance(
         if owned.contains_key(&shard) {
             continue;
         }
-        if bcm_db::leases::lease_acquire(db, KIND, shard as i32, holder, ttl).await? {
-            let stop = shutdown.child_token();
-            owned.insert(shard, stop.clone());
-            tokio::spawn(consume_shard(
-                db.clone(),
-                bus.clone(),
-                shard,
-                cfg.lock_timeout_ms,
-                stop,
-            ));
-            // A new owner looks at the shard's nodes at once.
-            let (db2, bus2, lock) = (db.clone(), bus.clone(), cfg.lock_timeout_ms);
-            tokio::spawn(async move {
-                look_at_owned(&db2, &bus2, &[shard], shards, lock).await;
-            });
+        match bcm_db::leases::lease_acquire(db, KIND, shard as i32, holder, ttl).await {
+            Ok(true) => {
+                let stop = shutdown.child_token();
+                owned.insert(shard, stop.clone());
+                tokio::spawn(consume_shard(
+                    db.clone(),
+                    bus.clone(),
+                    shard,
+                    cfg.lock_timeout_ms,
+                    stop,
+                ));
+                taken.push(shard);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
         }
     }
-    Ok(())
+    // A new owner looks at its new shards' nodes at once: one look for all
+    // the shards this round took (a worker starting takes every shard).
+    if !taken.is_empty() {
+        let (db2, bus2, lock) = (db.clone(), bus.clone(), cfg.lock_timeout_ms);
+        tokio::spawn(async move {
+            look_at_owned(&db2, &bus2, &taken, shards, lock).await;
+        });
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Nodes a periodic look reads per statement.
-const LOOK_PAGE: u32 = 1_000;
+pub const LOOK_PAGE: u32 = 1_000;
 
 /// What a periodic look did: how many owned nodes it read, and how many
 /// of them it passed over (the rest were settled at a glance).
@@ -171,11 +187,13 @@ pub struct LookReport {
 
 /// The periodic look at every owned node in a workflow-driven state, for
 /// what no wake-up asked for (a request lost, a pass that failed). Nodes
-/// are read a page at a time without a lock, with their workflows; a node
-/// whose decision is to idle or wait at a glance
-/// ([`bcm_core::reconcile::settled_at_a_glance`], most of them: their
-/// workflows run) is not locked at all, and the others get a locked pass,
-/// which decides again.
+/// are read [`LOOK_PAGE`] at a time without a lock, with their workflows
+/// (every node in such a state, each worker: the shard is a hash of the
+/// id, filtered here); a node whose decision is to idle or wait at a
+/// glance ([`bcm_core::reconcile::settled_at_a_glance`], most of them:
+/// their workflows run) is not locked at all, and the others get a locked
+/// pass, which decides again. A node whose row the look cannot read gets
+/// the locked pass too, which fails for it alone.
 pub async fn look_at_owned(
     db: &Db,
     bus: &Bus,
@@ -183,40 +201,58 @@ pub async fn look_at_owned(
     shards: u32,
     lock_timeout_ms: u32,
 ) -> LookReport {
+    look_at_owned_in_pages(db, bus, owned, shards, lock_timeout_ms, LOOK_PAGE).await
+}
+
+/// [`look_at_owned`], `page` nodes a statement.
+pub async fn look_at_owned_in_pages(
+    db: &Db,
+    bus: &Bus,
+    owned: &[u32],
+    shards: u32,
+    lock_timeout_ms: u32,
+    page: u32,
+) -> LookReport {
     let mut report = LookReport::default();
     if owned.is_empty() {
         return report;
     }
+    let page = page.max(1);
     let states: Vec<ProvisionState> = ProvisionState::ALL
         .into_iter()
         .filter(|s| s.is_workflow_driven())
         .collect();
     let mut after: Option<NodeId> = None;
     loop {
-        let page =
-            match bcm_db::nodes::node_glances_in_states(db, &states, after.as_ref(), LOOK_PAGE)
-                .await
-            {
-                Ok(page) => page,
+        let rows =
+            match bcm_db::nodes::node_glances_in_states(db, &states, after.as_ref(), page).await {
+                Ok(rows) => rows,
                 Err(e) => {
                     tracing::warn!(error = %e, "poll: cannot list nodes");
                     break;
                 }
             };
-        let Some(last) = page.last() else { break };
-        after = Some(last.id);
-        let full = page.len() as u32 == LOOK_PAGE;
-        for glance in page
+        let Some((last, _)) = rows.last() else { break };
+        after = Some(*last);
+        let full = rows.len() as u32 == page;
+        for (id, glance) in rows
             .iter()
-            .filter(|g| owned.contains(&shard_of(&g.id, shards)))
+            .filter(|(id, _)| owned.contains(&shard_of(id, shards)))
         {
             report.looked_at += 1;
-            if reconcile::settled_at_a_glance(glance) {
+            let settled = match glance {
+                Ok(g) => bcm_core::reconcile::settled_at_a_glance(g.facts, g.workflow.as_ref()),
+                Err(e) => {
+                    tracing::warn!(node = %id, error = %e, "poll: a node this reconciler cannot read at a glance; a locked pass looks");
+                    false
+                }
+            };
+            if settled {
                 continue;
             }
             report.passed += 1;
-            if let Err(e) = reconcile::node(db, bus, &glance.id, lock_timeout_ms).await {
-                tracing::debug!(node = %glance.id, error = %e, "poll: reconcile failed; next round retries");
+            if let Err(e) = reconcile::node(db, bus, id, lock_timeout_ms).await {
+                tracing::debug!(node = %id, error = %e, "poll: reconcile failed; next round retries");
             }
         }
         if !full {
@@ -224,7 +260,7 @@ pub async fn look_at_owned(
         }
     }
     metrics::counter!("bcm_reconciler_look_nodes_total", "outcome" => "settled")
-        .increment((report.looked_at - report.passed) as u64);
+        .increment(report.looked_at.saturating_sub(report.passed) as u64);
     metrics::counter!("bcm_reconciler_look_nodes_total", "outcome" => "passed")
         .increment(report.passed as u64);
     report

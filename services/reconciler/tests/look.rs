@@ -3,23 +3,29 @@
 //! glance, without waiting for its row lock, however long another
 //! transaction holds it.
 
+use bcm_bus::subjects::shard_of;
 use bcm_core::workflow::WorkflowPhase;
 use bcm_core::ProvisionState;
-use bcm_reconciler::shards::{look_at_owned, LookReport};
+use bcm_reconciler::shards::{look_at_owned, look_at_owned_in_pages, LookReport};
 use bcm_testkit::{Options, TestEnv};
 use std::time::Duration;
 
-#[tokio::test]
-async fn a_look_starts_what_no_wake_up_started_and_passes_a_running_workflow_without_its_lock() {
-    // No engine (the workflow stays running) and no reconciler worker (no
-    // wake-up is acted on): only the looks below move the node.
-    let env = TestEnv::start_with(Options {
+/// A site and the API, with no engine (a workflow stays running) and no
+/// reconciler worker (no wake-up is acted on).
+async fn without_workers() -> TestEnv {
+    TestEnv::start_with(Options {
         engine: false,
         reconcilers: 0,
         ..Options::with_site()
     })
     .await
-    .expect("env");
+    .expect("env")
+}
+
+#[tokio::test]
+async fn a_look_starts_what_no_wake_up_started_and_passes_a_running_workflow_without_its_lock() {
+    // Only the looks below move the node.
+    let env = without_workers().await;
     let bus = env.state.inner.bus.clone();
     let shards = bus.subjects().shards();
     let all: Vec<u32> = (0..shards).collect();
@@ -45,9 +51,11 @@ async fn a_look_starts_what_no_wake_up_started_and_passes_a_running_workflow_wit
     assert_eq!(wf.profile_id, "metal-enroll");
     assert_eq!(wf.status, WorkflowPhase::Running);
 
-    // A look at shards this worker does not own reads nothing of them.
-    let none = look_at_owned(&env.db, &bus, &[], shards, 2_000).await;
-    assert_eq!(none, LookReport::default());
+    // A look over every shard but the node's own leaves it alone.
+    let own = shard_of(&id, shards);
+    let others: Vec<u32> = all.iter().copied().filter(|s| *s != own).collect();
+    let elsewhere = look_at_owned(&env.db, &bus, &others, shards, 2_000).await;
+    assert_eq!(elsewhere, LookReport::default());
 
     // Another transaction holds the node's row. The workflow runs, so the
     // look settles the node without asking for the lock: it does not wait
@@ -80,39 +88,36 @@ async fn a_look_starts_what_no_wake_up_started_and_passes_a_running_workflow_wit
 }
 
 #[tokio::test]
-async fn a_look_reads_past_a_page_of_nodes() {
-    let env = TestEnv::start_with(Options {
-        engine: false,
-        reconcilers: 0,
-        ..Options::with_site()
-    })
-    .await
-    .expect("env");
-    let ids = env.enroll_sims("paged", 5).await;
-    let states = [ProvisionState::Enrolling];
-    let mut seen = vec![];
-    let mut after = None;
-    loop {
-        let page = bcm_db::nodes::node_glances_in_states(&env.db, &states, after.as_ref(), 2)
-            .await
-            .expect("page");
-        assert!(page.len() <= 2);
-        let Some(last) = page.last() else { break };
-        after = Some(last.id);
-        seen.extend(page.iter().map(|g| {
-            assert_eq!(g.provision_state, ProvisionState::Enrolling);
-            assert_eq!(g.workflow, None);
-            g.id
-        }));
+async fn a_look_reads_every_page_of_nodes_and_settles_them_the_next_time() {
+    let env = without_workers().await;
+    let bus = env.state.inner.bus.clone();
+    let shards = bus.subjects().shards();
+    let all: Vec<u32> = (0..shards).collect();
+    // Four nodes in pages of two: two full pages, then an empty one.
+    let ids = env.enroll_sims("paged", 4).await;
+    let first = look_at_owned_in_pages(&env.db, &bus, &all, shards, 2_000, 2).await;
+    assert_eq!(
+        first,
+        LookReport {
+            looked_at: 4,
+            passed: 4
+        }
+    );
+    for id in &ids {
+        let n = env.node(id).await.expect("node");
+        assert!(n.workflow_id.is_some(), "{id} was not passed");
     }
-    // Every node once (the pages follow the database's order of ids).
-    let mut want = ids.clone();
-    want.sort_by_key(|i| i.to_string());
-    seen.sort_by_key(|i| i.to_string());
-    assert_eq!(seen, want);
-    let other = bcm_db::nodes::node_glances_in_states(&env.db, &[ProvisionState::Ready], None, 10)
-        .await
-        .expect("ready");
-    assert!(other.is_empty());
+    // Their workflows run: the next look settles all four.
+    let second = look_at_owned_in_pages(&env.db, &bus, &all, shards, 2_000, 2).await;
+    assert_eq!(
+        second,
+        LookReport {
+            looked_at: 4,
+            passed: 0
+        }
+    );
+    // A page of three: one full page, then a short one.
+    let third = look_at_owned_in_pages(&env.db, &bus, &all, shards, 2_000, 3).await;
+    assert_eq!(third.looked_at, 4);
     env.stop();
 }

@@ -344,6 +344,8 @@ mod tests {
                             }
                         }
                         for w in &workflows {
+                            // An adopting node's decision reads its agent.
+                            assert!(state != Adopting || !settled_at_a_glance(facts, w.as_ref()));
                             if !settled_at_a_glance(facts, w.as_ref()) {
                                 unsettled += 1;
                                 continue;

@@ -548,36 +548,30 @@ pub async fn node_replace_bmc_secret_in_txn(
 
 /// What the reconciler's periodic look reads of a node, without locking
 /// it: the facts its decision takes and the summary of the workflow the
-/// node points at.
+/// node points at (`None`: none, or one whose row is gone).
+/// `facts.rescue_booting` is `false`: the look does not read it, and the
+/// reconciler's decision does not use it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeGlance {
-    pub id: NodeId,
-    pub provision_state: ProvisionState,
-    pub failed_from: Option<ProvisionState>,
-    pub unrescue_pending: bool,
-    /// A BMC password rotation is pending (`bmc_pending_secret_id` is set).
-    pub rotation_pending: bool,
-    pub workflow: Option<WorkflowGlance>,
+    pub facts: bcm_core::NodeFacts,
+    pub workflow: Option<bcm_core::reconcile::WorkflowSummary>,
 }
 
-/// A node's workflow as [`NodeGlance`] reads it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WorkflowGlance {
-    pub profile_id: String,
-    pub status: bcm_core::workflow::WorkflowPhase,
-    pub wipe_verified: bool,
-    pub error: Option<String>,
-}
+/// One page of [`node_glances_in_states`]: each node's id with what the
+/// look read of it, or why its row could not be read (that node alone).
+pub type GlancePage = Vec<(NodeId, Result<NodeGlance, DbError>)>;
 
 /// The nodes in any of `states` whose id sorts after `after` (from the
 /// first when `None`), at most `limit` of them in id order, each with its
-/// workflow: one statement per page, no lock taken.
+/// workflow: one statement per page, no lock taken. A row whose state or
+/// workflow status this build cannot read is returned as its error, beside
+/// the rest of the page; an id that is not a node id fails the page.
 pub async fn node_glances_in_states(
     db: &crate::Db,
     states: &[ProvisionState],
     after: Option<&NodeId>,
     limit: u32,
-) -> Result<Vec<NodeGlance>, DbError> {
+) -> Result<GlancePage, DbError> {
     #[derive(sqlx::FromRow)]
     struct Row {
         id: String,
@@ -589,6 +583,28 @@ pub async fn node_glances_in_states(
         status: Option<String>,
         wipe_verified: Option<bool>,
         error: Option<String>,
+    }
+    fn glance(r: Row) -> Result<NodeGlance, DbError> {
+        let workflow = match (r.profile_id, r.status) {
+            (Some(profile_id), Some(status)) => Some(bcm_core::reconcile::WorkflowSummary {
+                phase: bcm_core::workflow::WorkflowPhase::parse(&status)
+                    .ok_or_else(|| corrupt("workflow status", &status))?,
+                profile_id,
+                wipe_verified: r.wipe_verified.unwrap_or(false),
+                error: r.error,
+            }),
+            _ => None,
+        };
+        Ok(NodeGlance {
+            facts: bcm_core::NodeFacts {
+                state: state(&r.provision_state)?,
+                failed_from: r.failed_from.as_deref().map(state).transpose()?,
+                unrescue_pending: r.unrescue_pending,
+                rescue_booting: false,
+                rotation_pending: r.rotation_pending,
+            },
+            workflow,
+        })
     }
     let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
     let rows: Vec<Row> = sqlx::query_as(
@@ -605,24 +621,8 @@ pub async fn node_glances_in_states(
     .await?;
     rows.into_iter()
         .map(|r| {
-            let workflow = match (r.profile_id, r.status) {
-                (Some(profile_id), Some(status)) => Some(WorkflowGlance {
-                    status: bcm_core::workflow::WorkflowPhase::parse(&status)
-                        .ok_or_else(|| corrupt("workflow status", &status))?,
-                    profile_id,
-                    wipe_verified: r.wipe_verified.unwrap_or(false),
-                    error: r.error,
-                }),
-                _ => None,
-            };
-            Ok(NodeGlance {
-                id: r.id.parse().map_err(|_| corrupt("node id", &r.id))?,
-                provision_state: state(&r.provision_state)?,
-                failed_from: r.failed_from.as_deref().map(state).transpose()?,
-                unrescue_pending: r.unrescue_pending,
-                rotation_pending: r.rotation_pending,
-                workflow,
-            })
+            let id: NodeId = r.id.parse().map_err(|_| corrupt("node id", &r.id))?;
+            Ok((id, glance(r)))
         })
         .collect()
 }

@@ -64,6 +64,18 @@ pub struct WorkflowRow {
     pub traceparent: Option<String>,
 }
 
+impl WorkflowRow {
+    /// The workflow as the reconciler's decision takes it.
+    pub fn summary(&self) -> bcm_core::reconcile::WorkflowSummary {
+        bcm_core::reconcile::WorkflowSummary {
+            profile_id: self.profile_id.clone(),
+            phase: self.status,
+            wipe_verified: self.wipe_verified,
+            error: self.error.clone(),
+        }
+    }
+}
+
 /// A stored step.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct StepRow {
