@@ -410,6 +410,87 @@ async fn a_stored_status_this_code_does_not_know_is_damage_never_a_default() {
     ));
 }
 
+/// The reconciler's periodic look reads nodes a page at a time: a node
+/// whose workflow's status this code does not know is reported as damage,
+/// on its own, beside the rest of the page, which reads as stored.
+#[tokio::test]
+async fn a_glance_reports_a_node_it_cannot_read_beside_the_rest_of_its_page() {
+    let db = support::fresh_db("glance").await;
+    let a = support::node(&db).await;
+    let b = support::node(&db).await;
+    let wf = workflow(&a.id.to_string(), 1);
+    let mut tx = db.begin().await.expect("tx");
+    bcm_db::workflows::workflow_insert_in_txn(&mut tx, &wf)
+        .await
+        .expect("insert");
+    tx.commit().await.expect("commit");
+    support::exec(
+        &db,
+        &format!(
+            "UPDATE nodes SET workflow_id = '{}' WHERE id = '{}'",
+            wf.id, a.id
+        ),
+    )
+    .await;
+    let states = [ProvisionState::Enrolling];
+    let page = bcm_db::nodes::node_glances_in_states(&db, &states, None, 10)
+        .await
+        .expect("page");
+    fn of<'p>(
+        page: &'p bcm_db::nodes::GlancePage,
+        id: &bcm_core::NodeId,
+    ) -> &'p Result<bcm_db::nodes::NodeGlance, DbError> {
+        page.iter()
+            .find(|(i, _)| i == id)
+            .map(|(_, g)| g)
+            .expect("the node is on the page")
+    }
+    assert_eq!(page.len(), 2);
+    let ga = of(&page, &a.id).as_ref().expect("a reads");
+    assert_eq!(ga.facts.state, ProvisionState::Enrolling);
+    let wa = ga.workflow.as_ref().expect("a's workflow");
+    assert_eq!(
+        (wa.profile_id.as_str(), wa.phase, wa.wipe_verified),
+        ("metal-enroll", WorkflowPhase::Running, false)
+    );
+    assert_eq!(of(&page, &b.id).as_ref().expect("b reads").workflow, None);
+    // A page of one, after the first id: the other node.
+    let first = page[0].0;
+    let rest = bcm_db::nodes::node_glances_in_states(&db, &states, Some(&first), 1)
+        .await
+        .expect("rest");
+    assert_eq!(rest.len(), 1);
+    assert_ne!(rest[0].0, first);
+    // No node is ready.
+    assert!(
+        bcm_db::nodes::node_glances_in_states(&db, &[ProvisionState::Ready], None, 10)
+            .await
+            .expect("ready")
+            .is_empty()
+    );
+
+    // A status a newer version wrote: a's row is damage, b's reads.
+    support::exec(
+        &db,
+        "ALTER TABLE workflows DROP CONSTRAINT workflows_status_check",
+    )
+    .await;
+    support::exec(
+        &db,
+        &format!(
+            "UPDATE workflows SET status = 'finished' WHERE id = '{}'",
+            wf.id
+        ),
+    )
+    .await;
+    let page = bcm_db::nodes::node_glances_in_states(&db, &states, None, 10)
+        .await
+        .expect("a page with a damaged row still reads");
+    assert_eq!(page.len(), 2);
+    assert!(matches!(of(&page, &a.id), Err(DbError::Corrupt(_))));
+    assert!(of(&page, &b.id).is_ok());
+}
+
 #[tokio::test]
 async fn the_workflow_step_claim_hands_a_due_step_to_one_transaction_at_a_time() {
     let db = support::fresh_db("claim").await;
