@@ -348,6 +348,21 @@ async fn a_result_is_recorded_once_and_only_on_a_command_of_its_kind() {
     assert_eq!(row.status, CommandStatus::Succeeded);
 }
 
+/// Writes a workflow status this code does not know, as a newer version's
+/// migration that relaxed the record's check might.
+async fn status_from_a_newer_version(db: &bcm_db::Db, workflow_id: &str) {
+    support::exec(
+        db,
+        "ALTER TABLE workflows DROP CONSTRAINT workflows_status_check",
+    )
+    .await;
+    support::exec(
+        db,
+        &format!("UPDATE workflows SET status = 'finished' WHERE id = '{workflow_id}'"),
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn a_stored_status_this_code_does_not_know_is_damage_never_a_default() {
     let db = support::fresh_db("status").await;
@@ -386,19 +401,7 @@ async fn a_stored_status_this_code_does_not_know_is_damage_never_a_default() {
     // The record refuses an unknown workflow status itself; a newer
     // version's migration may relax that, and this code must still not
     // guess.
-    support::exec(
-        &db,
-        "ALTER TABLE workflows DROP CONSTRAINT workflows_status_check",
-    )
-    .await;
-    support::exec(
-        &db,
-        &format!(
-            "UPDATE workflows SET status = 'finished' WHERE id = '{}'",
-            wf.id
-        ),
-    )
-    .await;
+    status_from_a_newer_version(&db, &wf.id).await;
     assert!(matches!(
         bcm_db::workflows::workflow_fetch(&db, &wf.id).await,
         Err(DbError::Corrupt(_))
@@ -470,19 +473,7 @@ async fn a_glance_reports_a_node_it_cannot_read_beside_the_rest_of_its_page() {
     );
 
     // A status a newer version wrote: a's row is damage, b's reads.
-    support::exec(
-        &db,
-        "ALTER TABLE workflows DROP CONSTRAINT workflows_status_check",
-    )
-    .await;
-    support::exec(
-        &db,
-        &format!(
-            "UPDATE workflows SET status = 'finished' WHERE id = '{}'",
-            wf.id
-        ),
-    )
-    .await;
+    status_from_a_newer_version(&db, &wf.id).await;
     let page = bcm_db::nodes::node_glances_in_states(&db, &states, None, 10)
         .await
         .expect("a page with a damaged row still reads");
