@@ -15,7 +15,7 @@ use axum::Json;
 use bcm_contracts::commands::{CacheImage, Command, HttpProxyParams};
 use bcm_contracts::CommandEnvelope;
 use bcm_core::authz::Action;
-use bcm_core::deploy::{ImageFormat, ImageRef};
+use bcm_core::deploy::{DataRange, ImageFormat, ImageRef};
 use bcm_core::{ErrorCode, SiteId, TenantId};
 use serde::{Deserialize, Serialize};
 
@@ -46,6 +46,10 @@ pub struct RegisterImageRequest {
     #[serde(default)]
     #[schema(min_length = 1, max_length = 1024)]
     pub signature: Option<String>,
+    /// A raw image's block map (what `metalctl image sign` prints).
+    #[serde(default)]
+    #[schema(max_items = 4096)]
+    pub data_ranges: Option<Vec<DataRange>>,
 }
 
 /// What a site's cache made of an image: its newest `site.httpProxy`.
@@ -141,6 +145,7 @@ pub async fn register(
         sha256: req.sha256,
         size_bytes: req.size_bytes,
         signature: req.signature,
+        data_ranges: req.data_ranges,
     };
     image
         .validate()

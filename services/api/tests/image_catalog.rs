@@ -3,7 +3,9 @@
 //! on the tenant; a deploy profile names a catalog image and keeps what it
 //! was; a site's proxy is `http://host:port` and nothing else; a pre-warm
 //! is a `site.httpProxy` command recorded with its requester and carrying
-//! the site's proxy; garbage is refused and changes nothing. (The command
+//! the site's proxy; garbage is refused and changes nothing. A raw image's
+//! block map is stored with it and is part of its content; a bad one is
+//! refused. (The command
 //! run by a real boot service through a real proxy is
 //! services/boot/tests/image_cache.rs.)
 
@@ -148,6 +150,88 @@ async fn a_registered_image_is_immutable_and_read_on_its_tenant() {
         .await
         .expect("get");
     assert_eq!((s, e["code"].as_str()), (404, Some("NOT_FOUND")));
+}
+
+#[tokio::test]
+async fn a_raw_images_block_map_is_part_of_its_content_and_a_bad_one_is_refused() {
+    let env = TestEnv::start_with(Options::api_only()).await.expect("env");
+    let admin = env.admin_token.clone();
+    const M: u64 = 1 << 20;
+    let run = |offset: u64, length: u64| json!({"offset": offset, "length": length, "sha256": "ab".repeat(32)});
+    let raw = |name: &str, ranges: Value| {
+        image(
+            name,
+            json!({"format": "raw", "url": format!("http://images.invalid/{name}.raw"),
+                   "sizeBytes": 8 * M + 10, "dataRanges": ranges}),
+        )
+    };
+    let map = json!([run(0, 2 * M), run(4 * M, M), run(8 * M, 10)]);
+    let (s, b) = env
+        .post(IMAGES, Some(&admin), &raw("mapped", map.clone()))
+        .await
+        .expect("register");
+    assert_eq!(s, 201, "{b}");
+    assert_eq!(b["image"]["dataRanges"], map);
+    let (s, got) = env
+        .get(&format!("{IMAGES}/a/mapped"), Some(&admin))
+        .await
+        .expect("get");
+    assert_eq!((s, &got["image"]["dataRanges"]), (200, &map), "{got}");
+    let (s, _) = env
+        .post(IMAGES, Some(&admin), &raw("mapped", map.clone()))
+        .await
+        .expect("again");
+    assert_eq!(s, 200, "the same map is the same content");
+    let (s, e) = env
+        .post(
+            IMAGES,
+            Some(&admin),
+            &raw("mapped", json!([run(0, 2 * M), run(4 * M, M)])),
+        )
+        .await
+        .expect("another map");
+    assert_eq!((s, e["code"].as_str()), (409, Some("CONFLICT")), "{e}");
+
+    let too_many: Vec<Value> = (0..4097u64).map(|i| run(i * 2 * M, M)).collect();
+    let mut qcow = raw("bad", json!([run(0, M)]));
+    qcow["format"] = json!("qcow2");
+    for bad in [
+        raw("bad", json!([run(1, M)])),
+        raw("bad", json!([run(0, M + 1)])),
+        raw("bad", json!([run(0, 9 * M)])),
+        raw("bad", json!([run(4 * M, M), run(0, M)])),
+        raw("bad", json!([run(0, 0)])),
+        raw("bad", json!([{"offset": 0, "length": M, "sha256": "nope"}])),
+        raw(
+            "bad",
+            json!([{"offset": -1, "length": M, "sha256": "ab".repeat(32)}]),
+        ),
+        raw("bad", json!([{"offset": 0, "length": M}])),
+        raw(
+            "bad",
+            json!([{"offset": 0, "length": M, "sha256": "ab".repeat(32), "x": 1}]),
+        ),
+        raw("bad", json!({"offset": 0})),
+        raw("bad", json!(Value::Array(too_many))),
+        qcow,
+    ] {
+        let (s, e) = env.post(IMAGES, Some(&admin), &bad).await.expect("post");
+        assert_eq!(
+            (s, e["code"].as_str()),
+            (400, Some("INVALID_ARGUMENT")),
+            "{}: {e}",
+            bad["dataRanges"]
+        );
+    }
+    let (s, e) = env
+        .get(&format!("{IMAGES}/a/bad"), Some(&admin))
+        .await
+        .expect("get");
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (404, Some("NOT_FOUND")),
+        "nothing stored"
+    );
 }
 
 #[tokio::test]

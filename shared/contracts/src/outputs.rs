@@ -383,6 +383,12 @@ pub struct DeployReport {
     /// Where the bytes came from: the site's cache or the manifest's URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// A block-mapped raw image: how many of its runs were fetched (HTTP
+    /// ranges) and checked each against its signed sha256; the image's
+    /// zeros were not transferred, and `imageSha256` is the manifest's,
+    /// proven run by run. Absent: the image was streamed whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_ranges_checked: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data: Option<SeedReport>,
     #[serde(default, skip_serializing_if = "is_false")]

@@ -143,6 +143,7 @@ fn image() -> ImageRef {
         sha256: "cd".repeat(32),
         size_bytes: 1 << 30,
         signature: Some("c2ln".into()),
+        data_ranges: None,
     }
 }
 
@@ -377,6 +378,7 @@ fn every_output() -> Vec<Output> {
             bytes_per_sec: 10,
             signed_by_key: 0,
             source: Some("http://10.0.0.1:8081/images/catalog/a/ubuntu".into()),
+            data_ranges_checked: None,
             user_data: Some(SeedReport {
                 partition: "vda1".into(),
                 fs_type: "vfat".into(),

@@ -74,11 +74,42 @@ pub struct ImageRef {
     #[schema(minimum = 1)]
     pub size_bytes: u64,
     /// The publisher's ed25519 signature (base64) over the manifest (url,
-    /// format, size, sha256); `bcd` refuses an unsigned or untrusted
-    /// manifest before it touches the disk.
+    /// format, size, sha256, and the block map when there is one); `bcd`
+    /// refuses an unsigned or untrusted manifest before it touches the disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<String>,
+    /// A raw image's block map: its runs of data in order, each with its
+    /// own sha256; every byte outside them is zero. With one, `bcd` fetches
+    /// only the runs (HTTP ranges) and checks each, instead of streaming
+    /// and hashing the image's zeros. `metalctl image sign` makes one for a
+    /// raw image with runs of zeros. Absent: the whole image is streamed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_items = 4096)]
+    pub data_ranges: Option<Vec<DataRange>>,
 }
+
+/// One run of a raw image's data in its block map.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataRange {
+    /// Where the run starts: a multiple of 1 MiB ([`DATA_RANGE_ALIGN`]).
+    pub offset: u64,
+    /// Its length: a multiple of 1 MiB, unless the run ends the image.
+    #[schema(minimum = 1)]
+    pub length: u64,
+    /// Lower-case hex SHA-256 of the run's bytes.
+    #[schema(pattern = "^[0-9a-f]{64}$")]
+    pub sha256: String,
+}
+
+/// A block map's granularity: runs start and end on it (but the image's
+/// end), which is also `bcd`'s write and read-back chunk.
+pub const DATA_RANGE_ALIGN: u64 = 1 << 20;
+
+/// The most runs a block map lists (a run is about a hundred bytes of JSON).
+pub const MAX_DATA_RANGES: usize = 4096;
 
 /// A versioned tenant deploy profile.
 #[derive(
@@ -142,6 +173,8 @@ pub enum DeployProfileError {
     BadSize,
     #[error("image signature must be 1-1024 ASCII characters (base64)")]
     BadSignature,
+    #[error("image dataRanges: {0}")]
+    BadDataRanges(String),
     #[error("user data uses an unknown placeholder {{{{ {0} }}}}")]
     UnknownPlaceholder(String),
     #[error("user data has an unclosed placeholder")]
@@ -248,8 +281,7 @@ impl ImageRef {
         {
             return Err(DeployProfileError::BadImageUrl(url.clone()));
         }
-        let sha = &self.sha256;
-        if sha.len() != 64 || !sha.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')) {
+        if !is_sha256_hex(&self.sha256) {
             return Err(DeployProfileError::BadSha256);
         }
         if self.size_bytes == 0 {
@@ -262,8 +294,62 @@ impl ImageRef {
         {
             return Err(DeployProfileError::BadSignature);
         }
+        if let Some(ranges) = &self.data_ranges {
+            check_data_ranges(self.format, self.size_bytes, ranges)
+                .map_err(DeployProfileError::BadDataRanges)?;
+        }
         Ok(())
     }
+}
+
+/// Checks a block map against its image: a raw image's, at most
+/// [`MAX_DATA_RANGES`] runs, in order, apart, each 1 MiB-aligned (its end
+/// too, unless it is the image's end), within the image, with a sha256.
+pub fn check_data_ranges(
+    format: ImageFormat,
+    size_bytes: u64,
+    ranges: &[DataRange],
+) -> Result<(), String> {
+    if format != ImageFormat::Raw {
+        return Err("a block map describes a raw image's bytes; this image is not raw".into());
+    }
+    if ranges.len() > MAX_DATA_RANGES {
+        return Err(format!(
+            "{} runs; a block map lists at most {MAX_DATA_RANGES}",
+            ranges.len()
+        ));
+    }
+    let mut from = 0u64;
+    for (i, r) in ranges.iter().enumerate() {
+        let end = r.offset.checked_add(r.length).filter(|e| *e <= size_bytes);
+        let Some(end) = end else {
+            return Err(format!("run {i} goes past the image's {size_bytes} bytes"));
+        };
+        if r.length == 0 {
+            return Err(format!("run {i} is empty"));
+        }
+        if r.offset < from {
+            return Err(format!(
+                "run {i} starts at {} before the previous run's end {from}: runs are in order and apart",
+                r.offset
+            ));
+        }
+        if r.offset % DATA_RANGE_ALIGN != 0 || (end % DATA_RANGE_ALIGN != 0 && end != size_bytes) {
+            return Err(format!(
+                "run {i} ({}+{}) is not aligned to {DATA_RANGE_ALIGN} bytes (its end may be the image's end)",
+                r.offset, r.length
+            ));
+        }
+        if !is_sha256_hex(&r.sha256) {
+            return Err(format!("run {i}'s sha256 must be 64 lower-case hex digits"));
+        }
+        from = end;
+    }
+    Ok(())
+}
+
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f'))
 }
 
 impl DeployProfile {
@@ -390,10 +476,73 @@ mod tests {
                 sha256: "a".repeat(64),
                 size_bytes: 1 << 20,
                 signature: None,
+                data_ranges: None,
             },
             user_data: DEFAULT_USER_DATA.into(),
             catalog_image: None,
         }
+    }
+
+    fn run(offset: u64, length: u64) -> DataRange {
+        DataRange {
+            offset,
+            length,
+            sha256: "b".repeat(64),
+        }
+    }
+
+    #[test]
+    fn a_block_map_is_a_raw_images_aligned_runs_in_order_within_it() {
+        const M: u64 = DATA_RANGE_ALIGN;
+        let size = 10 * M + 5;
+        let ok: [&[DataRange]; 4] = [
+            &[],
+            &[run(0, M)],
+            &[run(0, 2 * M), run(4 * M, M), run(9 * M, M + 5)],
+            &[run(2 * M, 8 * M + 5)],
+        ];
+        for ranges in ok {
+            assert_eq!(
+                check_data_ranges(ImageFormat::Raw, size, ranges),
+                Ok(()),
+                "{ranges:?}"
+            );
+        }
+        let mut bad_sha = run(0, M);
+        bad_sha.sha256 = "B".repeat(64);
+        let too_many: Vec<DataRange> = (0..=MAX_DATA_RANGES as u64)
+            .map(|i| run(i * 2 * M, M))
+            .collect();
+        let bad: Vec<(Vec<DataRange>, &str)> = vec![
+            (vec![run(0, 0)], "empty"),
+            (vec![run(1, M)], "aligned"),
+            (vec![run(0, M + 1)], "aligned"),
+            (vec![run(0, 11 * M)], "past the image"),
+            (vec![run(10 * M, M)], "past the image"),
+            (vec![run(u64::MAX - M + 1, M)], "past the image"),
+            (vec![run(2 * M, M), run(0, M)], "in order"),
+            (vec![run(0, 2 * M), run(M, M)], "in order"),
+            (vec![bad_sha], "sha256"),
+            (too_many, "at most"),
+        ];
+        for (ranges, why) in bad {
+            let got = check_data_ranges(ImageFormat::Raw, u64::MAX, &ranges)
+                .and_then(|()| check_data_ranges(ImageFormat::Raw, size, &ranges));
+            assert!(
+                got.as_ref().is_err_and(|e| e.contains(why)),
+                "{ranges:?}: {got:?}"
+            );
+        }
+        assert!(check_data_ranges(ImageFormat::Qcow2, size, &[]).is_err_and(|e| e.contains("raw")));
+        let mut p = profile();
+        p.image.size_bytes = 2 * M;
+        p.image.data_ranges = Some(vec![run(M, M)]);
+        assert_eq!(p.validate(), Ok(()));
+        p.image.data_ranges = Some(vec![run(M, 2 * M)]);
+        assert!(matches!(
+            p.validate(),
+            Err(DeployProfileError::BadDataRanges(_))
+        ));
     }
 
     #[test]

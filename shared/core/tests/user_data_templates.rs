@@ -23,6 +23,7 @@ fn profile(user_data: &str) -> DeployProfile {
             sha256: "a".repeat(64),
             size_bytes: 1 << 20,
             signature: None,
+            data_ranges: None,
         },
         user_data: user_data.into(),
         catalog_image: None,

@@ -1,8 +1,8 @@
 //! The image catalog: a tenant's images by name (URL, format, sha256,
-//! size, signature), immutable once registered, and what each site's cache
+//! size, signature, a raw image's block map), immutable once registered, and what each site's cache
 //! made of them (the newest `site.httpProxy` command per site).
 
-use bcm_core::deploy::{ImageFormat, ImageRef};
+use bcm_core::deploy::{DataRange, ImageFormat, ImageRef};
 
 use crate::{Db, DbError};
 
@@ -25,12 +25,13 @@ struct ImageRow {
     sha256: String,
     size_bytes: i64,
     signature: Option<String>,
+    data_ranges: Option<sqlx::types::Json<Vec<DataRange>>>,
     registered_by: String,
     registered_at: chrono::DateTime<chrono::Utc>,
 }
 
 const COLUMNS: &str =
-    "tenant_id, name, url, format, sha256, size_bytes, signature, registered_by, registered_at";
+    "tenant_id, name, url, format, sha256, size_bytes, signature, data_ranges, registered_by, registered_at";
 
 impl TryFrom<ImageRow> for StoredImage {
     type Error = DbError;
@@ -49,6 +50,7 @@ impl TryFrom<ImageRow> for StoredImage {
                 size_bytes: u64::try_from(r.size_bytes)
                     .map_err(|_| DbError::Corrupt(format!("image {} size", r.name)))?,
                 signature: r.signature,
+                data_ranges: r.data_ranges.map(|j| j.0),
             },
             tenant_id: r.tenant_id,
             name: r.name,
@@ -82,8 +84,8 @@ pub async fn image_register(
     // the next statement's snapshot.
     for _ in 0..3 {
         let created: Option<bool> = sqlx::query_scalar(
-            "INSERT INTO images (tenant_id, name, url, format, sha256, size_bytes, signature, registered_by) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (tenant_id, name) DO NOTHING RETURNING true",
+            "INSERT INTO images (tenant_id, name, url, format, sha256, size_bytes, signature, data_ranges, registered_by) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (tenant_id, name) DO NOTHING RETURNING true",
         )
         .bind(tenant)
         .bind(name)
@@ -92,6 +94,7 @@ pub async fn image_register(
         .bind(&image.sha256)
         .bind(size)
         .bind(&image.signature)
+        .bind(image.data_ranges.as_ref().map(sqlx::types::Json))
         .bind(by)
         .fetch_optional(db.pool())
         .await?;

@@ -584,6 +584,7 @@ fn execute(
                 bytes_per_sec: 0,
                 signed_by_key: 0,
                 source: None,
+                data_ranges_checked: None,
                 user_data: Some(SeedReport {
                     partition: "nvme0n1p1".to_owned(),
                     fs_type: "vfat".to_owned(),
