@@ -210,7 +210,9 @@ configure() {
   mkdir -p "$dir/tftp" "$dir/cache" "$dir/pki"
   cp -L /usr/lib/ipxe/undionly.kpxe /usr/lib/ipxe/ipxe.efi "$dir/tftp/"
   local seal="AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
-  toml_ref() { jq -c '{url, format, sha256, sizeBytes, signature}' "$dir/img/os.$1.ref.json" \
+  # A raw image's signed block map comes along: the ramdisk fetches its
+  # runs as HTTP ranges from the boot server's image directory.
+  toml_ref() { jq -c '{url, format, sha256, sizeBytes, signature} + (if .dataRanges then {dataRanges} else {} end)' "$dir/img/os.$1.ref.json" \
     | sed -E 's/"([a-zA-Z0-9]+)":/\1 = /g; s/^\{/{ /; s/\}$/ }/'; }
   cat > "$dir/run/bcm.toml" <<EOF
 [api]
@@ -655,6 +657,16 @@ scenario() {
   say "  $name: image streamed from $source"
   if [ "$format" = qcow2 ] && [[ "$source" != */images/catalog/root/e2e-os-qcow2 ]]; then
     echo "the catalog image did not come from the site's cache: $source" >&2; return 1
+  fi
+  # The raw profile's image carries its signed block map: the ramdisk
+  # fetched its runs of data as HTTP ranges, each checked, and not its zeros.
+  if [ "$format" = raw ] && jq -e '.dataRanges' "$dir/img/os.raw.ref.json" >/dev/null; then
+    local ranged
+    ranged=$(psql_ctl -At -c "SELECT (result->'output'->>'dataRangesChecked') || ' ' || (result->'output'->>'bytesDownloaded') || ' ' || (result->'output'->>'virtualSizeBytes') FROM commands WHERE node_id = '$node' AND kind = 'deploy.image' AND status = 'succeeded' ORDER BY created_at DESC LIMIT 1")
+    say "  $name: block map: runs, bytes fetched, image bytes: $ranged"
+    local runs fetched whole; read -r runs fetched whole <<<"$ranged"
+    [ "$runs" = "$(jq '.dataRanges | length' "$dir/img/os.raw.ref.json")" ] && [ "$fetched" -lt "$whole" ] \
+      || { echo "the raw image was not fetched by its block map's runs: $ranged" >&2; return 1; }
   fi
   # No --wipe: the pool's releaseWipe (quick).
   if [ "$name" = e2e-uefi ]; then

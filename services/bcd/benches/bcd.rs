@@ -5,7 +5,9 @@
 //!     target. bcd's time is given to the stream's end (downloaded, hashed,
 //!     converted, written) and whole (then holes zeroed, flushed, read back
 //!     and checked); qemu-img's to `sync`, and with `qemu-img compare`
-//!     after it (its own way of checking what it wrote);
+//!     after it (its own way of checking what it wrote). `raw+map` is the
+//!     raw image signed with its block map: only its runs are fetched (HTTP
+//!     ranges from `tower-http`'s file server, the site cache's);
 //!   - the time of a `quick` wipe (with read-back) of a 100 GiB sparse disk
 //!     on a loop device.
 //!
@@ -15,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use bcm_bcd::image::{DeployOptions, Format, Manifest};
+use bcm_bcd::image::{DataRange, DeployOptions, Format, Manifest};
 use ed25519_dalek::SigningKey;
 use sha2::{Digest, Sha256};
 
@@ -26,31 +28,15 @@ fn sh(cmd: &str, args: &[&str]) {
     assert!(st.success(), "{cmd} {args:?}");
 }
 
+/// `tower-http`'s file server over `dir` (the site cache's, with ranges,
+/// reading 1 MiB at a time as the boot service's does).
 fn serve(dir: PathBuf) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().expect("rt");
         rt.block_on(async move {
-            let app = axum::Router::new().route(
-                "/{name}",
-                axum::routing::get(
-                    move |axum::extract::Path(name): axum::extract::Path<String>| {
-                        let path = dir.join(name);
-                        async move {
-                            match tokio::fs::File::open(path).await {
-                                Ok(f) => {
-                                    axum::response::Response::new(axum::body::Body::from_stream(
-                                        tokio_util::io::ReaderStream::with_capacity(f, 1 << 20),
-                                    ))
-                                }
-                                Err(_) => axum::response::Response::builder()
-                                    .status(404)
-                                    .body(axum::body::Body::empty())
-                                    .unwrap_or_default(),
-                            }
-                        }
-                    },
-                ),
+            let app = axum::Router::new().fallback_service(
+                tower_http::services::ServeDir::new(dir).with_buf_chunk_size(1 << 20),
             );
             let l = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
@@ -60,6 +46,37 @@ fn serve(dir: PathBuf) -> String {
         });
     });
     rx.recv().expect("server")
+}
+
+/// The file's runs of 1 MiB chunks that are not all zeros, each with its
+/// sha256 (what `metalctl image sign` puts in a block map).
+fn runs_of(p: &Path) -> Vec<DataRange> {
+    use std::io::Read as _;
+    let mut f = std::fs::File::open(p).expect("open");
+    let (mut runs, mut buf, mut at) = (Vec::<(u64, u64, Sha256)>::new(), vec![0u8; 1 << 20], 0u64);
+    loop {
+        let n = f.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().any(|b| *b != 0) {
+            match runs.last_mut() {
+                Some((o, l, h)) if *o + *l == at => {
+                    h.update(&buf[..n]);
+                    *l += n as u64;
+                }
+                _ => runs.push((at, n as u64, Sha256::new_with_prefix(&buf[..n]))),
+            }
+        }
+        at += n as u64;
+    }
+    runs.into_iter()
+        .map(|(offset, length, h)| DataRange {
+            offset,
+            length,
+            sha256: hex::encode(h.finalize()),
+        })
+        .collect()
 }
 
 fn sha_file(p: &Path) -> String {
@@ -113,7 +130,11 @@ fn main() {
         "{:<28} {:>10} {:>10} {:>12}",
         "case", "bytes", "seconds", "MB/s"
     );
-    for (name, format, path) in [("raw", Format::Raw, &raw), ("qcow2", Format::Qcow2, &qcow)] {
+    for (name, format, path, mapped) in [
+        ("raw", Format::Raw, &raw, false),
+        ("raw+map", Format::Raw, &raw, true),
+        ("qcow2", Format::Qcow2, &qcow, false),
+    ] {
         let bytes = std::fs::metadata(path).expect("meta").len();
         let sha = sha_file(path);
         let url = format!(
@@ -127,12 +148,29 @@ fn main() {
         } else {
             "qcow2"
         };
+        let runs = mapped.then(|| runs_of(path));
+        let signed: Option<Vec<(u64, u64, &str)>> = runs.as_ref().map(|r| {
+            r.iter()
+                .map(|d| (d.offset, d.length, d.sha256.as_str()))
+                .collect()
+        });
+        let signature = bcm_pki::image::sign_manifest(
+            &key,
+            &bcm_pki::image::ManifestFields {
+                url: &url,
+                format: fmt,
+                size_bytes: bytes,
+                sha256: &sha,
+                data_ranges: signed.as_deref(),
+            },
+        );
         let m = Manifest {
-            signature: Some(bcm_pki::image::sign_manifest(&key, &url, fmt, bytes, &sha)),
+            signature: Some(signature),
             url,
             format,
             size_bytes: bytes,
             sha256: sha,
+            data_ranges: runs,
         };
         let target = dir.join(format!("target-{name}.img"));
         std::fs::File::create(&target)
@@ -166,6 +204,15 @@ fn main() {
             s,
             bytes as f64 / 1e6 / s
         );
+        if let Some(n) = r.data_ranges_checked {
+            println!(
+                "{:<28} {:>10} {:>10} {:>12}",
+                format!("  ({n} runs fetched)"),
+                r.bytes_downloaded,
+                "",
+                ""
+            );
+        }
         println!(
             "{:<28} {:>10} {:>10} {:>12.1}",
             format!("  (virtual {name})"),

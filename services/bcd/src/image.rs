@@ -2,7 +2,8 @@
 //! against the trusted keys BEFORE the disk is opened; the image streams
 //! over HTTP(S) (through `site.httpProxy` when configured), hashed on a
 //! thread of its own while it is written (`offload`), qcow2 converted on
-//! the fly, its writes pushed towards the medium as they go; ranges the
+//! the fly, or, for a raw image with a signed block map, only its runs of
+//! data fetched (HTTP ranges), each checked against its own sha256, its writes pushed towards the medium as they go; ranges the
 //! image leaves unallocated are zeroed; the disk is flushed and read back
 //! around the page cache (O_DIRECT into aligned buffers), chunk by chunk,
 //! against what was written. The target's sha256 is the stream's for a raw
@@ -22,7 +23,7 @@ use crate::offload::Sha256Thread;
 use crate::qcow2;
 
 /// The image formats, and a deploy profile's image: the signed manifest.
-pub use bcm_core::deploy::{ImageFormat as Format, ImageRef as Manifest};
+pub use bcm_core::deploy::{DataRange, ImageFormat as Format, ImageRef as Manifest};
 
 /// The format's name in the signed manifest.
 fn format_name(f: Format) -> &'static str {
@@ -61,15 +62,31 @@ pub fn verify_manifest(m: &Manifest, keys: &[VerifyingKey]) -> Result<usize, Ima
         return Err(ImageError::NotADiskImage);
     }
     let sig = m.signature.as_deref().ok_or(ImageError::Unsigned)?;
-    bcm_pki::image::verify_manifest(
+    let runs: Option<Vec<(u64, u64, &str)>> = m.data_ranges.as_ref().map(|r| {
+        r.iter()
+            .map(|d| (d.offset, d.length, d.sha256.as_str()))
+            .collect()
+    });
+    let index = bcm_pki::image::verify_manifest(
         keys,
         sig,
-        &m.url,
-        format_name(m.format),
-        m.size_bytes,
-        &m.sha256,
+        &bcm_pki::image::ManifestFields {
+            url: &m.url,
+            format: format_name(m.format),
+            size_bytes: m.size_bytes,
+            sha256: &m.sha256,
+            data_ranges: runs.as_deref(),
+        },
     )
-    .ok_or(ImageError::Untrusted)
+    .ok_or(ImageError::Untrusted)?;
+    // Signed is not well-formed: a signer's runs out of order or past the
+    // image would mislead the writes below.
+    if let Some(ranges) = &m.data_ranges {
+        bcm_core::deploy::check_data_ranges(m.format, m.size_bytes, ranges).map_err(|e| {
+            ImageError::Io(format!("the signed block map: {e}; nothing was written"))
+        })?;
+    }
+    Ok(index)
 }
 
 /// A written chunk's fingerprint for its read-back: XXH3-128, which finds
@@ -163,32 +180,54 @@ pub fn deploy(
             need: m.size_bytes,
         });
     }
-    let (mut source, source_url) = fetch(m, opts)?;
     let started = std::time::Instant::now();
+    // A block-mapped raw image's runs come as HTTP ranges, the first asked
+    // for here; a server that answers it with the whole image streams it.
+    let runs = match (m.format, &m.data_ranges) {
+        (Format::Raw, Some(runs)) => Some(runs.as_slice()),
+        _ => None,
+    };
+    let first = runs.and_then(|r| r.first());
+    let (source, source_url, client) = fetch(m, opts, first)?;
+    let ranged = runs.filter(|_| {
+        source
+            .as_ref()
+            .is_none_or(|r| r.status() == reqwest::StatusCode::PARTIAL_CONTENT)
+    });
     let file = disks::open_write(disk)
         .map_err(|e| ImageError::Io(format!("open {}: {e}", disk.path.display())))?;
     let mut sink = Sink::new(m, disk, &file, opts);
-    let streamed = stream(&mut source, &mut sink, progress)
-        .and_then(|sha| sink.finish(sha))
-        .and_then(|(virtual_size, sha)| {
-            zero_holes(&file, disk, &sink.written, virtual_size)?;
-            disks::flush(&file, disk.is_block).map_err(|e| format!("flush: {e}"))?;
-            // Read back around the page cache, chunk by chunk. A raw
-            // image's bytes are the target's, in order: once every chunk
-            // read back is the one written (and every hole zeros), the
-            // target's sha256 is the stream's, already checked against
-            // the manifest, and is not taken again. A qcow2 image's
-            // virtual disk is hashed as it is read back.
-            let target_sha = match m.format {
-                Format::Raw => {
-                    read_back(disk, &sink.written, virtual_size, TargetHash::Proven)?;
-                    sha.clone()
-                }
-                _ => read_back(disk, &sink.written, virtual_size, TargetHash::Take)?
-                    .unwrap_or_default(),
-            };
-            Ok((virtual_size, sha, target_sha))
-        });
+    let fetched = match (ranged, source) {
+        (Some(runs), first) => {
+            let fetch_run = |run: &DataRange| get_run(&client, &source_url, run);
+            stream_runs(first, &fetch_run, runs, &mut sink, progress)
+                .and_then(|()| sink.finish_runs())
+        }
+        (None, Some(mut whole)) => {
+            stream(&mut whole, &mut sink, progress).and_then(|sha| sink.finish(sha))
+        }
+        (None, None) => Err("no image stream".to_string()),
+    };
+    let streamed = fetched.and_then(|(virtual_size, sha)| {
+        zero_holes(&file, disk, &sink.written, virtual_size)?;
+        disks::flush(&file, disk.is_block).map_err(|e| format!("flush: {e}"))?;
+        // Read back around the page cache, chunk by chunk. A raw
+        // image's bytes are the target's, in order: once every chunk
+        // read back is the one written (and every hole zeros), the
+        // target's sha256 is the stream's, already checked against
+        // the manifest, and is not taken again. A qcow2 image's
+        // virtual disk is hashed as it is read back.
+        let target_sha = match m.format {
+            Format::Raw => {
+                read_back(disk, &sink.written, virtual_size, TargetHash::Proven)?;
+                sha.clone()
+            }
+            _ => {
+                read_back(disk, &sink.written, virtual_size, TargetHash::Take)?.unwrap_or_default()
+            }
+        };
+        Ok((virtual_size, sha, target_sha))
+    });
     let (virtual_size, sha, target_sha) = match streamed {
         Ok(done) => done,
         Err(why) => {
@@ -210,28 +249,44 @@ pub fn deploy(
         bytes_per_sec: sink.downloaded * 1000 / millis.max(1),
         signed_by_key,
         source: Some(source_url),
+        data_ranges_checked: ranged.map(<[DataRange]>::len),
         user_data: None,
         sim: false,
     })
 }
 
-/// The image's HTTP(S) response and where it came from: the site's cache
-/// when it has the image, else the manifest's URL (through the site's
-/// forward proxy when set).
+/// The image's HTTP(S) response (for a block-mapped image, to the range of
+/// its first run; none when it has no run at all), where it came from (the
+/// site's cache when it has the image, else the manifest's URL, through the
+/// site's forward proxy when set) and the client that asked.
 fn fetch(
     m: &Manifest,
     opts: &DeployOptions,
-) -> Result<(reqwest::blocking::Response, String), ImageError> {
+    first_run: Option<&DataRange>,
+) -> Result<(Option<reqwest::blocking::Response>, String, Client), ImageError> {
+    let ask = |client: &Client, url: &str| {
+        let req = client.get(url);
+        match first_run {
+            Some(run) => req.header(reqwest::header::RANGE, range_header(run)),
+            None => req,
+        }
+        .send()
+    };
+    let no_runs = m.format == Format::Raw && m.data_ranges.as_ref().is_some_and(Vec::is_empty);
     if let Some(cached) = &opts.cached_url {
-        let got = reqwest::blocking::Client::builder()
+        let client = Client::builder()
             .connect_timeout(std::time::Duration::from_secs(10))
             .timeout(None)
             .no_proxy()
-            .build()
-            .and_then(|c| c.get(cached).send());
-        match got {
-            Ok(r) if r.status().is_success() => return Ok((r, cached.clone())),
-            Ok(r) => {
+            .build();
+        if no_runs {
+            if let Ok(client) = client {
+                return Ok((None, cached.clone(), client));
+            }
+        }
+        match client.and_then(|c| ask(&c, cached).map(|r| (r, c))) {
+            Ok((r, c)) if r.status().is_success() => return Ok((Some(r), cached.clone(), c)),
+            Ok((r, _)) => {
                 tracing::info!(url = %cached, status = %r.status(), "the site's cache does not have the image; fetching it from its URL")
             }
             Err(e) => {
@@ -243,21 +298,78 @@ fn fetch(
         url: m.url.clone(),
         why,
     };
-    let mut client = reqwest::blocking::Client::builder()
+    let mut client = Client::builder()
         .connect_timeout(std::time::Duration::from_secs(30))
         .timeout(None);
     if let Some(p) = &opts.proxy {
         client = client.proxy(reqwest::Proxy::all(p).map_err(|e| fetch_err(e.to_string()))?);
     }
     let client = client.build().map_err(|e| fetch_err(e.to_string()))?;
-    let resp = client
-        .get(&m.url)
-        .send()
-        .map_err(|e| fetch_err(e.to_string()))?;
+    if no_runs {
+        return Ok((None, m.url.clone(), client));
+    }
+    let resp = ask(&client, &m.url).map_err(|e| fetch_err(e.to_string()))?;
     if !resp.status().is_success() {
         return Err(fetch_err(format!("HTTP {}", resp.status())));
     }
-    Ok((resp, m.url.clone()))
+    Ok((Some(resp), m.url.clone(), client))
+}
+
+use reqwest::blocking::Client;
+
+/// The `Range` header asking for one run.
+fn range_header(run: &DataRange) -> String {
+    format!(
+        "bytes={}-{}",
+        run.offset,
+        run.offset + run.length.saturating_sub(1)
+    )
+}
+
+/// One run of a block-mapped image: a `206 Partial Content` answer whose
+/// `Content-Range` is the run's, or why not.
+fn get_run(
+    client: &Client,
+    url: &str,
+    run: &DataRange,
+) -> Result<reqwest::blocking::Response, String> {
+    let resp = client
+        .get(url)
+        .header(reqwest::header::RANGE, range_header(run))
+        .send()
+        .map_err(|e| format!("fetching {url} at {}+{}: {e}", run.offset, run.length))?;
+    check_run_answer(&resp, run).map(|()| resp)
+}
+
+/// A range answer is the run asked for: `206` with the run's
+/// `Content-Range` (a server that ignores the range, or answers another,
+/// would put the wrong bytes at the run's offset).
+fn check_run_answer(resp: &reqwest::blocking::Response, run: &DataRange) -> Result<(), String> {
+    if resp.status() != reqwest::StatusCode::PARTIAL_CONTENT {
+        return Err(format!(
+            "asked for the run at {}+{}, the server answered HTTP {}",
+            run.offset,
+            run.length,
+            resp.status()
+        ));
+    }
+    let want = format!(
+        "bytes {}-{}/",
+        run.offset,
+        run.offset + run.length.saturating_sub(1)
+    );
+    let got = resp
+        .headers()
+        .get(reqwest::header::CONTENT_RANGE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if !got.starts_with(&want) {
+        return Err(format!(
+            "asked for the run at {}+{}, the server answered Content-Range {got:?}",
+            run.offset, run.length
+        ));
+    }
+    Ok(())
 }
 
 /// The buffers a stream reads into: one filled while others are hashed.
@@ -287,6 +399,71 @@ fn stream(
         }
     }
     hasher.finish().map(hex::encode).map_err(|e| e.to_string())
+}
+
+/// Reads a block-mapped image's runs into the sink, each from its own
+/// range answer (the first already asked for), hashed on its own thread
+/// as the sink writes; each run's sha256 checked against the block map's.
+fn stream_runs(
+    first: Option<reqwest::blocking::Response>,
+    fetch_run: &dyn Fn(&DataRange) -> Result<reqwest::blocking::Response, String>,
+    runs: &[DataRange],
+    sink: &mut Sink<'_>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), String> {
+    let total: u64 = runs.iter().map(|r| r.length).sum();
+    let hasher = Sha256Thread::spawn(vec![vec![0u8; STREAM_BUFFER]; STREAM_BUFFERS])
+        .map_err(|e| format!("starting the hashing thread: {e}"))?;
+    let mut next = first;
+    for (i, run) in runs.iter().enumerate() {
+        let mut body = match next.take() {
+            Some(first) => {
+                check_run_answer(&first, run)?;
+                first
+            }
+            None => fetch_run(run)?,
+        };
+        sink.seek_raw(run.offset)?;
+        let mut got = 0u64;
+        while got < run.length {
+            let mut buf = hasher.buffer().map_err(|e| e.to_string())?;
+            let want = (run.length - got).min(STREAM_BUFFER as u64) as usize;
+            let n = fill(&mut body, &mut buf[..want])
+                .map_err(|e| format!("reading the run at {}: {e}", run.offset))?;
+            if n == 0 {
+                break;
+            }
+            sink.feed(&buf[..n])?;
+            progress(sink.downloaded, total);
+            hasher.hash(buf, n).map_err(|e| e.to_string())?;
+            got += n as u64;
+        }
+        let mut more = [0u8; 1];
+        if got < run.length || fill(&mut body, &mut more).unwrap_or(0) > 0 {
+            return Err(format!(
+                "run {i} at {}: the answer is {} than the block map's {} bytes",
+                run.offset,
+                if got < run.length {
+                    "shorter"
+                } else {
+                    "longer"
+                },
+                run.length
+            ));
+        }
+        hasher.cut().map_err(|e| e.to_string())?;
+    }
+    let digests = hasher.finish_cuts().map_err(|e| e.to_string())?;
+    for (i, (run, d)) in runs.iter().zip(digests).enumerate() {
+        let got = hex::encode(d);
+        if got != run.sha256 {
+            return Err(format!(
+                "run {i} at {}+{}: sha256 {got} does not match the block map's {}",
+                run.offset, run.length, run.sha256
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Reads until `buf` is full or the stream ends; how much it read.
@@ -403,6 +580,27 @@ impl<'a> Sink<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Moves a raw image's writes to `offset` (the start of a block map's
+    /// run), writing out the chunk being filled first.
+    fn seek_raw(&mut self, offset: u64) -> Result<(), String> {
+        if !self.raw_fill.is_empty() {
+            self.written
+                .record(self.file, self.raw_at, &self.raw_fill)
+                .map_err(|e| format!("writing: {e}"))?;
+            self.raw_fill.clear();
+        }
+        self.raw_at = offset;
+        Ok(())
+    }
+
+    /// After a block-mapped image's last run: its size and the manifest's
+    /// sha256, which each run's checked sha256 and the zeros between them
+    /// prove (the read-back checks the zeros on the target).
+    fn finish_runs(&mut self) -> Result<(u64, String), String> {
+        self.seek_raw(0)?;
+        Ok((self.manifest.size_bytes, self.manifest.sha256.clone()))
     }
 
     /// After the last byte, with the stream's sha256: the image's virtual

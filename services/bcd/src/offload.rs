@@ -2,7 +2,9 @@
 //! buffers handed to it in order, so hashing an image as it arrives (or a
 //! disk as it is read back) overlaps the network and the disk instead of
 //! adding to them. The buffers go round: the I/O side fills a free one,
-//! hands it over, and gets it back once it is hashed.
+//! hands it over, and gets it back once it is hashed. A cut ends one digest
+//! and starts the next, for a stream of runs each with its own sha256 (a
+//! block-mapped image).
 
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
@@ -14,11 +16,24 @@ use sha2::{Digest, Sha256};
 #[error("the hashing thread stopped")]
 pub struct HashThreadGone;
 
-/// A sha256 over every buffer handed to [`Sha256Thread::hash`], in order.
+/// What the hashing thread is handed.
+enum Piece<B> {
+    /// The first `usize` bytes of a buffer, to hash after what came before.
+    Data(B, usize),
+    /// The end of a digest: the next bytes start a new one.
+    Cut,
+}
+
+/// What the hashing thread made: the digest of each cut, and the one in
+/// progress.
+type Digests = (Vec<[u8; 32]>, Sha256);
+
+/// A sha256 over every buffer handed to [`Sha256Thread::hash`], in order
+/// (one per run between [`Sha256Thread::cut`]s).
 pub struct Sha256Thread<B: AsRef<[u8]> + Send + 'static> {
-    to_hash: Option<SyncSender<(B, usize)>>,
+    to_hash: Option<SyncSender<Piece<B>>>,
     free: Receiver<B>,
-    handle: Option<JoinHandle<Sha256>>,
+    handle: Option<JoinHandle<Digests>>,
 }
 
 impl<B: AsRef<[u8]> + Send + 'static> Sha256Thread<B> {
@@ -26,7 +41,8 @@ impl<B: AsRef<[u8]> + Send + 'static> Sha256Thread<B> {
     /// that one is filled while another is hashed.
     pub fn spawn(buffers: Vec<B>) -> std::io::Result<Self> {
         let n = buffers.len().max(1);
-        let (to_hash, queued) = sync_channel::<(B, usize)>(n);
+        // Room for every buffer and a cut after each.
+        let (to_hash, queued) = sync_channel::<Piece<B>>(2 * n);
         // Room for every buffer: neither side ever waits to give one back.
         let (give_back, free) = sync_channel::<B>(n);
         for b in buffers {
@@ -35,12 +51,17 @@ impl<B: AsRef<[u8]> + Send + 'static> Sha256Thread<B> {
         let handle = std::thread::Builder::new()
             .name("bcd-sha256".into())
             .spawn(move || {
-                let mut h = Sha256::new();
-                for (buf, len) in queued {
-                    h.update(&buf.as_ref()[..len]);
-                    let _ = give_back.send(buf);
+                let (mut cut, mut h) = (Vec::new(), Sha256::new());
+                for piece in queued {
+                    match piece {
+                        Piece::Data(buf, len) => {
+                            h.update(&buf.as_ref()[..len]);
+                            let _ = give_back.send(buf);
+                        }
+                        Piece::Cut => cut.push(std::mem::take(&mut h).finalize().into()),
+                    }
                 }
-                h
+                (cut, h)
             })?;
         Ok(Self {
             to_hash: Some(to_hash),
@@ -56,20 +77,37 @@ impl<B: AsRef<[u8]> + Send + 'static> Sha256Thread<B> {
 
     /// Hashes the first `len` bytes of `buf`, after what was handed before.
     pub fn hash(&self, buf: B, len: usize) -> Result<(), HashThreadGone> {
-        let tx = self.to_hash.as_ref().ok_or(HashThreadGone)?;
-        tx.send((buf, len)).map_err(|_| HashThreadGone)
+        self.send(Piece::Data(buf, len))
     }
 
-    /// The digest of everything handed, once the thread has hashed it.
-    pub fn finish(mut self) -> Result<[u8; 32], HashThreadGone> {
+    /// Ends the digest of what was handed since the last cut.
+    pub fn cut(&self) -> Result<(), HashThreadGone> {
+        self.send(Piece::Cut)
+    }
+
+    fn send(&self, piece: Piece<B>) -> Result<(), HashThreadGone> {
+        let tx = self.to_hash.as_ref().ok_or(HashThreadGone)?;
+        tx.send(piece).map_err(|_| HashThreadGone)
+    }
+
+    fn join(mut self) -> Result<Digests, HashThreadGone> {
         drop(self.to_hash.take());
-        let h = self
-            .handle
+        self.handle
             .take()
             .ok_or(HashThreadGone)?
             .join()
-            .map_err(|_| HashThreadGone)?;
-        Ok(h.finalize().into())
+            .map_err(|_| HashThreadGone)
+    }
+
+    /// The digest of everything handed since the last cut, once the thread
+    /// has hashed it.
+    pub fn finish(self) -> Result<[u8; 32], HashThreadGone> {
+        Ok(self.join()?.1.finalize().into())
+    }
+
+    /// The digest of each run that a cut ended, in order.
+    pub fn finish_cuts(self) -> Result<Vec<[u8; 32]>, HashThreadGone> {
+        Ok(self.join()?.0)
     }
 }
 
@@ -88,6 +126,27 @@ mod tests {
         }
         let got = t.finish().expect("digest");
         let want: [u8; 32] = Sha256::digest(&data).into();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn each_cut_ends_the_digest_of_its_run() {
+        let runs: [&[u8]; 3] = [
+            b"the first run",
+            b"",
+            b"and the third, longer than a buffer",
+        ];
+        let t = Sha256Thread::spawn(vec![vec![0u8; 8], vec![0u8; 8]]).expect("spawn");
+        for run in runs {
+            for piece in run.chunks(8) {
+                let mut buf = t.buffer().expect("a free buffer");
+                buf[..piece.len()].copy_from_slice(piece);
+                t.hash(buf, piece.len()).expect("hashed");
+            }
+            t.cut().expect("cut");
+        }
+        let got = t.finish_cuts().expect("digests");
+        let want: Vec<[u8; 32]> = runs.iter().map(|r| Sha256::digest(r).into()).collect();
         assert_eq!(got, want);
     }
 

@@ -3,7 +3,11 @@
 //! so does a raw image; a tampered image is refused and what was written is
 //! zeroed; a manifest with a wrong sha256, one signed by an unknown key and
 //! an unsigned one are refused before the disk is touched; a disk that
-//! drops its writes fails the read-back in either format.
+//! drops its writes fails the read-back in either format. A raw image with
+//! a signed block map fetches only its runs (HTTP ranges from `tower-http`'s
+//! file server, the site cache's) and lands the same; a changed run, a
+//! server answering another range and a block map changed after signing are
+//! refused; a server that ignores ranges streams the image whole.
 
 mod support;
 
@@ -12,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bcm_bcd::disks;
-use bcm_bcd::image::{self, DeployOptions, Format, ImageError, Manifest};
+use bcm_bcd::image::{self, DataRange, DeployOptions, Format, ImageError, Manifest};
 use ed25519_dalek::SigningKey;
 use sha2::{Digest, Sha256};
 use support::*;
@@ -85,15 +89,106 @@ fn manifest(key: &SigningKey, url: &str, format: Format, bytes: &[u8]) -> Manife
         url: url.to_owned(),
         format,
         size_bytes: bytes.len() as u64,
-        sha256: sha.clone(),
         signature: Some(bcm_pki::image::sign_manifest(
             key,
-            url,
-            fmt,
-            bytes.len() as u64,
-            &sha,
+            &bcm_pki::image::ManifestFields {
+                url,
+                format: fmt,
+                size_bytes: bytes.len() as u64,
+                sha256: &sha,
+                data_ranges: None,
+            },
         )),
+        sha256: sha,
+        data_ranges: None,
     }
+}
+
+/// The runs of 1 MiB chunks of `bytes` that are not all zeros.
+fn runs_of(bytes: &[u8]) -> Vec<DataRange> {
+    let mut runs: Vec<DataRange> = Vec::new();
+    for (i, chunk) in bytes.chunks(1 << 20).enumerate() {
+        if chunk.iter().all(|b| *b == 0) {
+            continue;
+        }
+        let offset = (i as u64) << 20;
+        match runs.last_mut() {
+            Some(r) if r.offset + r.length == offset => r.length += chunk.len() as u64,
+            _ => runs.push(DataRange {
+                offset,
+                length: chunk.len() as u64,
+                sha256: String::new(),
+            }),
+        }
+    }
+    for r in &mut runs {
+        r.sha256 = sha(&bytes[r.offset as usize..(r.offset + r.length) as usize]);
+    }
+    runs
+}
+
+/// A raw image's manifest with its block map, signed with the runs given.
+fn mapped_manifest(key: &SigningKey, url: &str, bytes: &[u8], runs: Vec<DataRange>) -> Manifest {
+    let mut m = manifest(key, url, Format::Raw, bytes);
+    let signed: Vec<(u64, u64, &str)> = runs
+        .iter()
+        .map(|r| (r.offset, r.length, r.sha256.as_str()))
+        .collect();
+    m.signature = Some(bcm_pki::image::sign_manifest(
+        key,
+        &bcm_pki::image::ManifestFields {
+            url,
+            format: "raw",
+            size_bytes: m.size_bytes,
+            sha256: &m.sha256,
+            data_ranges: Some(&signed),
+        },
+    ));
+    m.data_ranges = Some(runs);
+    m
+}
+
+/// `tower-http`'s file server (the site cache's, with Range support) over
+/// `dir`, and `/lying/<name>`, which answers any range with the file's
+/// first MiB as `206`.
+fn serve_dir(dir: &Path) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let root = dir.to_owned();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(async move {
+            let lying_root = root.clone();
+            let app = axum::Router::new()
+                .route(
+                    "/lying/{name}",
+                    axum::routing::get(
+                        move |axum::extract::Path(name): axum::extract::Path<String>| {
+                            let path = lying_root.join(name);
+                            async move {
+                                let mut body = std::fs::read(path).unwrap_or_default();
+                                body.truncate(1 << 20);
+                                let total = body.len();
+                                (
+                                    axum::http::StatusCode::PARTIAL_CONTENT,
+                                    [(
+                                        axum::http::header::CONTENT_RANGE,
+                                        format!("bytes 0-{}/{total}", total.saturating_sub(1)),
+                                    )],
+                                    body,
+                                )
+                            }
+                        },
+                    ),
+                )
+                .fallback_service(tower_http::services::ServeDir::new(root));
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let _ = tx.send(format!("http://{}", l.local_addr().expect("addr")));
+            let _ = axum::serve(l, app).await;
+        });
+    });
+    rx.recv().expect("server")
 }
 
 struct Target {
@@ -396,6 +491,103 @@ fn a_disk_that_drops_writes_fails_the_read_back_whatever_the_format() {
         assert!(
             std::fs::read(&backing).expect("backing") == junk,
             "{name}: the lying disk kept a write"
+        );
+    }
+}
+
+#[test]
+fn a_block_mapped_raw_image_fetches_only_its_runs_and_lands_the_same() {
+    let dir = Scratch::new("bmap");
+    let served = dir.0.join("served");
+    std::fs::create_dir_all(&served).expect("dir");
+    let raw = served.join("image.raw");
+    make_raw(&raw);
+    let bytes = std::fs::read(&raw).expect("raw");
+    let runs = runs_of(&bytes);
+    assert_eq!(runs.len(), 4, "make_raw writes four runs: {runs:?}");
+    let data: u64 = runs.iter().map(|r| r.length).sum();
+    assert_eq!(data, 7 << 20);
+    let ranged = serve_dir(&served);
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    let keys = [key.verifying_key()];
+
+    // From a server with ranges: the runs only, each checked.
+    let m = mapped_manifest(&key, &format!("{ranged}/image.raw"), &bytes, runs.clone());
+    let t = target("bmap-ranged");
+    let r = deploy(&m, &keys, &t).expect("deployed by its runs");
+    assert_eq!(r.data_ranges_checked, Some(4));
+    assert_eq!(r.bytes_downloaded, data, "only the runs travel");
+    assert_eq!(r.image_sha256, m.sha256);
+    assert_eq!(r.target_sha256, sha(&bytes));
+    let on_disk = std::fs::read(&t.file).expect("target");
+    assert!(
+        on_disk[..bytes.len()] == bytes[..],
+        "the target is the image, zeros included (the junk between the runs is zeroed)"
+    );
+    assert_eq!(on_disk[bytes.len()], (bytes.len() % 251) as u8 | 1);
+    drop(t);
+
+    // From a server that ignores ranges: the whole image, hashed whole.
+    let files: Files = Default::default();
+    files
+        .lock()
+        .expect("files")
+        .insert("image.raw".into(), bytes.clone());
+    let plain = serve(files);
+    let m_plain = mapped_manifest(&key, &format!("{plain}/image.raw"), &bytes, runs.clone());
+    let t = target("bmap-plain");
+    let r = deploy(&m_plain, &keys, &t).expect("deployed whole");
+    assert_eq!(r.data_ranges_checked, None);
+    assert_eq!(r.bytes_downloaded, bytes.len() as u64);
+    assert!(std::fs::read(&t.file).expect("target")[..bytes.len()] == bytes[..]);
+    drop(t);
+
+    // A block map changed after signing: refused before the disk is touched.
+    let t = target("bmap-forged");
+    let before = sha(&std::fs::read(&t.file).expect("target"));
+    let mut forged = m.clone();
+    if let Some(r) = forged.data_ranges.as_mut().and_then(|r| r.last_mut()) {
+        r.offset -= 1 << 20;
+    }
+    let err = deploy(&forged, &keys, &t).expect_err("a forged block map");
+    assert!(matches!(err, ImageError::Untrusted), "{err}");
+    assert_eq!(sha(&std::fs::read(&t.file).expect("target")), before);
+    drop(t);
+
+    // A server answering another range than the one asked for.
+    let lying = mapped_manifest(
+        &key,
+        &format!("{ranged}/lying/image.raw"),
+        &bytes,
+        runs.clone(),
+    );
+    let t = target("bmap-lying");
+    let err = deploy(&lying, &keys, &t).expect_err("another range");
+    match &err {
+        ImageError::Rejected(why, _) => assert!(why.contains("Content-Range"), "{why}"),
+        other => panic!("{other}"),
+    }
+    drop(t);
+
+    // A run changed on the server after signing: refused, what was written zeroed.
+    let mut changed = bytes.clone();
+    changed[(17 << 20) + 4096] ^= 0x55;
+    std::fs::write(&raw, &changed).expect("tamper");
+    let t = target("bmap-tampered");
+    let err = deploy(&m, &keys, &t).expect_err("a changed run");
+    match &err {
+        ImageError::Rejected(why, _) => assert!(
+            why.contains("run 1 at 17825792") && why.contains("sha256"),
+            "{why}"
+        ),
+        other => panic!("{other}"),
+    }
+    let on_disk = std::fs::read(&t.file).expect("target");
+    for run in &runs {
+        let (from, to) = (run.offset as usize, (run.offset + run.length) as usize);
+        assert!(
+            on_disk[from..to].iter().all(|b| *b == 0),
+            "the run at {from} was written and is zeroed again"
         );
     }
 }

@@ -237,15 +237,33 @@ fn image_row(t: &mut Table, i: &Value) {
             "no"
         }
         .to_owned(),
+        match image["dataRanges"].as_array() {
+            Some(runs) => format!(
+                "{} runs, {} bytes",
+                runs.len(),
+                runs.iter()
+                    .filter_map(|r| r["length"].as_u64())
+                    .sum::<u64>()
+            ),
+            None => "-".to_owned(),
+        },
         text(&i["registeredBy"]),
     ]);
 }
 
-const IMAGE_HEADER: [&str; 6] = ["IMAGE", "URL", "SHA256", "BYTES", "SIGNED", "BY"];
+const IMAGE_HEADER: [&str; 7] = [
+    "IMAGE",
+    "URL",
+    "SHA256",
+    "BYTES",
+    "SIGNED",
+    "BLOCK MAP",
+    "BY",
+];
 
 /// `metalctl image register NAME FILE`: FILE is the signed reference
 /// `metalctl image sign` prints (`url`, `format`, `sha256`, `sizeBytes`,
-/// `signature`).
+/// `signature`, a raw image's `dataRanges`).
 pub async fn image_register(
     api: &Api,
     out: Output,

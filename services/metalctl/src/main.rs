@@ -68,6 +68,10 @@ enum ImageCmd {
         /// `raw` or `qcow2`.
         #[arg(long, default_value = "raw")]
         format: String,
+        /// Sign a raw image without its block map: machines then stream
+        /// and hash its runs of zeros too.
+        #[arg(long)]
+        no_block_map: bool,
         image: std::path::PathBuf,
     },
     /// Register a signed reference (what `sign` prints) in the tenant's
@@ -890,9 +894,10 @@ fn image_cmd(cmd: &ImageCmd, output: Output) -> anyhow::Result<()> {
             key_file,
             url,
             format,
+            no_block_map,
             image: file,
         } => {
-            let r = image::sign(key_file, file, url, format)?;
+            let r = image::sign(key_file, file, url, format, !no_block_map)?;
             // Both outputs are the reference itself: it is meant to be
             // pasted into a profile.
             emit(serde_json::to_string_pretty(&r).unwrap_or_default());
