@@ -39,9 +39,15 @@ pub struct HttpState {
     pub image_cache: PathBuf,
 }
 
+/// The size of the image cache's reads and body chunks.
+const IMAGE_CHUNK: usize = 1 << 20;
+
 /// The router.
 pub fn router(state: HttpState) -> Router {
-    let images = tower_http::services::ServeDir::new(&state.image_cache);
+    // 1 MiB reads (the default is 64 KiB): an image is hundreds of MiB
+    // to GiBs, streamed by one client per machine.
+    let images =
+        tower_http::services::ServeDir::new(&state.image_cache).with_buf_chunk_size(IMAGE_CHUNK);
     Router::new()
         .route("/ipxe/{nonce}", get(script))
         .route("/boot/{file}", get(boot_file))
