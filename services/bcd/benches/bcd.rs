@@ -55,7 +55,14 @@ fn runs_of(p: &Path) -> Vec<DataRange> {
     let mut f = std::fs::File::open(p).expect("open");
     let (mut runs, mut buf, mut at) = (Vec::<(u64, u64, Sha256)>::new(), vec![0u8; 1 << 20], 0u64);
     loop {
-        let n = f.read(&mut buf).expect("read");
+        // Whole MiBs (the last may be short), as the map's runs must be.
+        let mut n = 0;
+        while n < buf.len() {
+            match f.read(&mut buf[n..]).expect("read") {
+                0 => break,
+                got => n += got,
+            }
+        }
         if n == 0 {
             break;
         }

@@ -1,20 +1,24 @@
-//! `deploy.image`: a signed manifest (URL, format, size, sha256) is checked
-//! against the trusted keys BEFORE the disk is opened; the image streams
-//! over HTTP(S) (through `site.httpProxy` when configured), hashed on a
-//! thread of its own while it is written (`offload`), qcow2 converted on
-//! the fly, or, for a raw image with a signed block map, only its runs of
-//! data fetched (HTTP ranges), each checked against its own sha256, its writes pushed towards the medium as they go; ranges the
-//! image leaves unallocated are zeroed; the disk is flushed and read back
-//! around the page cache (O_DIRECT into aligned buffers), chunk by chunk,
-//! against what was written. The target's sha256 is the stream's for a raw
-//! image (the chunk check proves the bytes the same) and a qcow2 image's
-//! virtual disk hashed on its own thread as it is read back.
-//! A wrong hash, a short or long image or a read-back mismatch zeroes
-//! everything written and fails with the reason.
+//! `deploy.image`: a signed manifest (URL, format, size, sha256, a raw
+//! image's block map) is checked against the trusted keys BEFORE the disk
+//! is opened; the image streams over HTTP(S) (through `site.httpProxy`
+//! when configured), hashed on a thread of its own while it is written
+//! (`offload`), qcow2 converted on the fly; a raw image with a block map
+//! has only its runs of data fetched (HTTP ranges), each checked against
+//! its own signed sha256. Writes are pushed towards the medium as they go;
+//! ranges the image leaves unallocated are zeroed; the disk is flushed and
+//! read back around the page cache (O_DIRECT into aligned buffers, two
+//! reads in flight), chunk by chunk, against what was written. A raw
+//! image's target sha256 is the manifest's once the chunk check proves the
+//! target holds what was checked (the whole stream's sha256, or each run's
+//! and zeros between them); a qcow2 image's virtual disk is hashed on its
+//! own thread as it is read back. A wrong hash, a short or long image or
+//! run, or a read-back mismatch zeroes everything written and fails with
+//! the reason.
 
 use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
+use std::sync::mpsc::sync_channel;
 
 use ed25519_dalek::VerifyingKey;
 
@@ -199,13 +203,21 @@ pub fn deploy(
     let mut sink = Sink::new(m, disk, &file, opts);
     let fetched = match (ranged, source) {
         (Some(runs), first) => {
-            let fetch_run = |run: &DataRange| get_run(&client, &source_url, run);
+            let fetch_run = |run: &DataRange| get_run(&client, &source_url, run, m.size_bytes);
             stream_runs(first, &fetch_run, runs, &mut sink, progress)
                 .and_then(|()| sink.finish_runs())
         }
-        (None, Some(mut whole)) => {
-            stream(&mut whole, &mut sink, progress).and_then(|sha| sink.finish(sha))
-        }
+        (None, Some(mut whole)) => stream(&mut whole, &mut sink, progress)
+            .and_then(|sha| sink.finish(sha))
+            .and_then(|done| {
+                // A block-mapped image streamed whole (the server ignored
+                // the range) lands what the map says or nothing: no data
+                // outside its runs.
+                match runs {
+                    Some(runs) => sink.check_within_runs(runs).map(|()| done),
+                    None => Ok(done),
+                }
+            }),
         (None, None) => Err("no image stream".to_string()),
     };
     let streamed = fetched.and_then(|(virtual_size, sha)| {
@@ -248,7 +260,9 @@ pub fn deploy(
         millis,
         bytes_per_sec: sink.downloaded * 1000 / millis.max(1),
         signed_by_key,
-        source: Some(source_url),
+        // An image of zeros only (a block map without runs) came from
+        // nowhere.
+        source: (ranged.is_none_or(|r| !r.is_empty())).then_some(source_url),
         data_ranges_checked: ranged.map(<[DataRange]>::len),
         user_data: None,
         sim: false,
@@ -332,19 +346,25 @@ fn get_run(
     client: &Client,
     url: &str,
     run: &DataRange,
+    size_bytes: u64,
 ) -> Result<reqwest::blocking::Response, String> {
     let resp = client
         .get(url)
         .header(reqwest::header::RANGE, range_header(run))
         .send()
         .map_err(|e| format!("fetching {url} at {}+{}: {e}", run.offset, run.length))?;
-    check_run_answer(&resp, run).map(|()| resp)
+    check_run_answer(&resp, run, size_bytes).map(|()| resp)
 }
 
-/// A range answer is the run asked for: `206` with the run's
-/// `Content-Range` (a server that ignores the range, or answers another,
-/// would put the wrong bytes at the run's offset).
-fn check_run_answer(resp: &reqwest::blocking::Response, run: &DataRange) -> Result<(), String> {
+/// A range answer is the run asked for, of an image of the manifest's
+/// size: `206` with the run's `Content-Range` (a server that ignores the
+/// range, answers another or serves another file would put the wrong bytes
+/// at the run's offset).
+fn check_run_answer(
+    resp: &reqwest::blocking::Response,
+    run: &DataRange,
+    size_bytes: u64,
+) -> Result<(), String> {
     if resp.status() != reqwest::StatusCode::PARTIAL_CONTENT {
         return Err(format!(
             "asked for the run at {}+{}, the server answered HTTP {}",
@@ -354,7 +374,7 @@ fn check_run_answer(resp: &reqwest::blocking::Response, run: &DataRange) -> Resu
         ));
     }
     let want = format!(
-        "bytes {}-{}/",
+        "bytes {}-{}/{size_bytes}",
         run.offset,
         run.offset + run.length.saturating_sub(1)
     );
@@ -363,7 +383,7 @@ fn check_run_answer(resp: &reqwest::blocking::Response, run: &DataRange) -> Resu
         .get(reqwest::header::CONTENT_RANGE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    if !got.starts_with(&want) {
+    if got != want {
         return Err(format!(
             "asked for the run at {}+{}, the server answered Content-Range {got:?}",
             run.offset, run.length
@@ -418,7 +438,7 @@ fn stream_runs(
     for (i, run) in runs.iter().enumerate() {
         let mut body = match next.take() {
             Some(first) => {
-                check_run_answer(&first, run)?;
+                check_run_answer(&first, run, sink.manifest.size_bytes)?;
                 first
             }
             None => fetch_run(run)?,
@@ -454,6 +474,13 @@ fn stream_runs(
         hasher.cut().map_err(|e| e.to_string())?;
     }
     let digests = hasher.finish_cuts().map_err(|e| e.to_string())?;
+    if digests.len() != runs.len() {
+        return Err(format!(
+            "{} runs hashed of the block map's {}",
+            digests.len(),
+            runs.len()
+        ));
+    }
     for (i, (run, d)) in runs.iter().zip(digests).enumerate() {
         let got = hex::encode(d);
         if got != run.sha256 {
@@ -499,6 +526,9 @@ struct Sink<'a> {
 
 /// The granularity of a raw image's writes and read-back.
 const RAW_CHUNK: u64 = 1 << 20;
+// A block map's runs start on a chunk, so a run's writes are whole chunks
+// of its own (only the image's last may be short).
+const _: () = assert!(RAW_CHUNK == bcm_core::deploy::DATA_RANGE_ALIGN);
 
 impl<'a> Sink<'a> {
     fn new(
@@ -595,6 +625,31 @@ impl<'a> Sink<'a> {
         Ok(())
     }
 
+    /// Whether every chunk the whole stream wrote (its zeros are not
+    /// written) lies inside one of the block map's runs.
+    fn check_within_runs(&self, runs: &[DataRange]) -> Result<(), String> {
+        let chunk = self.written.chunk;
+        let mut outside: Vec<u64> = self
+            .written
+            .digests
+            .keys()
+            .map(|idx| idx * chunk)
+            .filter(|at| {
+                // The runs are in order: the one that could hold `at` is
+                // the last that starts at or before it.
+                let i = runs.partition_point(|r| r.offset <= *at);
+                !(i > 0 && *at < runs[i - 1].offset + runs[i - 1].length)
+            })
+            .collect();
+        outside.sort_unstable();
+        match outside.first() {
+            None => Ok(()),
+            Some(at) => Err(format!(
+                "the image has data at {at}, outside every run of its signed block map"
+            )),
+        }
+    }
+
     /// After a block-mapped image's last run: its size and the manifest's
     /// sha256, which each run's checked sha256 and the zeros between them
     /// prove (the read-back checks the zeros on the target).
@@ -676,8 +731,11 @@ enum TargetHash {
 
 /// Reads the target back around the page cache, each chunk against what
 /// was written (zeros where nothing was); with [`TargetHash::Take`], the
-/// sha256 of the whole target, hashed on its own thread while the next
-/// block is read.
+/// sha256 of the whole target, hashed on its own thread. The blocks are
+/// read by threads, each a block ahead on its own lane (block `i` on lane
+/// `i % lanes`: [`READ_LANES`] where blocks are only checked, one where
+/// they are hashed too), so reads stay in flight while a block is checked;
+/// they are checked (and hashed) in order.
 fn read_back(
     disk: &Disk,
     written: &Written,
@@ -685,86 +743,99 @@ fn read_back(
     target_hash: TargetHash,
 ) -> Result<Option<String>, String> {
     let reader = DirectReader::open(disk).map_err(|e| format!("read-back open: {e}"))?;
-    let mut blocks = match target_hash {
-        TargetHash::Take => ReadBlocks::Hashed(
-            Sha256Thread::spawn((0..3).map(|_| AlignedBuf::new()).collect())
+    let hasher = match target_hash {
+        TargetHash::Take => Some(
+            Sha256Thread::spawn((0..2).map(|_| AlignedBuf::new()).collect())
                 .map_err(|e| format!("starting the hashing thread: {e}"))?,
         ),
-        TargetHash::Proven => ReadBlocks::Checked(Some(AlignedBuf::new())),
+        TargetHash::Proven => None,
     };
     // A chunk (1 MiB, or a qcow2 cluster: a power of two of at most 2 MiB)
     // divides a block, so no chunk straddles two.
     let chunk = written.chunk.max(1);
-    let mut bad: Option<u64> = None;
-    let mut at = 0u64;
-    while at < virtual_size {
-        let n = (virtual_size - at).min(disks::IO_BLOCK as u64) as usize;
-        let mut buf = blocks.buffer()?;
-        reader
-            .read_block(at, n, &mut buf)
-            .map_err(|e| format!("read-back: {e}"))?;
-        for (i, piece) in buf.as_ref()[..n].chunks(chunk as usize).enumerate() {
-            let idx = at / chunk + i as u64;
-            let same = match written.digests.get(&idx) {
-                Some(d) => digest(piece) == *d,
-                None => is_zero(piece),
+    let block = disks::IO_BLOCK as u64;
+    let blocks = virtual_size.div_ceil(block);
+    // Where the blocks are hashed as well, the hashing thread takes the
+    // second core: one reader stays a block ahead.
+    let lanes = match target_hash {
+        TargetHash::Proven => READ_LANES,
+        TargetHash::Take => 1,
+    } as u64;
+    std::thread::scope(|scope| -> Result<(), String> {
+        let mut lane_ends = Vec::with_capacity(lanes as usize);
+        for lane in 0..lanes {
+            let (filled_tx, filled) = sync_channel::<ReadBlock>(1);
+            let (free, free_rx) = sync_channel::<AlignedBuf>(LANE_BUFFERS);
+            for _ in 0..LANE_BUFFERS {
+                let _ = free.send(AlignedBuf::new());
+            }
+            let reader = &reader;
+            std::thread::Builder::new()
+                .name("bcd-read-back".into())
+                .spawn_scoped(scope, move || {
+                    // Stops when the checker hangs up (done, or a mismatch).
+                    let mut b = lane;
+                    while b < blocks {
+                        let Ok(mut buf) = free_rx.recv() else { return };
+                        let at = b * block;
+                        let n = (virtual_size - at).min(block) as usize;
+                        let read = reader.read_block(at, n, &mut buf);
+                        if filled_tx.send((at, n, buf, read)).is_err() {
+                            return;
+                        }
+                        b += lanes;
+                    }
+                })
+                .map_err(|e| format!("starting a read-back thread: {e}"))?;
+            lane_ends.push((filled, free));
+        }
+        for b in 0..blocks {
+            let (filled, free) = &lane_ends[(b % lanes) as usize];
+            let (at, n, buf, read) = filled
+                .recv()
+                .map_err(|_| "a read-back thread stopped".to_owned())?;
+            read.map_err(|e| format!("read-back: {e}"))?;
+            for (i, piece) in buf.as_ref()[..n].chunks(chunk as usize).enumerate() {
+                let idx = at / chunk + i as u64;
+                let same = match written.digests.get(&idx) {
+                    Some(d) => digest(piece) == *d,
+                    None => is_zero(piece),
+                };
+                if !same {
+                    return Err(format!(
+                        "read-back of the target differs from what was written at offset {}",
+                        idx * chunk
+                    ));
+                }
+            }
+            let next = match &hasher {
+                Some(h) => {
+                    h.hash(buf, n).map_err(|e| e.to_string())?;
+                    h.buffer().map_err(|e| e.to_string())?
+                }
+                None => buf,
             };
-            if !same {
-                bad = Some(idx);
-                break;
-            }
+            // A lane that finished has hung up: nothing more to give it.
+            let _ = free.send(next);
         }
-        blocks.done(buf, n)?;
-        if bad.is_some() {
-            break;
-        }
-        at += n as u64;
-    }
-    let whole = blocks.finish()?;
-    if let Some(i) = bad {
-        return Err(format!(
-            "read-back of the target differs from what was written at offset {}",
-            i * chunk
-        ));
-    }
-    Ok(whole)
-}
-
-/// The read-back's blocks: handed to the hashing thread after their check
-/// (and back when hashed), or, where the target's hash is proven, one
-/// buffer read into again and again.
-enum ReadBlocks {
-    Hashed(Sha256Thread<AlignedBuf>),
-    Checked(Option<AlignedBuf>),
-}
-
-impl ReadBlocks {
-    fn buffer(&mut self) -> Result<AlignedBuf, String> {
-        match self {
-            ReadBlocks::Hashed(t) => t.buffer().map_err(|e| e.to_string()),
-            ReadBlocks::Checked(b) => b.take().ok_or_else(|| "no read-back buffer".to_owned()),
-        }
-    }
-
-    fn done(&mut self, buf: AlignedBuf, n: usize) -> Result<(), String> {
-        match self {
-            ReadBlocks::Hashed(t) => t.hash(buf, n).map_err(|e| e.to_string()),
-            ReadBlocks::Checked(b) => {
-                *b = Some(buf);
-                Ok(())
-            }
-        }
-    }
-
-    /// The whole target's sha256 (hex), where it was taken.
-    fn finish(self) -> Result<Option<String>, String> {
-        match self {
-            ReadBlocks::Hashed(t) => t
-                .finish()
-                .map(hex::encode)
-                .map(Some)
-                .map_err(|e| e.to_string()),
-            ReadBlocks::Checked(_) => Ok(None),
-        }
+        Ok(())
+    })?;
+    match hasher {
+        Some(h) => h
+            .finish()
+            .map(hex::encode)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        None => Ok(None),
     }
 }
+
+/// Threads reading the target back where it is only checked: two reads in
+/// flight keep the device busy while a block is checked.
+const READ_LANES: usize = 2;
+/// Buffers of each read-back lane: it reads its next block while the one
+/// before waits to be checked.
+const LANE_BUFFERS: usize = 2;
+
+/// A block read back: its offset, length, buffer and whether it was read.
+type ReadBlock = (u64, usize, AlignedBuf, std::io::Result<()>);

@@ -149,8 +149,11 @@ fn mapped_manifest(key: &SigningKey, url: &str, bytes: &[u8], runs: Vec<DataRang
 }
 
 /// `tower-http`'s file server (the site cache's, with Range support) over
-/// `dir`, and `/lying/<name>`, which answers any range with the file's
-/// first MiB as `206`.
+/// `dir`, and `/lying/<mode>/<name>`, a server whose range answers are
+/// wrong in one way: `other` answers any range with the file's first MiB,
+/// `short` and `long` send a byte less or more than the range,
+/// `total` names another file size, `whole-later` answers the range at 0
+/// and then the whole file with `200`.
 fn serve_dir(dir: &Path) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     let root = dir.to_owned();
@@ -158,29 +161,24 @@ fn serve_dir(dir: &Path) -> String {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
         rt.block_on(async move {
             let lying_root = root.clone();
-            let app = axum::Router::new()
-                .route(
-                    "/lying/{name}",
-                    axum::routing::get(
-                        move |axum::extract::Path(name): axum::extract::Path<String>| {
-                            let path = lying_root.join(name);
-                            async move {
-                                let mut body = std::fs::read(path).unwrap_or_default();
-                                body.truncate(1 << 20);
-                                let total = body.len();
-                                (
-                                    axum::http::StatusCode::PARTIAL_CONTENT,
-                                    [(
-                                        axum::http::header::CONTENT_RANGE,
-                                        format!("bytes 0-{}/{total}", total.saturating_sub(1)),
-                                    )],
-                                    body,
-                                )
-                            }
-                        },
-                    ),
-                )
-                .fallback_service(tower_http::services::ServeDir::new(root));
+            let app =
+                axum::Router::new()
+                    .route(
+                        "/lying/{mode}/{name}",
+                        axum::routing::get(
+                            move |axum::extract::Path((mode, name)): axum::extract::Path<(
+                                String,
+                                String,
+                            )>,
+                                  headers: axum::http::HeaderMap| {
+                                let path = lying_root.join(name);
+                                async move {
+                                    lie(&mode, &std::fs::read(path).unwrap_or_default(), &headers)
+                                }
+                            },
+                        ),
+                    )
+                    .fallback_service(tower_http::services::ServeDir::new(root));
             let l = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .expect("bind");
@@ -260,6 +258,50 @@ fn raw_and_qcow2(dir: &Scratch) -> Images {
         base: serve(files),
         ..images
     }
+}
+
+/// A wrong answer to a range request (see [`serve_dir`]).
+fn lie(
+    mode: &str,
+    file: &[u8],
+    headers: &axum::http::HeaderMap,
+) -> (axum::http::StatusCode, axum::http::HeaderMap, Vec<u8>) {
+    let range = headers
+        .get(axum::http::header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("bytes="))
+        .and_then(|v| v.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)))
+        .unwrap_or((0, file.len().saturating_sub(1)));
+    let (from, to) = match mode {
+        "other" => (0, (1 << 20) - 1),
+        _ => range,
+    };
+    let mut total = file.len();
+    let mut body = file
+        .get(from..=to.min(file.len().saturating_sub(1)))
+        .unwrap_or_default()
+        .to_vec();
+    match mode {
+        "short" => {
+            body.pop();
+        }
+        "long" => body.push(7),
+        "total" => total += 1,
+        "whole-later" if from > 0 => {
+            return (
+                axum::http::StatusCode::OK,
+                Default::default(),
+                file.to_vec(),
+            );
+        }
+        _ => {}
+    }
+    let mut h = axum::http::HeaderMap::new();
+    if let Ok(v) = format!("bytes {from}-{to}/{total}").parse() {
+        h.insert(axum::http::header::CONTENT_RANGE, v);
+    }
+    (axum::http::StatusCode::PARTIAL_CONTENT, h, body)
 }
 
 #[test]
@@ -502,11 +544,15 @@ fn a_block_mapped_raw_image_fetches_only_its_runs_and_lands_the_same() {
     std::fs::create_dir_all(&served).expect("dir");
     let raw = served.join("image.raw");
     make_raw(&raw);
-    let bytes = std::fs::read(&raw).expect("raw");
+    // A tail past the last whole MiB: the last run ends with the image.
+    let mut bytes = std::fs::read(&raw).expect("raw");
+    bytes.extend((0..300u32).map(|i| (i % 13) as u8 + 1));
+    std::fs::write(&raw, &bytes).expect("tail");
     let runs = runs_of(&bytes);
     assert_eq!(runs.len(), 4, "make_raw writes four runs: {runs:?}");
+    assert_eq!(runs[3].length, (1 << 20) + 300);
     let data: u64 = runs.iter().map(|r| r.length).sum();
-    assert_eq!(data, 7 << 20);
+    assert_eq!(data, (7 << 20) + 300);
     let ranged = serve_dir(&served);
     let key = SigningKey::generate(&mut rand::rngs::OsRng);
     let keys = [key.verifying_key()];
@@ -517,8 +563,7 @@ fn a_block_mapped_raw_image_fetches_only_its_runs_and_lands_the_same() {
     let r = deploy(&m, &keys, &t).expect("deployed by its runs");
     assert_eq!(r.data_ranges_checked, Some(4));
     assert_eq!(r.bytes_downloaded, data, "only the runs travel");
-    assert_eq!(r.image_sha256, m.sha256);
-    assert_eq!(r.target_sha256, sha(&bytes));
+    assert_eq!(r.source.as_deref(), Some(m.url.as_str()));
     let on_disk = std::fs::read(&t.file).expect("target");
     assert!(
         on_disk[..bytes.len()] == bytes[..],
@@ -554,17 +599,41 @@ fn a_block_mapped_raw_image_fetches_only_its_runs_and_lands_the_same() {
     assert_eq!(sha(&std::fs::read(&t.file).expect("target")), before);
     drop(t);
 
-    // A server answering another range than the one asked for.
-    let lying = mapped_manifest(
-        &key,
-        &format!("{ranged}/lying/image.raw"),
-        &bytes,
-        runs.clone(),
-    );
-    let t = target("bmap-lying");
-    let err = deploy(&lying, &keys, &t).expect_err("another range");
+    // Servers answering a range wrongly: refused, what was written zeroed.
+    for (mode, why) in [
+        ("other", "Content-Range"),
+        ("total", "Content-Range"),
+        ("short", "shorter than the block map's"),
+        ("long", "longer than the block map's"),
+        ("whole-later", "HTTP 200"),
+    ] {
+        let lying = mapped_manifest(
+            &key,
+            &format!("{ranged}/lying/{mode}/image.raw"),
+            &bytes,
+            runs.clone(),
+        );
+        let t = target(&format!("bmap-lying-{mode}"));
+        let err = deploy(&lying, &keys, &t).expect_err(mode);
+        match &err {
+            ImageError::Rejected(why_not, _) => assert!(why_not.contains(why), "{mode}: {why_not}"),
+            other => panic!("{mode}: {other}"),
+        }
+        assert_nothing_of_the_image_left(&t, &runs, mode);
+    }
+
+    // A signed block map that leaves out data the image has: streamed whole
+    // (the server ignores ranges), the data outside the map is refused.
+    let mut partial = runs.clone();
+    partial.remove(2);
+    let m_partial = mapped_manifest(&key, &format!("{plain}/image.raw"), &bytes, partial);
+    let t = target("bmap-partial");
+    let err = deploy(&m_partial, &keys, &t).expect_err("data outside the map");
     match &err {
-        ImageError::Rejected(why, _) => assert!(why.contains("Content-Range"), "{why}"),
+        ImageError::Rejected(why, _) => assert!(
+            why.contains(&format!("data at {}, outside every run", 50u64 << 20)),
+            "{why}"
+        ),
         other => panic!("{other}"),
     }
     drop(t);
@@ -582,12 +651,26 @@ fn a_block_mapped_raw_image_fetches_only_its_runs_and_lands_the_same() {
         ),
         other => panic!("{other}"),
     }
+    assert_nothing_of_the_image_left(&t, &runs, "a changed run");
+}
+
+/// Every MiB of the runs on the target is zeros (written, then zeroed
+/// again) or the target's junk (never written): nothing of the image stays.
+fn assert_nothing_of_the_image_left(t: &Target, runs: &[DataRange], what: &str) {
     let on_disk = std::fs::read(&t.file).expect("target");
-    for run in &runs {
+    for run in runs {
         let (from, to) = (run.offset as usize, (run.offset + run.length) as usize);
-        assert!(
-            on_disk[from..to].iter().all(|b| *b == 0),
-            "the run at {from} was written and is zeroed again"
-        );
+        for (i, piece) in on_disk[from..to].chunks(1 << 20).enumerate() {
+            let at = from + (i << 20);
+            let zeroed = piece.iter().all(|b| *b == 0);
+            let junk = piece
+                .iter()
+                .enumerate()
+                .all(|(j, b)| *b == ((at + j) % 251) as u8 | 1);
+            assert!(
+                zeroed || junk,
+                "{what}: the image's MiB at {at} was left on the target"
+            );
+        }
     }
 }

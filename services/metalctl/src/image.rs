@@ -68,11 +68,17 @@ pub fn sign(
     let key = load_key(key_file)?;
     let f = std::fs::File::open(image).with_context(|| format!("opening {}", image.display()))?;
     let scan = scan(f).with_context(|| format!("reading {}", image.display()))?;
-    let ranges: Option<Vec<(u64, u64, String)>> = (block_map
-        && format == "raw"
-        && scan.runs.iter().map(|r| r.1).sum::<u64>() < scan.size
-        && scan.runs.len() <= MAX_DATA_RANGES)
-        .then_some(scan.runs);
+    let mapped =
+        block_map && format == "raw" && scan.runs.iter().map(|r| r.1).sum::<u64>() < scan.size;
+    if mapped && scan.runs.len() > MAX_DATA_RANGES {
+        eprintln!(
+            "{} has {} runs of data, more than a block map lists ({MAX_DATA_RANGES}): signed without one; machines will stream it whole",
+            image.display(),
+            scan.runs.len()
+        );
+    }
+    let ranges: Option<Vec<(u64, u64, String)>> =
+        (mapped && scan.runs.len() <= MAX_DATA_RANGES).then_some(scan.runs);
     let signed: Option<Vec<(u64, u64, &str)>> = ranges
         .as_ref()
         .map(|r| r.iter().map(|(o, l, s)| (*o, *l, s.as_str())).collect());

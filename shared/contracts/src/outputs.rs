@@ -373,7 +373,9 @@ pub struct DeployReport {
     pub bytes_downloaded: u64,
     pub virtual_size_bytes: u64,
     pub bytes_written: u64,
-    /// sha256 of the target's first `virtualSizeBytes` as read back.
+    /// sha256 of the target's first `virtualSizeBytes`: a qcow2 image's
+    /// hashed as read back; a raw image's the image's, once every chunk
+    /// read back checks against what was written (and zeros elsewhere).
     pub target_sha256: String,
     pub millis: u64,
     /// Downloaded bytes per second.
@@ -385,8 +387,11 @@ pub struct DeployReport {
     pub source: Option<String>,
     /// A block-mapped raw image: how many of its runs were fetched (HTTP
     /// ranges) and checked each against its signed sha256; the image's
-    /// zeros were not transferred, and `imageSha256` is the manifest's,
-    /// proven run by run. Absent: the image was streamed whole.
+    /// zeros were not transferred. What is proven is the signed map: each
+    /// run's bytes, and zeros between them on the target as read back;
+    /// `imageSha256` and `targetSha256` are then the manifest's, which its
+    /// signer computed over the same bytes (`metalctl image sign` does so
+    /// in one pass). Absent: the image was streamed whole and hashed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_ranges_checked: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -105,7 +105,7 @@ pub struct DataRange {
 }
 
 /// A block map's granularity: runs start and end on it (but the image's
-/// end), which is also `bcd`'s write and read-back chunk.
+/// end), which is also `bcd`'s write and read-back chunk for a raw image.
 pub const DATA_RANGE_ALIGN: u64 = 1 << 20;
 
 /// The most runs a block map lists (a run is about a hundred bytes of JSON).
@@ -303,7 +303,7 @@ impl ImageRef {
 }
 
 /// Checks a block map against its image: a raw image's, at most
-/// [`MAX_DATA_RANGES`] runs, in order, apart, each 1 MiB-aligned (its end
+/// [`MAX_DATA_RANGES`] runs, in order and not overlapping, each 1 MiB-aligned (its end
 /// too, unless it is the image's end), within the image, with a sha256.
 pub fn check_data_ranges(
     format: ImageFormat,
@@ -330,7 +330,7 @@ pub fn check_data_ranges(
         }
         if r.offset < from {
             return Err(format!(
-                "run {i} starts at {} before the previous run's end {from}: runs are in order and apart",
+                "run {i} starts at {} before the previous run's end {from}: runs are in order and do not overlap",
                 r.offset
             ));
         }
