@@ -23,27 +23,13 @@ use support::*;
 
 type Files = Arc<std::sync::Mutex<HashMap<String, Vec<u8>>>>;
 
-/// A plain HTTP server of in-memory files, on a thread of its own.
-fn serve(files: Files) -> String {
+/// Serves `app` on a loopback port, on a thread (and runtime) of its own:
+/// its base URL.
+fn serve_app(app: axum::Router) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
         rt.block_on(async move {
-            let app = axum::Router::new().route(
-                "/{name}",
-                axum::routing::get(
-                    move |axum::extract::Path(name): axum::extract::Path<String>| {
-                        let files = files.clone();
-                        async move {
-                            let body = files.lock().ok().and_then(|f| f.get(&name).cloned());
-                            match body {
-                                Some(b) => (axum::http::StatusCode::OK, b),
-                                None => (axum::http::StatusCode::NOT_FOUND, vec![]),
-                            }
-                        }
-                    },
-                ),
-            );
             let l = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .expect("bind");
@@ -52,6 +38,25 @@ fn serve(files: Files) -> String {
         });
     });
     rx.recv().expect("server")
+}
+
+/// A plain HTTP server of in-memory files (no ranges).
+fn serve(files: Files) -> String {
+    serve_app(axum::Router::new().route(
+        "/{name}",
+        axum::routing::get(
+            move |axum::extract::Path(name): axum::extract::Path<String>| {
+                let files = files.clone();
+                async move {
+                    let body = files.lock().ok().and_then(|f| f.get(&name).cloned());
+                    match body {
+                        Some(b) => (axum::http::StatusCode::OK, b),
+                        None => (axum::http::StatusCode::NOT_FOUND, vec![]),
+                    }
+                }
+            },
+        ),
+    ))
 }
 
 fn sha(data: &[u8]) -> String {
@@ -155,38 +160,22 @@ fn mapped_manifest(key: &SigningKey, url: &str, bytes: &[u8], runs: Vec<DataRang
 /// `total` names another file size, `whole-later` answers the range at 0
 /// and then the whole file with `200`.
 fn serve_dir(dir: &Path) -> String {
-    let (tx, rx) = std::sync::mpsc::channel();
     let root = dir.to_owned();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
-        rt.block_on(async move {
-            let lying_root = root.clone();
-            let app =
-                axum::Router::new()
-                    .route(
-                        "/lying/{mode}/{name}",
-                        axum::routing::get(
-                            move |axum::extract::Path((mode, name)): axum::extract::Path<(
-                                String,
-                                String,
-                            )>,
-                                  headers: axum::http::HeaderMap| {
-                                let path = lying_root.join(name);
-                                async move {
-                                    lie(&mode, &std::fs::read(path).unwrap_or_default(), &headers)
-                                }
-                            },
-                        ),
-                    )
-                    .fallback_service(tower_http::services::ServeDir::new(root));
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            let _ = tx.send(format!("http://{}", l.local_addr().expect("addr")));
-            let _ = axum::serve(l, app).await;
-        });
-    });
-    rx.recv().expect("server")
+    let lying_root = root.clone();
+    serve_app(
+        axum::Router::new()
+            .route(
+                "/lying/{mode}/{name}",
+                axum::routing::get(
+                    move |axum::extract::Path((mode, name)): axum::extract::Path<(String, String)>,
+                          headers: axum::http::HeaderMap| {
+                        let path = lying_root.join(name);
+                        async move { lie(&mode, &std::fs::read(path).unwrap_or_default(), &headers) }
+                    },
+                ),
+            )
+            .fallback_service(tower_http::services::ServeDir::new(root)),
+    )
 }
 
 struct Target {
