@@ -423,7 +423,8 @@ fn stream(
 
 /// Reads a block-mapped image's runs into the sink, each from its own
 /// range answer (the first already asked for), hashed on its own thread
-/// as the sink writes; each run's sha256 checked against the block map's.
+/// as the sink writes; each run's sha256 checked against the block map's
+/// as soon as it is hashed.
 fn stream_runs(
     first: Option<reqwest::blocking::Response>,
     fetch_run: &dyn Fn(&DataRange) -> Result<reqwest::blocking::Response, String>,
@@ -435,7 +436,12 @@ fn stream_runs(
     let hasher = Sha256Thread::spawn(vec![vec![0u8; STREAM_BUFFER]; STREAM_BUFFERS])
         .map_err(|e| format!("starting the hashing thread: {e}"))?;
     let mut next = first;
+    let mut checked = RunCheck { runs, next: 0 };
     for (i, run) in runs.iter().enumerate() {
+        // A run the hashing thread has finished is checked before the next
+        // is asked for: a bad run fails the deploy within a few MiB (the
+        // thread is at most its buffers behind), not after the last run.
+        checked.check(hasher.finished_cuts())?;
         let mut body = match next.take() {
             Some(first) => {
                 check_run_answer(&first, run, sink.manifest.size_bytes)?;
@@ -473,24 +479,43 @@ fn stream_runs(
         }
         hasher.cut().map_err(|e| e.to_string())?;
     }
-    let digests = hasher.finish_cuts().map_err(|e| e.to_string())?;
-    if digests.len() != runs.len() {
+    checked.check(hasher.finish_cuts().map_err(|e| e.to_string())?)?;
+    if checked.next != runs.len() {
         return Err(format!(
             "{} runs hashed of the block map's {}",
-            digests.len(),
+            checked.next,
             runs.len()
         ));
     }
-    for (i, (run, d)) in runs.iter().zip(digests).enumerate() {
-        let got = hex::encode(d);
-        if got != run.sha256 {
-            return Err(format!(
-                "run {i} at {}+{}: sha256 {got} does not match the block map's {}",
-                run.offset, run.length, run.sha256
-            ));
-        }
-    }
     Ok(())
+}
+
+/// A block map's runs checked against their signed sha256, in order, as
+/// their digests come back from the hashing thread.
+struct RunCheck<'a> {
+    runs: &'a [DataRange],
+    /// The index of the next run to check.
+    next: usize,
+}
+
+impl RunCheck<'_> {
+    fn check(&mut self, digests: Vec<[u8; 32]>) -> Result<(), String> {
+        for d in digests {
+            let (i, run) = (self.next, self.runs.get(self.next));
+            let run = run.ok_or_else(|| {
+                format!("more runs hashed than the block map's {}", self.runs.len())
+            })?;
+            let got = hex::encode(d);
+            if got != run.sha256 {
+                return Err(format!(
+                    "run {i} at {}+{}: sha256 {got} does not match the block map's {}",
+                    run.offset, run.length, run.sha256
+                ));
+            }
+            self.next += 1;
+        }
+        Ok(())
+    }
 }
 
 /// Reads until `buf` is full or the stream ends; how much it read.

@@ -24,16 +24,16 @@ enum Piece<B> {
     Cut,
 }
 
-/// What the hashing thread made: the digest of each cut, and the one in
-/// progress.
-type Digests = (Vec<[u8; 32]>, Sha256);
-
 /// A sha256 over every buffer handed to [`Sha256Thread::hash`], in order
-/// (one per run between [`Sha256Thread::cut`]s).
+/// (one per run between [`Sha256Thread::cut`]s, each handed back as soon
+/// as it is done).
 pub struct Sha256Thread<B: AsRef<[u8]> + Send + 'static> {
     to_hash: Option<SyncSender<Piece<B>>>,
     free: Receiver<B>,
-    handle: Option<JoinHandle<Digests>>,
+    /// The digest of each cut, as the thread finishes it.
+    cuts: Receiver<[u8; 32]>,
+    /// The thread; it ends with the digest in progress.
+    handle: Option<JoinHandle<Sha256>>,
 }
 
 impl<B: AsRef<[u8]> + Send + 'static> Sha256Thread<B> {
@@ -48,24 +48,28 @@ impl<B: AsRef<[u8]> + Send + 'static> Sha256Thread<B> {
         for b in buffers {
             let _ = give_back.send(b);
         }
+        let (cut_done, cuts) = std::sync::mpsc::channel::<[u8; 32]>();
         let handle = std::thread::Builder::new()
             .name("bcd-sha256".into())
             .spawn(move || {
-                let (mut cut, mut h) = (Vec::new(), Sha256::new());
+                let mut h = Sha256::new();
                 for piece in queued {
                     match piece {
                         Piece::Data(buf, len) => {
                             h.update(&buf.as_ref()[..len]);
                             let _ = give_back.send(buf);
                         }
-                        Piece::Cut => cut.push(std::mem::take(&mut h).finalize().into()),
+                        Piece::Cut => {
+                            let _ = cut_done.send(std::mem::take(&mut h).finalize().into());
+                        }
                     }
                 }
-                (cut, h)
+                h
             })?;
         Ok(Self {
             to_hash: Some(to_hash),
             free,
+            cuts,
             handle: Some(handle),
         })
     }
@@ -90,7 +94,13 @@ impl<B: AsRef<[u8]> + Send + 'static> Sha256Thread<B> {
         tx.send(piece).map_err(|_| HashThreadGone)
     }
 
-    fn join(mut self) -> Result<Digests, HashThreadGone> {
+    /// The digests of the cuts finished since the last call, in order,
+    /// without waiting for the others.
+    pub fn finished_cuts(&self) -> Vec<[u8; 32]> {
+        self.cuts.try_iter().collect()
+    }
+
+    fn join(&mut self) -> Result<Sha256, HashThreadGone> {
         drop(self.to_hash.take());
         self.handle
             .take()
@@ -101,13 +111,15 @@ impl<B: AsRef<[u8]> + Send + 'static> Sha256Thread<B> {
 
     /// The digest of everything handed since the last cut, once the thread
     /// has hashed it.
-    pub fn finish(self) -> Result<[u8; 32], HashThreadGone> {
-        Ok(self.join()?.1.finalize().into())
+    pub fn finish(mut self) -> Result<[u8; 32], HashThreadGone> {
+        Ok(self.join()?.finalize().into())
     }
 
-    /// The digest of each run that a cut ended, in order.
-    pub fn finish_cuts(self) -> Result<Vec<[u8; 32]>, HashThreadGone> {
-        Ok(self.join()?.0)
+    /// The digest of each run that a cut ended and
+    /// [`Sha256Thread::finished_cuts`] did not hand back yet, in order.
+    pub fn finish_cuts(mut self) -> Result<Vec<[u8; 32]>, HashThreadGone> {
+        self.join()?;
+        Ok(self.cuts.try_iter().collect())
     }
 }
 
@@ -145,8 +157,11 @@ mod tests {
             }
             t.cut().expect("cut");
         }
-        let got = t.finish_cuts().expect("digests");
         let want: Vec<[u8; 32]> = runs.iter().map(|r| Sha256::digest(r).into()).collect();
+        // Some cuts may be done already; the rest come with the finish.
+        let mut got = t.finished_cuts();
+        assert!(got.len() <= runs.len());
+        got.extend(t.finish_cuts().expect("digests"));
         assert_eq!(got, want);
     }
 

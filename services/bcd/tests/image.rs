@@ -663,3 +663,49 @@ fn assert_nothing_of_the_image_left(t: &Target, runs: &[DataRange], what: &str) 
         }
     }
 }
+
+#[test]
+fn a_bad_run_fails_the_deploy_before_the_rest_of_the_image_is_fetched() {
+    // Ten runs of 1 MiB, a MiB apart; the first changed on the server after
+    // signing. The hashing thread is at most its four 1 MiB buffers behind
+    // the stream, so the first run's digest is checked before the seventh
+    // run is asked for: the last runs never travel.
+    let dir = Scratch::new("bmap-early");
+    let served = dir.0.join("served");
+    std::fs::create_dir_all(&served).expect("dir");
+    let mut bytes = vec![0u8; 20 << 20];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        if (i >> 20) % 2 == 0 {
+            *b = (i % 253) as u8 | 1;
+        }
+    }
+    let runs = runs_of(&bytes);
+    assert_eq!(runs.len(), 10);
+    let mut changed = bytes.clone();
+    changed[4096] ^= 0x55;
+    std::fs::write(served.join("image.raw"), &changed).expect("image");
+    let base = serve_dir(&served);
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    let m = mapped_manifest(&key, &format!("{base}/image.raw"), &bytes, runs.clone());
+    let t = target("bmap-early-target");
+    let d = disks::describe(&t.disk.dev).expect("describe");
+    let mut fetched = 0u64;
+    let got = image::deploy(
+        &m,
+        &[key.verifying_key()],
+        &d,
+        &DeployOptions::default(),
+        &mut |done, _| fetched = fetched.max(done),
+    );
+    match got {
+        Err(ImageError::Rejected(why, _)) => {
+            assert!(why.contains("run 0 at 0+1048576: sha256"), "{why}")
+        }
+        other => panic!("a changed first run passed: {other:?}"),
+    }
+    assert!(
+        fetched <= 7 << 20,
+        "{fetched} bytes were fetched after the first run was known to be bad"
+    );
+    assert_nothing_of_the_image_left(&t, &runs, "a changed first run");
+}
