@@ -21,6 +21,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::mpsc::sync_channel;
 
 use ed25519_dalek::VerifyingKey;
+use reqwest::blocking::Client;
 
 use crate::disks::{self, AlignedBuf, DirectReader, Disk};
 use crate::offload::Sha256Thread;
@@ -226,9 +227,10 @@ pub fn deploy(
         // Read back around the page cache, chunk by chunk. A raw
         // image's bytes are the target's, in order: once every chunk
         // read back is the one written (and every hole zeros), the
-        // target's sha256 is the stream's, already checked against
-        // the manifest, and is not taken again. A qcow2 image's
-        // virtual disk is hashed as it is read back.
+        // target holds what was checked against the manifest (the whole
+        // stream's sha256, or each run's and zeros between them), and
+        // its sha256 is the manifest's, not taken again. A qcow2
+        // image's virtual disk is hashed as it is read back.
         let target_sha = match m.format {
             Format::Raw => {
                 read_back(disk, &sink.written, virtual_size, TargetHash::Proven)?;
@@ -328,8 +330,6 @@ fn fetch(
     }
     Ok((Some(resp), m.url.clone(), client))
 }
-
-use reqwest::blocking::Client;
 
 /// The `Range` header asking for one run.
 fn range_header(run: &DataRange) -> String {
@@ -654,7 +654,7 @@ impl<'a> Sink<'a> {
     /// written) lies inside one of the block map's runs.
     fn check_within_runs(&self, runs: &[DataRange]) -> Result<(), String> {
         let chunk = self.written.chunk;
-        let mut outside: Vec<u64> = self
+        let outside = self
             .written
             .digests
             .keys()
@@ -665,9 +665,8 @@ impl<'a> Sink<'a> {
                 let i = runs.partition_point(|r| r.offset <= *at);
                 !(i > 0 && *at < runs[i - 1].offset + runs[i - 1].length)
             })
-            .collect();
-        outside.sort_unstable();
-        match outside.first() {
+            .min();
+        match outside {
             None => Ok(()),
             Some(at) => Err(format!(
                 "the image has data at {at}, outside every run of its signed block map"
